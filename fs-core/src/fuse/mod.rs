@@ -1,0 +1,706 @@
+//! The FUSE adapter: turns kernel requests (fuser) into VFS calls and VFS errors into errnos.
+//! Requests are served by several threads at once; nothing here holds a lock across a call.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::error::Error;
+use crate::meta::{Attr, Ctx, FileKind, LockType, SetAttr, TimeSet, NAME_LEN_MAX};
+use crate::vfs::Vfs;
+
+/// How long a blocked lock request waits between attempts.
+const LOCK_POLL_MS_MAX: u64 = 100;
+
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+    pub threads: usize,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            threads: 8,
+        }
+    }
+}
+
+pub struct StraitFs {
+    vfs: Arc<Vfs>,
+    opts: FuseOptions,
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+pub fn file_attr(ino: u64, a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: a.length,
+        blocks: a.length.div_ceil(512),
+        atime: time(a.atime_ns),
+        mtime: time(a.mtime_ns),
+        ctime: time(a.ctime_ns),
+        crtime: time(a.ctime_ns),
+        kind: kind(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 1 << 17,
+        flags: 0,
+    }
+}
+
+fn errno(e: &Error) -> Errno {
+    if !e.is_sys() && !matches!(e, Error::CorruptBlock { .. }) {
+        tracing::error!("{e}");
+    }
+    Errno::from_i32(e.errno())
+}
+
+/// Supplementary groups of a process, read from /proc (FUSE requests carry only uid and gid).
+fn groups_of(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return vec![];
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` has a signal pending that it does not block (its syscall is being
+/// interrupted). fuser does not deliver FUSE_INTERRUPT, so a waiting lock polls this.
+fn signal_pending(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        // the process is gone: stop waiting for it
+        return true;
+    };
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let pending = field("SigPnd:") | field("ShdPnd:");
+    let blocked = field("SigBlk:");
+    pending & !blocked != 0
+}
+
+impl StraitFs {
+    pub fn new(vfs: Arc<Vfs>, opts: FuseOptions) -> Self {
+        StraitFs { vfs, opts }
+    }
+
+    fn ctx(&self, req: &Request) -> Ctx {
+        let groups = if req.uid() == 0 {
+            vec![]
+        } else {
+            groups_of(req.pid())
+        };
+        Ctx {
+            uid: req.uid(),
+            gid: req.gid(),
+            groups,
+            pid: req.pid(),
+        }
+    }
+
+    fn entry(&self, reply: ReplyEntry, ino: u64, a: &Attr) {
+        reply.entry(&self.opts.entry_ttl, &file_attr(ino, a), Generation(0));
+    }
+}
+
+fn name_ok(name: &OsStr) -> Result<&[u8], Errno> {
+    let b = name.as_bytes();
+    if b.len() > NAME_LEN_MAX {
+        return Err(Errno::from_i32(libc::ENAMETOOLONG));
+    }
+    Ok(b)
+}
+
+macro_rules! tri {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                $reply.error(errno(&e));
+                return;
+            }
+        }
+    };
+}
+
+macro_rules! name {
+    ($reply:expr, $n:expr) => {
+        match name_ok($n) {
+            Ok(v) => v,
+            Err(e) => {
+                $reply.error(e);
+                return;
+            }
+        }
+    };
+}
+
+impl Filesystem for StraitFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS);
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.vfs.flush_all() {
+            tracing::error!("flush on unmount: {e}");
+        }
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let n = name!(reply, name);
+        let (ino, a) = tri!(reply, self.vfs.lookup(&self.ctx(req), parent.0, n));
+        self.entry(reply, ino, &a);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let a = tri!(reply, self.vfs.getattr(ino.0));
+        reply.attr(&self.opts.attr_ttl, &file_attr(ino.0, &a));
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let conv = |t: Option<TimeOrNow>| {
+            t.map(|t| match t {
+                TimeOrNow::Now => TimeSet::Now,
+                TimeOrNow::SpecificTime(s) => TimeSet::At(ns(s)),
+            })
+        };
+        let sa = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: conv(atime),
+            mtime: conv(mtime),
+            ctime_ns: ctime.map(ns),
+            via_handle: fh.is_some(),
+        };
+        let a = tri!(reply, self.vfs.setattr(&self.ctx(req), ino.0, &sa));
+        reply.attr(&self.opts.attr_ttl, &file_attr(ino.0, &a));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let t = tri!(reply, self.vfs.meta().readlink(ino.0));
+        reply.data(&t);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let n = name!(reply, name);
+        let (ino, a) = tri!(
+            reply,
+            self.vfs
+                .meta()
+                .mknod(&self.ctx(req), parent.0, n, mode, umask, rdev)
+        );
+        self.entry(reply, ino, &a);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let n = name!(reply, name);
+        let (ino, a) = tri!(
+            reply,
+            self.vfs
+                .meta()
+                .mkdir(&self.ctx(req), parent.0, n, mode, umask)
+        );
+        self.entry(reply, ino, &a);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let n = name!(reply, name);
+        tri!(reply, self.vfs.meta().unlink(&self.ctx(req), parent.0, n));
+        reply.ok();
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let n = name!(reply, name);
+        tri!(reply, self.vfs.meta().rmdir(&self.ctx(req), parent.0, n));
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let n = name!(reply, link_name);
+        let (ino, a) = tri!(
+            reply,
+            self.vfs
+                .meta()
+                .symlink(&self.ctx(req), parent.0, n, target.as_os_str().as_bytes())
+        );
+        self.entry(reply, ino, &a);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let n = name!(reply, name);
+        let nn = name!(reply, newname);
+        tri!(
+            reply,
+            self.vfs
+                .meta()
+                .rename(&self.ctx(req), parent.0, n, newparent.0, nn, flags.bits())
+        );
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let n = name!(reply, newname);
+        let a = tri!(
+            reply,
+            self.vfs.meta().link(&self.ctx(req), ino.0, newparent.0, n)
+        );
+        self.entry(reply, ino.0, &a);
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let (fh, _) = tri!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let data = tri!(reply, self.vfs.read(fh.0, ino.0, offset, size));
+        reply.data(&data);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let n = tri!(reply, self.vfs.write(ino.0, offset, data));
+        reply.written(n);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2) releases the POSIX locks the closing process holds on the file
+        let res = self.vfs.flush_inode(ino.0);
+        tri!(
+            reply,
+            self.vfs.meta().release_posix_locks(ino.0, lock_owner.0)
+        );
+        tri!(reply, res);
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        tri!(reply, self.vfs.release(fh.0));
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        tri!(reply, self.vfs.fsync(ino.0));
+        reply.ok();
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fh = tri!(reply, self.vfs.opendir(&self.ctx(req), ino.0));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let list = tri!(
+            reply,
+            self.vfs.readdir(&self.ctx(req), fh.0, ino.0, offset, false)
+        );
+        for (i, (e, _)) in list.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                INodeNo(e.ino),
+                i as u64 + 1,
+                kind(e.kind),
+                OsStr::from_bytes(&e.name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.vfs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        tri!(reply, self.vfs.meta().kv().sync());
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = tri!(reply, self.vfs.meta().statfs());
+        let bsize = 4096u64;
+        let blocks = s.total_bytes / bsize;
+        let used = s.used_bytes.div_ceil(bsize);
+        let free = blocks.saturating_sub(used);
+        let files = (1u64 << 40).max(s.inodes + 1);
+        reply.statfs(
+            blocks,
+            free,
+            free,
+            files,
+            files - s.inodes,
+            bsize as u32,
+            NAME_LEN_MAX as u32,
+            bsize as u32,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        tri!(
+            reply,
+            self.vfs
+                .meta()
+                .setxattr(&self.ctx(req), ino.0, name.as_bytes(), value, flags)
+        );
+        reply.ok();
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let v = tri!(
+            reply,
+            self.vfs
+                .meta()
+                .getxattr(&self.ctx(req), ino.0, name.as_bytes())
+        );
+        if size == 0 {
+            reply.size(v.len() as u32);
+        } else if (size as usize) < v.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(&v);
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = tri!(reply, self.vfs.meta().listxattr(&self.ctx(req), ino.0));
+        let mut buf = vec![];
+        for n in names {
+            buf.extend_from_slice(&n);
+            buf.push(0);
+        }
+        if size == 0 {
+            reply.size(buf.len() as u32);
+        } else if (size as usize) < buf.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(&buf);
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tri!(
+            reply,
+            self.vfs
+                .meta()
+                .removexattr(&self.ctx(req), ino.0, name.as_bytes())
+        );
+        reply.ok();
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        tri!(
+            reply,
+            self.vfs
+                .meta()
+                .access(&self.ctx(req), ino.0, mask.bits() as u32 & 7)
+        );
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let n = name!(reply, name);
+        let _ = flags;
+        let (fh, ino, a) = tri!(
+            reply,
+            self.vfs.create(&self.ctx(req), parent.0, n, mode, umask)
+        );
+        reply.created(
+            &self.opts.entry_ttl,
+            &file_attr(ino, &a),
+            Generation(0),
+            FileHandle(fh),
+            FopenFlags::empty(),
+        );
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(t) = LockType::from_libc(typ) else {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        };
+        match tri!(
+            reply,
+            self.vfs.meta().getlk(ino.0, lock_owner.0, t, start, end)
+        ) {
+            Some(l) => reply.locked(l.start, l.end, l.typ.to_libc(), l.pid),
+            None => reply.locked(start, end, libc::F_UNLCK, pid),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(t) = LockType::from_libc(typ) else {
+            reply.error(Errno::from_i32(libc::EINVAL));
+            return;
+        };
+        let meta = self.vfs.meta();
+        let mut wait = Duration::from_millis(1);
+        loop {
+            match meta.setlk(ino.0, lock_owner.0, pid, t, start, end) {
+                Ok(()) => return reply.ok(),
+                Err(Error::Sys(libc::EAGAIN)) if sleep => {
+                    // F_SETLKW: wait, but give up with EINTR as soon as the caller is signalled
+                    if signal_pending(req.pid()) {
+                        return reply.error(Errno::from_i32(libc::EINTR));
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(LOCK_POLL_MS_MAX));
+                }
+                Err(e) => return reply.error(errno(&e)),
+            }
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+}
+
+/// Mount options for a strait mount.
+pub fn mount_config(fsname: &str, read_only: bool, threads: usize) -> fuser::Config {
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![
+        fuser::MountOption::FSName(format!("strait:{fsname}")),
+        fuser::MountOption::Subtype("strait".into()),
+        if read_only {
+            fuser::MountOption::RO
+        } else {
+            fuser::MountOption::RW
+        },
+    ];
+    c.acl = fuser::SessionACL::All;
+    c.n_threads = Some(threads.max(1));
+    c.clone_fd = true;
+    c
+}

@@ -1,0 +1,244 @@
+//! RocksDB backend, the embedded default. One process owns the database. Read-write
+//! transactions are serialized by a mutex held from the closure's start to the write batch's
+//! commit, so reads inside a transaction always see the latest committed state; read-only
+//! closures run against a RocksDB snapshot without the mutex.
+//!
+//! Writes go to the WAL without fsync (a committed transaction survives a crash of the
+//! process); [`KvEngine::sync`] fsyncs the WAL (called on fsync(2) and on unmount).
+
+use std::path::Path;
+
+use parking_lot::Mutex;
+use rocksdb::{Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
+
+use super::{decode_counter, log_key, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY};
+use crate::error::{Error, Result};
+
+pub struct RocksKv {
+    db: DB,
+    write_lock: Mutex<()>,
+}
+
+fn err(context: &str, e: rocksdb::Error) -> Error {
+    Error::Meta(format!("{context}: {e}"))
+}
+
+impl RocksKv {
+    pub fn open(path: &Path) -> Result<Self> {
+        std::fs::create_dir_all(path)
+            .map_err(|e| Error::io(format!("create metadata directory {}", path.display()), e))?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.increase_parallelism(2);
+        opts.set_max_open_files(512);
+        let db = DB::open(&opts, path).map_err(|e| {
+            if e.to_string().contains("lock") {
+                Error::Meta(format!(
+                    "the RocksDB metadata at {} is in use by another process (a running mount?): \
+                     unmount it first, or use a shared engine such as Redis",
+                    path.display()
+                ))
+            } else {
+                err(&format!("open rocksdb at {}", path.display()), e)
+            }
+        })?;
+        Ok(Self {
+            db,
+            write_lock: Mutex::new(()),
+        })
+    }
+}
+
+enum View<'a> {
+    Db(&'a DB),
+    Snap(rocksdb::SnapshotWithThreadMode<'a, DB>),
+}
+
+struct RocksTxn<'a> {
+    db: &'a DB,
+    view: View<'a>,
+    ws: WriteSet,
+}
+
+impl RocksTxn<'_> {
+    fn raw_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match &self.view {
+            View::Db(db) => db.get(key).map_err(|e| err("read key", e)),
+            View::Snap(s) => s.get(key).map_err(|e| err("read key", e)),
+        }
+    }
+    fn raw_scan(&self, prefix: &[u8], start_after: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
+        let mut ro = ReadOptions::default();
+        if let Some(end) = super::prefix_end(prefix) {
+            ro.set_iterate_upper_bound(end);
+        }
+        let mut from = prefix.to_vec();
+        if let Some(a) = start_after {
+            if a >= prefix {
+                from = a.to_vec();
+                from.push(0);
+            }
+        }
+        let mode = IteratorMode::From(&from, Direction::Forward);
+        let iter = match &self.view {
+            View::Db(db) => db.iterator_opt(mode, ro),
+            View::Snap(s) => s.iterator_opt(mode, ro),
+        };
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, v) = item.map_err(|e| err("scan keys", e))?;
+            if !k.starts_with(prefix) || out.len() >= limit {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        let _ = self.db;
+        Ok(out)
+    }
+}
+
+impl KvTxn for RocksTxn<'_> {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(v) = self.ws.lookup(key) {
+            return Ok(v);
+        }
+        self.raw_get(key)
+    }
+    fn scan(&mut self, prefix: &[u8], start_after: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
+        let extra = self.ws.writes.len();
+        let base = self.raw_scan(prefix, start_after, limit.saturating_add(extra))?;
+        Ok(self.ws.overlay_scan(base, prefix, start_after, limit))
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.ws.put(key, value)
+    }
+    fn delete(&mut self, key: &[u8]) {
+        self.ws.delete(key)
+    }
+    fn add(&mut self, key: &[u8], delta: i64) {
+        self.ws.add(key, delta)
+    }
+    fn append_log(&mut self, record: Vec<u8>) {
+        self.ws.append_log(record)
+    }
+}
+
+impl KvEngine for RocksKv {
+    fn name(&self) -> &'static str {
+        "rocksdb"
+    }
+
+    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<u64>> {
+        let _guard = self.write_lock.lock();
+        let mut t = RocksTxn {
+            db: &self.db,
+            view: View::Db(&self.db),
+            ws: WriteSet::default(),
+        };
+        f(&mut t)?;
+        let ws = t.ws;
+        let mut batch = WriteBatch::default();
+        let mut counters: std::collections::BTreeMap<Vec<u8>, i64> = Default::default();
+        for (k, v) in &ws.writes {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        for (k, d) in &ws.adds {
+            let cur = match counters.get(k) {
+                Some(c) => *c,
+                None => match ws.writes.get(k) {
+                    Some(v) => decode_counter(v.clone())?,
+                    None => decode_counter(self.db.get(k).map_err(|e| err("read counter", e))?)?,
+                },
+            };
+            counters.insert(k.clone(), cur + d);
+        }
+        for (k, v) in &counters {
+            batch.put(k, v.to_le_bytes());
+        }
+        let mut version = None;
+        if let Some(record) = ws.log {
+            let last = decode_counter(
+                self.db
+                    .get(LAST_VERSION_KEY)
+                    .map_err(|e| err("read version", e))?,
+            )? as u64;
+            let v = last + 1;
+            batch.put(LAST_VERSION_KEY, (v as i64).to_le_bytes());
+            batch.put(log_key(v), record);
+            version = Some(v);
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(false);
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(|e| err("commit transaction", e))?;
+        Ok(version)
+    }
+
+    fn read(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<()> {
+        let mut t = RocksTxn {
+            db: &self.db,
+            view: View::Snap(self.db.snapshot()),
+            ws: WriteSet::default(),
+        };
+        f(&mut t)
+    }
+
+    fn incr(&self, key: &[u8], delta: i64) -> Result<i64> {
+        let _guard = self.write_lock.lock();
+        let v = decode_counter(self.db.get(key).map_err(|e| err("read counter", e))?)? + delta;
+        self.db
+            .put(key, v.to_le_bytes())
+            .map_err(|e| err("write counter", e))?;
+        Ok(v)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.db.flush_wal(true).map_err(|e| err("sync wal", e))
+    }
+
+    fn last_version(&self) -> Result<u64> {
+        Ok(decode_counter(
+            self.db
+                .get(LAST_VERSION_KEY)
+                .map_err(|e| err("read version", e))?,
+        )? as u64)
+    }
+
+    fn wipe(&self) -> Result<()> {
+        let _guard = self.write_lock.lock();
+        let mut batch = WriteBatch::default();
+        for item in self.db.iterator(IteratorMode::Start) {
+            let (k, _) = item.map_err(|e| err("scan keys", e))?;
+            batch.delete(k);
+        }
+        self.db.write(batch).map_err(|e| err("wipe", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::RocksKv;
+    use crate::kv::{conformance, KvEngine};
+
+    #[test]
+    fn passes_the_conformance_suite() {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let n = AtomicUsize::new(0);
+        // A fresh database per case: one process may open a RocksDB directory only once.
+        let make = || -> Arc<dyn KvEngine> {
+            let path = dir
+                .path()
+                .join(n.fetch_add(1, Ordering::Relaxed).to_string());
+            Arc::new(RocksKv::open(&path).expect("open rocksdb"))
+        };
+        conformance::run_all(&make);
+    }
+}

@@ -1,0 +1,680 @@
+//! The metadata conformance suite: one body of tests for the semantic layer, run against
+//! every KV backend (memory and RocksDB in unit tests, Redis in the integration tests).
+//! Each case takes a fresh, formatted engine from `make`.
+
+use std::sync::Arc;
+
+use super::types::*;
+use super::{Meta, MetaOptions};
+use crate::changelog::{read_log, replay};
+use crate::error::Error;
+use crate::kv::DynKv;
+
+/// A fresh formatted engine and the metadata API over it.
+pub fn fresh(make: &dyn Fn() -> DynKv) -> (DynKv, Arc<Meta>) {
+    let kv = make();
+    Meta::format(&kv, test_format()).expect("format");
+    let meta = Meta::open(kv.clone(), MetaOptions::default()).expect("open");
+    meta.new_session("conformance").expect("session");
+    (kv, meta)
+}
+
+pub fn test_format() -> Format {
+    Format {
+        name: "test".into(),
+        uuid: "00000000000000000000000000000001".into(),
+        data_url: "memory://".into(),
+        block_size: 4 << 20,
+        capacity_bytes: 0,
+        trash_delay_s: 0,
+        created_ns: 0,
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: crate::Result<T>) -> i32 {
+    match r {
+        Err(Error::Sys(e)) => e,
+        other => panic!("expected a POSIX error, got {other:?}"),
+    }
+}
+
+/// Run every case.
+pub fn run_all(make: &dyn Fn() -> DynKv) {
+    format_twice_is_refused(make);
+    create_lookup_and_names(make);
+    directories_and_link_counts(make);
+    rename_rules(make);
+    hard_links_and_symlinks(make);
+    permissions(make);
+    setattr_rules(make);
+    xattrs(make);
+    deferred_deletion_and_space(make);
+    locks(make);
+    outbox_replays_to_the_same_digest(make);
+}
+
+pub fn format_twice_is_refused(make: &dyn Fn() -> DynKv) {
+    let (kv, _) = fresh(make);
+    let e = Meta::format(&kv, test_format()).unwrap_err();
+    assert!(e.to_string().contains("already holds"), "{e}");
+}
+
+pub fn create_lookup_and_names(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (ino, a) = m.create(&root, ROOT_INO, b"a", 0o644, 0o022).unwrap();
+    assert_eq!(a.kind, FileKind::File);
+    assert_eq!(a.perm, 0o644);
+    assert_eq!(m.lookup(&root, ROOT_INO, b"a").unwrap().0, ino);
+    assert_eq!(errno(m.lookup(&root, ROOT_INO, b"b")), libc::ENOENT);
+    assert_eq!(
+        errno(m.create(&root, ROOT_INO, b"a", 0o644, 0)),
+        libc::EEXIST
+    );
+    // bad names are refused and change nothing
+    let v = m.kv().last_version().unwrap();
+    assert_eq!(
+        errno(m.create(&root, ROOT_INO, b"x/y", 0o644, 0)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(m.create(&root, ROOT_INO, b"x\0y", 0o644, 0)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(m.create(&root, ROOT_INO, &[b'n'; 256], 0o644, 0)),
+        libc::ENAMETOOLONG
+    );
+    assert!(m.create(&root, ROOT_INO, &[b'n'; 255], 0o644, 0).is_ok());
+    assert_eq!(m.kv().last_version().unwrap(), v + 1);
+    // paths through non-directories
+    assert_eq!(
+        errno(m.create(&root, ino, b"child", 0o644, 0)),
+        libc::ENOTDIR
+    );
+    assert_eq!(errno(m.lookup(&root, ino, b"child")), libc::ENOTDIR);
+    // mknod of every special kind
+    for (name, mode) in [
+        (&b"fifo"[..], libc::S_IFIFO | 0o600),
+        (b"sock", libc::S_IFSOCK | 0o600),
+        (b"chr", libc::S_IFCHR | 0o600),
+        (b"blk", libc::S_IFBLK | 0o600),
+    ] {
+        let (_, a) = m.mknod(&root, ROOT_INO, name, mode, 0, 0x0102).unwrap();
+        assert_eq!(a.mode(), mode);
+        assert_eq!(a.rdev, 0x0102);
+    }
+    assert_eq!(
+        errno(m.mknod(
+            &Ctx::new(1, 1),
+            ROOT_INO,
+            b"chr2",
+            libc::S_IFCHR | 0o600,
+            0,
+            1
+        )),
+        libc::EPERM
+    );
+}
+
+pub fn directories_and_link_counts(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (d, a) = m.mkdir(&root, ROOT_INO, b"d", 0o755, 0).unwrap();
+    assert_eq!(a.nlink, 2);
+    assert_eq!(m.getattr(ROOT_INO).unwrap().nlink, 3);
+    let (sub, _) = m.mkdir(&root, d, b"sub", 0o755, 0).unwrap();
+    assert_eq!(m.getattr(d).unwrap().nlink, 3);
+    assert_eq!(m.lookup(&root, sub, b"..").unwrap().0, d);
+    assert_eq!(m.lookup(&root, sub, b".").unwrap().0, sub);
+    m.create(&root, d, b"f", 0o644, 0).unwrap();
+    let names: Vec<Vec<u8>> = m
+        .readdir(&root, d)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, vec![b"f".to_vec(), b"sub".to_vec()]);
+    assert_eq!(errno(m.rmdir(&root, ROOT_INO, b"d")), libc::ENOTEMPTY);
+    assert_eq!(errno(m.unlink(&root, ROOT_INO, b"d")), libc::EISDIR);
+    assert_eq!(errno(m.rmdir(&root, d, b"f")), libc::ENOTDIR);
+    m.unlink(&root, d, b"f").unwrap();
+    m.rmdir(&root, d, b"sub").unwrap();
+    assert_eq!(m.getattr(d).unwrap().nlink, 2);
+    m.rmdir(&root, ROOT_INO, b"d").unwrap();
+    assert_eq!(m.getattr(ROOT_INO).unwrap().nlink, 2);
+    assert_eq!(errno(m.getattr(d)), libc::ENOENT);
+}
+
+pub fn rename_rules(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (a, _) = m.mkdir(&root, ROOT_INO, b"a", 0o755, 0).unwrap();
+    let (b, _) = m.mkdir(&root, a, b"b", 0o755, 0).unwrap();
+    let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+    let (g, _) = m.create(&root, ROOT_INO, b"g", 0o644, 0).unwrap();
+    // a directory may not move under itself
+    assert_eq!(
+        errno(m.rename(&root, ROOT_INO, b"a", b, b"a2", 0)),
+        libc::EINVAL
+    );
+    // replacing a file
+    m.rename(&root, ROOT_INO, b"f", ROOT_INO, b"g", 0).unwrap();
+    assert_eq!(m.lookup(&root, ROOT_INO, b"g").unwrap().0, f);
+    assert_eq!(errno(m.getattr(g)), libc::ENOENT);
+    // file over directory and directory over file
+    assert_eq!(
+        errno(m.rename(&root, ROOT_INO, b"g", ROOT_INO, b"a", 0)),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno(m.rename(&root, a, b"b", ROOT_INO, b"g", 0)),
+        libc::ENOTDIR
+    );
+    // directory move across parents fixes link counts and ".."
+    m.rename(&root, a, b"b", ROOT_INO, b"b", 0).unwrap();
+    assert_eq!(m.getattr(a).unwrap().nlink, 2);
+    assert_eq!(m.getattr(ROOT_INO).unwrap().nlink, 4);
+    assert_eq!(m.lookup(&root, b, b"..").unwrap().0, ROOT_INO);
+    // over a non-empty directory
+    m.create(&root, a, b"x", 0o644, 0).unwrap();
+    assert_eq!(
+        errno(m.rename(&root, ROOT_INO, b"b", ROOT_INO, b"a", 0)),
+        libc::ENOTEMPTY
+    );
+    // NOREPLACE and EXCHANGE
+    assert_eq!(
+        errno(m.rename(&root, ROOT_INO, b"g", a, b"x", libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    let x = m.lookup(&root, a, b"x").unwrap().0;
+    m.rename(&root, ROOT_INO, b"g", a, b"x", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(m.lookup(&root, a, b"x").unwrap().0, f);
+    assert_eq!(m.lookup(&root, ROOT_INO, b"g").unwrap().0, x);
+    assert_eq!(
+        errno(m.rename(&root, ROOT_INO, b"g", a, b"nope", libc::RENAME_EXCHANGE)),
+        libc::ENOENT
+    );
+    // exchanging a directory and a file across parents moves the link count with the directory
+    m.rename(&root, ROOT_INO, b"b", a, b"x", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(m.getattr(a).unwrap().nlink, 3);
+    assert_eq!(m.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(m.getattr(b).unwrap().parent, a);
+    // renaming a name onto another link of the same inode does nothing
+    m.link(&root, f, ROOT_INO, b"f2").unwrap();
+    m.rename(&root, ROOT_INO, b"f2", ROOT_INO, b"b", 0).unwrap();
+    assert_eq!(m.getattr(f).unwrap().nlink, 2);
+    assert_eq!(m.lookup(&root, ROOT_INO, b"f2").unwrap().0, f);
+}
+
+pub fn hard_links_and_symlinks(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+    let a = m.link(&root, f, ROOT_INO, b"l").unwrap();
+    assert_eq!(a.nlink, 2);
+    let (d, _) = m.mkdir(&root, ROOT_INO, b"d", 0o755, 0).unwrap();
+    assert_eq!(errno(m.link(&root, d, ROOT_INO, b"dl")), libc::EPERM);
+    m.unlink(&root, ROOT_INO, b"f").unwrap();
+    assert_eq!(m.getattr(f).unwrap().nlink, 1);
+    let (s, a) = m.symlink(&root, ROOT_INO, b"s", b"/some/where").unwrap();
+    assert_eq!(a.kind, FileKind::Symlink);
+    assert_eq!(a.length, 11);
+    assert_eq!(m.readlink(s).unwrap(), b"/some/where");
+    assert_eq!(errno(m.readlink(f)), libc::EINVAL);
+    assert_eq!(
+        errno(m.symlink(&root, ROOT_INO, b"s2", &[b'x'; 4097])),
+        libc::ENAMETOOLONG
+    );
+}
+
+pub fn permissions(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let alice = Ctx::new(1000, 1000);
+    let bob = Ctx::new(1001, 1001);
+    let (d, _) = m.mkdir(&root, ROOT_INO, b"d", 0o755, 0).unwrap();
+    assert_eq!(errno(m.create(&alice, d, b"x", 0o644, 0)), libc::EACCES);
+    m.setattr(
+        &root,
+        d,
+        &SetAttr {
+            mode: Some(0o1777),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (af, _) = m.create(&alice, d, b"alice", 0o600, 0).unwrap();
+    assert_eq!(m.getattr(af).unwrap().uid, 1000);
+    // sticky directory: bob may not remove or rename alice's file
+    assert_eq!(errno(m.unlink(&bob, d, b"alice")), libc::EPERM);
+    assert_eq!(
+        errno(m.rename(&bob, d, b"alice", d, b"mine", 0)),
+        libc::EPERM
+    );
+    // open checks the mode bits
+    assert_eq!(errno(m.open_inode(&bob, af, libc::O_RDONLY)), libc::EACCES);
+    assert!(m.open_inode(&alice, af, libc::O_RDWR).is_ok());
+    m.release(af).unwrap();
+    // search permission on a directory is needed for lookups
+    let (private, _) = m.mkdir(&alice, d, b"private", 0o700, 0).unwrap();
+    m.create(&alice, private, b"f", 0o644, 0).unwrap();
+    assert_eq!(errno(m.lookup(&bob, private, b"f")), libc::EACCES);
+    // supplementary groups count
+    let (g, _) = m.mkdir(&root, ROOT_INO, b"g", 0o770, 0).unwrap();
+    m.setattr(
+        &root,
+        g,
+        &SetAttr {
+            gid: Some(500),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(errno(m.create(&bob, g, b"x", 0o644, 0)), libc::EACCES);
+    let bob_in_500 = Ctx {
+        groups: vec![500],
+        ..bob.clone()
+    };
+    assert!(m.create(&bob_in_500, g, b"x", 0o644, 0).is_ok());
+    // setgid directories pass their group on, and the bit to subdirectories
+    m.setattr(
+        &root,
+        g,
+        &SetAttr {
+            mode: Some(0o2777),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (sub, a) = m.mkdir(&alice, g, b"sub", 0o755, 0).unwrap();
+    assert_eq!(a.gid, 500);
+    assert_ne!(a.perm as u32 & libc::S_ISGID, 0);
+    let (_, a) = m.create(&alice, sub, b"file", 0o2755, 0).unwrap();
+    assert_eq!(a.gid, 500);
+    // alice is not in group 500: a non-directory loses the setgid bit she asked for
+    assert_eq!(a.perm as u32 & libc::S_ISGID, 0);
+}
+
+pub fn setattr_rules(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let alice = Ctx::new(1000, 1000);
+    let bob = Ctx::new(1001, 1001);
+    m.setattr(
+        &root,
+        ROOT_INO,
+        &SetAttr {
+            mode: Some(0o777),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (f, _) = m.create(&alice, ROOT_INO, b"f", 0o644, 0).unwrap();
+    assert_eq!(
+        errno(m.setattr(
+            &bob,
+            f,
+            &SetAttr {
+                mode: Some(0o777),
+                ..Default::default()
+            }
+        )),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.setattr(
+            &alice,
+            f,
+            &SetAttr {
+                uid: Some(1001),
+                ..Default::default()
+            }
+        )),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.setattr(
+            &alice,
+            f,
+            &SetAttr {
+                gid: Some(7),
+                ..Default::default()
+            }
+        )),
+        libc::EPERM
+    );
+    let alice7 = Ctx {
+        groups: vec![7],
+        ..alice.clone()
+    };
+    m.setattr(
+        &alice7,
+        f,
+        &SetAttr {
+            gid: Some(7),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // chown clears setuid
+    m.setattr(
+        &alice,
+        f,
+        &SetAttr {
+            mode: Some(0o4755),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let a = m
+        .setattr(
+            &root,
+            f,
+            &SetAttr {
+                uid: Some(1001),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(a.perm, 0o755);
+    // explicit times need ownership; "now" needs write access
+    assert_eq!(
+        errno(m.setattr(
+            &alice,
+            f,
+            &SetAttr {
+                mtime: Some(TimeSet::At(5)),
+                ..Default::default()
+            }
+        )),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.setattr(
+            &alice,
+            f,
+            &SetAttr {
+                mtime: Some(TimeSet::Now),
+                ..Default::default()
+            }
+        )),
+        libc::EACCES
+    );
+    let a = m
+        .setattr(
+            &bob,
+            f,
+            &SetAttr {
+                atime: Some(TimeSet::At(5)),
+                mtime: Some(TimeSet::At(7)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((a.atime_ns, a.mtime_ns), (5, 7));
+    // truncation needs write permission unless done through a handle
+    assert_eq!(
+        errno(m.setattr(
+            &alice,
+            f,
+            &SetAttr {
+                size: Some(10),
+                ..Default::default()
+            }
+        )),
+        libc::EACCES
+    );
+    let a = m
+        .setattr(
+            &bob,
+            f,
+            &SetAttr {
+                size: Some(10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(a.length, 10);
+    assert_eq!(
+        errno(m.setattr(
+            &root,
+            f,
+            &SetAttr {
+                size: Some(FILE_SIZE_MAX + 1),
+                ..Default::default()
+            }
+        )),
+        libc::EFBIG
+    );
+    assert_eq!(
+        errno(m.setattr(
+            &root,
+            ROOT_INO,
+            &SetAttr {
+                size: Some(0),
+                ..Default::default()
+            }
+        )),
+        libc::EISDIR
+    );
+}
+
+pub fn xattrs(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+    m.setxattr(&root, f, b"user.a", b"1", 0).unwrap();
+    assert_eq!(
+        errno(m.setxattr(&root, f, b"user.a", b"2", libc::XATTR_CREATE)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(m.setxattr(&root, f, b"user.b", b"2", libc::XATTR_REPLACE)),
+        libc::ENODATA
+    );
+    m.setxattr(&root, f, b"user.a", b"3", libc::XATTR_REPLACE)
+        .unwrap();
+    m.setxattr(&root, f, b"user.b", b"", libc::XATTR_CREATE)
+        .unwrap();
+    assert_eq!(m.getxattr(&root, f, b"user.a").unwrap(), b"3");
+    assert_eq!(m.getxattr(&root, f, b"user.b").unwrap(), b"");
+    assert_eq!(
+        m.listxattr(&root, f).unwrap(),
+        vec![b"user.a".to_vec(), b"user.b".to_vec()]
+    );
+    m.removexattr(&root, f, b"user.a").unwrap();
+    assert_eq!(errno(m.getxattr(&root, f, b"user.a")), libc::ENODATA);
+    assert_eq!(errno(m.removexattr(&root, f, b"user.a")), libc::ENODATA);
+    assert_eq!(
+        errno(m.setxattr(&Ctx::new(5, 5), f, b"user.c", b"x", 0)),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(m.setxattr(&Ctx::new(5, 5), f, b"trusted.c", b"x", 0)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.setxattr(&root, f, b"user.big", &vec![0u8; 65537], 0)),
+        libc::E2BIG
+    );
+}
+
+pub fn deferred_deletion_and_space(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let before = m.statfs().unwrap();
+    let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+    let slice = SliceRef {
+        id: m.next_slice_id().unwrap(),
+        size: 10000,
+        off: 0,
+        len: 10000,
+        pos: 0,
+        crcs: vec![7, 8],
+    };
+    m.write_slice(f, 0, slice, now_ns()).unwrap();
+    assert_eq!(m.getattr(f).unwrap().length, 10000);
+    let s = m.statfs().unwrap();
+    assert_eq!(s.inodes, before.inodes + 1);
+    assert_eq!(s.used_bytes, before.used_bytes + 12288);
+    // unlinked while open: the inode lives on until the last close
+    m.unlink(&root, ROOT_INO, b"f").unwrap();
+    let a = m.getattr(f).unwrap();
+    assert_eq!(a.nlink, 0);
+    assert!(m.dead_slices(i64::MAX, 10).unwrap().is_empty());
+    m.release(f).unwrap();
+    assert_eq!(errno(m.getattr(f)), libc::ENOENT);
+    assert_eq!(m.dead_slices(i64::MAX, 10).unwrap().len(), 1);
+    let s = m.statfs().unwrap();
+    assert_eq!((s.inodes, s.used_bytes), (before.inodes, before.used_bytes));
+    // truncation frees whole chunks and hides the tail of the last one
+    let (g, _) = m.create(&root, ROOT_INO, b"g", 0o644, 0).unwrap();
+    let chunk = crate::layout::CHUNK_SIZE;
+    for idx in 0..2 {
+        let s = SliceRef {
+            id: m.next_slice_id().unwrap(),
+            size: 100,
+            off: 0,
+            len: 100,
+            pos: 0,
+            crcs: vec![1],
+        };
+        m.write_slice(g, idx, s, now_ns()).unwrap();
+    }
+    assert_eq!(m.getattr(g).unwrap().length, chunk + 100);
+    m.setattr(
+        &root,
+        g,
+        &SetAttr {
+            size: Some(50),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(m.read_chunk(g, 1).unwrap().is_empty());
+    let c0 = m.read_chunk(g, 0).unwrap();
+    assert_eq!(
+        c0.last().map(|s| (s.id, s.pos, s.len)),
+        Some((0, 50, chunk as u32 - 50))
+    );
+    assert_eq!(m.dead_slices(i64::MAX, 10).unwrap().len(), 2);
+    let ids: Vec<u64> = m
+        .dead_slices(i64::MAX, 10)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.0)
+        .collect();
+    m.purge_slices(ids).unwrap();
+    assert!(m.dead_slices(i64::MAX, 10).unwrap().is_empty());
+    m.release(g).unwrap();
+}
+
+pub fn locks(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+    m.setlk(f, 1, 100, LockType::Write, 0, 99).unwrap();
+    assert_eq!(
+        errno(m.setlk(f, 2, 200, LockType::Read, 50, 50)),
+        libc::EAGAIN
+    );
+    let c = m.getlk(f, 2, LockType::Read, 0, 10).unwrap().unwrap();
+    assert_eq!((c.pid, c.start, c.end), (100, 0, 99));
+    m.setlk(f, 2, 200, LockType::Read, 100, 200).unwrap();
+    m.release_posix_locks(f, 1).unwrap();
+    m.setlk(f, 2, 200, LockType::Write, 0, 10).unwrap();
+    m.flock(f, 10, LockType::Write).unwrap();
+    assert_eq!(errno(m.flock(f, 11, LockType::Read)), libc::EAGAIN);
+    m.flock(f, 10, LockType::Unlock).unwrap();
+    m.flock(f, 11, LockType::Read).unwrap();
+    // a closed session's locks go away
+    m.close_session(m.session_id()).unwrap();
+    assert!(m
+        .getlk(f, 99, LockType::Write, 0, u64::MAX)
+        .unwrap()
+        .is_none());
+}
+
+/// Replaying the whole outbox into an empty engine yields the same digest.
+pub fn outbox_replays_to_the_same_digest(make: &dyn Fn() -> DynKv) {
+    let (kv, m) = fresh(make);
+    let root = Ctx::root();
+    let (d, _) = m.mkdir(&root, ROOT_INO, b"dir", 0o755, 0).unwrap();
+    let (f, _) = m.create(&root, d, b"file", 0o640, 0).unwrap();
+    let s = SliceRef {
+        id: m.next_slice_id().unwrap(),
+        size: 5,
+        off: 0,
+        len: 5,
+        pos: 3,
+        crcs: vec![9],
+    };
+    m.write_slice(f, 0, s, now_ns()).unwrap();
+    m.link(&root, f, ROOT_INO, b"hard").unwrap();
+    m.symlink(&root, d, b"sym", b"../hard").unwrap();
+    m.setxattr(&root, f, b"user.k", b"v", 0).unwrap();
+    m.rename(&root, d, b"file", ROOT_INO, b"moved", 0).unwrap();
+    m.setattr(
+        &root,
+        f,
+        &SetAttr {
+            mode: Some(0o600),
+            size: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    m.mknod(&root, d, b"fifo", libc::S_IFIFO | 0o644, 0, 0)
+        .unwrap();
+    m.unlink(&root, ROOT_INO, b"hard").unwrap();
+    let (e, _) = m.mkdir(&root, d, b"empty", 0o700, 0).unwrap();
+    m.rename(&root, d, b"empty", ROOT_INO, b"e2", 0).unwrap();
+    m.rmdir(&root, ROOT_INO, b"e2").unwrap();
+    let _ = e;
+    m.release(f).unwrap();
+
+    let records = read_log(kv.as_ref(), 0, usize::MAX).unwrap();
+    assert_eq!(records.len() as u64, kv.last_version().unwrap());
+    let versions: Vec<u64> = records.iter().map(|r| r.0).collect();
+    assert_eq!(
+        versions,
+        (1..=records.len() as u64).collect::<Vec<_>>(),
+        "versions are gapless"
+    );
+    let replica = make();
+    replay(replica.as_ref(), &records).unwrap();
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&replica).unwrap());
+    assert_eq!(replica.last_version().unwrap(), kv.last_version().unwrap());
+    // and a record out of order is refused by the replica without changing it
+    let before = Meta::digest(&replica).unwrap();
+    let mut bad = records[1].1.clone();
+    bad.ts_ns += 1;
+    let r = replica.txn(&mut |t| crate::changelog::apply(t, &bad));
+    assert!(r.is_err(), "re-applying a create must be refused");
+    assert_eq!(Meta::digest(&replica).unwrap(), before);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_backend_passes_the_metadata_suite() {
+        run_all(&|| Arc::new(crate::kv::memory::MemoryKv::new()) as DynKv);
+    }
+
+    #[cfg(feature = "rocksdb")]
+    #[test]
+    fn rocksdb_backend_passes_the_metadata_suite() {
+        let dirs = parking_lot::Mutex::new(vec![]);
+        run_all(&|| {
+            let d = tempfile::tempdir().unwrap();
+            let kv = crate::kv::rocks::RocksKv::open(d.path()).unwrap();
+            dirs.lock().push(d);
+            Arc::new(kv) as DynKv
+        });
+    }
+}

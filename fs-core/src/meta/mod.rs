@@ -1,0 +1,15 @@
+//! The metadata semantic layer: the whole POSIX metadata API, written once over [`crate::kv`].
+//!
+//! Every mutation runs in one KV transaction that (1) reads and checks the current state,
+//! (2) computes a self-contained [`crate::changelog::Change`], (3) applies it with the same
+//! [`crate::changelog::apply`] a replica uses and (4) appends it to the outbox.
+
+pub mod conformance;
+mod engine;
+pub mod keys;
+mod locks;
+mod perm;
+pub mod types;
+
+pub use engine::{Meta, MetaOptions, SliceIdRange};
+pub use types::*;

@@ -1,0 +1,224 @@
+//! The write path of one inode: writes are buffered into slices, full blocks are uploaded in
+//! the background as soon as they fill up, and slices are committed to the metadata engine
+//! (in the order they were started) on flush, fsync and close.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+use super::Shared;
+use crate::error::{Error, Result};
+use crate::layout::{block_key, CHUNK_SIZE};
+use crate::meta::{now_ns, Ino, SliceRef};
+
+/// Most blocks of one file that may be uploading at once before a write waits.
+pub const UPLOADS_PER_FILE_MAX: usize = 32;
+
+struct OpenSlice {
+    chunk: u32,
+    /// Position in the chunk.
+    pos: u32,
+    /// Bytes written so far.
+    len: u32,
+    /// Bytes not yet cut into a block (they start at block boundary `uploaded_blocks * bs`).
+    tail: Vec<u8>,
+    id: u64,
+    uploads: Vec<JoinHandle<Result<u32>>>,
+}
+
+#[derive(Default)]
+struct State {
+    slices: Vec<OpenSlice>,
+    /// The end of the furthest write not yet committed.
+    end: u64,
+    /// When the last buffered write happened: the file's mtime once committed.
+    mtime_ns: i64,
+    error: Option<i32>,
+}
+
+pub struct FileWriter {
+    ino: Ino,
+    state: Mutex<State>,
+    /// Held while committing, so slices of one file commit in the order they were written.
+    commit: Mutex<()>,
+}
+
+impl FileWriter {
+    pub fn new(ino: Ino) -> Self {
+        FileWriter {
+            ino,
+            state: Mutex::new(State::default()),
+            commit: Mutex::new(()),
+        }
+    }
+
+    /// The end offset of buffered data (0 if none) and the time of the last buffered write.
+    pub fn buffered(&self) -> (u64, i64) {
+        let st = self.state.lock();
+        (st.end, st.mtime_ns)
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        !self.state.lock().slices.is_empty()
+    }
+
+    pub fn write(&self, shared: &Arc<Shared>, mut off: u64, mut data: &[u8]) -> Result<()> {
+        let bs = shared.block_size as usize;
+        let mut to_wait = vec![];
+        {
+            let mut st = self.state.lock();
+            if let Some(e) = st.error {
+                return Err(Error::Sys(e));
+            }
+            while !data.is_empty() {
+                let chunk = (off / CHUNK_SIZE) as u32;
+                let pos = (off % CHUNK_SIZE) as u32;
+                let n = data.len().min((CHUNK_SIZE - pos as u64) as usize);
+                let (now, rest) = data.split_at(n);
+                let append = st
+                    .slices
+                    .last()
+                    .is_some_and(|s| s.chunk == chunk && s.pos + s.len == pos);
+                if !append {
+                    let id = shared.meta.next_slice_id()?;
+                    st.slices.push(OpenSlice {
+                        chunk,
+                        pos,
+                        len: 0,
+                        tail: Vec::with_capacity(bs.min(n.next_power_of_two())),
+                        id,
+                        uploads: vec![],
+                    });
+                }
+                let Some(s) = st.slices.last_mut() else {
+                    return Err(Error::Meta("write buffer lost its slice".into()));
+                };
+                s.tail.extend_from_slice(now);
+                s.len += n as u32;
+                while s.tail.len() >= bs {
+                    let rest_tail = s.tail.split_off(bs);
+                    let block = std::mem::replace(&mut s.tail, rest_tail);
+                    let index = s.uploads.len() as u32;
+                    let h = spawn_upload(shared, s.id, index, Bytes::from(block));
+                    s.uploads.push(h);
+                }
+                st.end = st.end.max(off + n as u64);
+                st.mtime_ns = now_ns();
+                off += n as u64;
+                data = rest;
+            }
+            // bound the memory held by uploads in flight
+            let inflight: usize = st
+                .slices
+                .iter()
+                .map(|s| s.uploads.iter().filter(|h| !h.is_finished()).count())
+                .sum();
+            if inflight > UPLOADS_PER_FILE_MAX {
+                to_wait.push(());
+            }
+        }
+        if !to_wait.is_empty() {
+            // Too much in flight: commit what we have (waits for the uploads) to bound memory.
+            self.flush(shared)?;
+        }
+        Ok(())
+    }
+
+    /// Upload everything buffered and commit the slices. Errors are sticky until reported.
+    pub fn flush(&self, shared: &Arc<Shared>) -> Result<()> {
+        let _commit = self.commit.lock();
+        let (slices, end, mtime_ns) = {
+            let mut st = self.state.lock();
+            if let Some(e) = st.error.take() {
+                st.slices.clear();
+                st.end = 0;
+                return Err(Error::Sys(e));
+            }
+            (std::mem::take(&mut st.slices), st.end, st.mtime_ns)
+        };
+        if slices.is_empty() {
+            return Ok(());
+        }
+        let res = self.commit_slices(shared, slices, mtime_ns);
+        let mut st = self.state.lock();
+        if st.slices.is_empty() {
+            st.end = 0;
+        } else {
+            st.end = st.end.max(end);
+        }
+        if let Err(e) = &res {
+            tracing::error!("write inode {}: {e}", self.ino);
+        }
+        res
+    }
+
+    fn commit_slices(
+        &self,
+        shared: &Arc<Shared>,
+        slices: Vec<OpenSlice>,
+        mtime_ns: i64,
+    ) -> Result<()> {
+        let bs = shared.block_size as usize;
+        for mut s in slices {
+            if !s.tail.is_empty() {
+                let index = s.uploads.len() as u32;
+                let block = std::mem::take(&mut s.tail);
+                debug_assert!(block.len() <= bs);
+                s.uploads
+                    .push(spawn_upload(shared, s.id, index, Bytes::from(block)));
+            }
+            let mut crcs = Vec::with_capacity(s.uploads.len());
+            let mut failed = None;
+            for h in s.uploads {
+                match shared.rt.block_on(h) {
+                    Ok(Ok(crc)) => crcs.push(crc),
+                    Ok(Err(e)) => failed = Some(e),
+                    Err(e) => failed = Some(Error::Meta(format!("upload task: {e}"))),
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let slice = SliceRef {
+                id: s.id,
+                size: s.len,
+                off: 0,
+                len: s.len,
+                pos: s.pos,
+                crcs,
+            };
+            shared
+                .meta
+                .write_slice(self.ino, s.chunk, slice, mtime_ns)?;
+            shared.chunk_changed(self.ino, s.chunk);
+        }
+        Ok(())
+    }
+}
+
+/// Upload one block in the background with bounded retries; resolves to its CRC32.
+fn spawn_upload(shared: &Arc<Shared>, id: u64, index: u32, data: Bytes) -> JoinHandle<Result<u32>> {
+    let shared2 = shared.clone();
+    shared.rt.spawn(async move {
+        let _permit = shared2
+            .upload_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Meta("upload slots closed".into()))?;
+        let crc = crc32fast::hash(&data);
+        let key = block_key(id, index, data.len() as u32);
+        super::retry_store(&format!("upload block {key}"), || {
+            shared2.store.put(&key, data.clone())
+        })
+        .await?;
+        shared2.cache.put_mem(&key, data.clone());
+        if shared2.cache.has_disk() {
+            let cache = shared2.cache.clone();
+            let key2 = key.clone();
+            let _ = tokio::task::spawn_blocking(move || cache.put_disk(&key2, &data)).await;
+        }
+        Ok(crc)
+    })
+}

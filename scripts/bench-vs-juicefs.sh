@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# strait against JuiceFS 1.4.2 on one machine, with the same workload. Run as root:
+#
+#   ./scripts/bench-vs-juicefs.sh
+#
+# Starts a redis-server on 127.0.0.1; formats and mounts JuiceFS (Redis metadata, local
+# directory storage) and strait (RocksDB metadata, local directory storage); runs
+# `strait bench` with the same parameters on both mount points, and `juicefs bench` on the
+# JuiceFS mount for reference; prints the tables and a strait/JuiceFS ratio table (every
+# figure is a throughput, so a ratio above 1 means strait is faster). Cleans up on exit.
+#
+# Environment:
+#   BENCH_ARGS   parameters of `strait bench` (default below)
+#   STRAIT       strait binary (default: a release build, made here if missing or stale)
+#   BENCH_DIR    scratch directory (default: a new one under /tmp)
+#   KEEP_RESULTS directory to copy the result tables into (optional)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}
+BENCH_ARGS=${BENCH_ARGS:-"--big-file-size 1G --block-size 1M --small-file-count 100 --small-file-size 128K --meta-files 5000 --threads 4"}
+read -r -a BENCH_ARGV <<<"$BENCH_ARGS"
+
+if [[ $EUID -ne 0 ]]; then
+    echo "bench-vs-juicefs.sh: run as root (it mounts FUSE and drops the page cache)" >&2
+    exit 1
+fi
+
+# shellcheck source=scripts/lib/prereqs.sh
+source "$ROOT/scripts/lib/prereqs.sh"
+# shellcheck source=scripts/lib/servers.sh
+source "$ROOT/scripts/lib/servers.sh"
+
+apt_ensure build-essential clang libclang-dev pkg-config protobuf-compiler fuse3 \
+    redis-server redis-tools curl ca-certificates python3 util-linux
+ensure_juicefs
+if [[ -z "${STRAIT:-}" ]]; then
+    ensure_rust
+    # A release build: the benchmark compares optimised binaries.
+    echo "==> cargo build --release -p strait (the first one takes ~15 minutes)"
+    cargo build --release -p strait
+    STRAIT=$CARGO_TARGET_DIR/release/strait
+fi
+
+WORK=${BENCH_DIR:-$(mktemp -d /tmp/strait-bench.XXXXXX)}
+mkdir -p "$WORK"
+JFS_MNT=$WORK/juicefs-mnt
+STRAIT_MNT=$WORK/strait-mnt
+mkdir -p "$JFS_MNT" "$STRAIT_MNT" "$WORK/juicefs-cache" "$WORK/strait-cache"
+
+# Whether PATH is a mount point, from the mount table (stat-free: works for a dead FUSE mount).
+is_mounted() {
+    awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo
+}
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+    local rc=$?
+    set +e
+    if is_mounted "$JFS_MNT"; then
+        juicefs umount "$JFS_MNT" >/dev/null 2>&1 || umount -l "$JFS_MNT"
+    fi
+    if is_mounted "$STRAIT_MNT"; then
+        "$STRAIT" umount "$STRAIT_MNT" >/dev/null 2>&1 || umount -l "$STRAIT_MNT"
+    fi
+    stop_servers
+    if [[ -n "${KEEP_RESULTS:-}" ]]; then
+        mkdir -p "$KEEP_RESULTS" && cp "$WORK"/*.txt "$KEEP_RESULTS"/ 2>/dev/null
+    fi
+    if ! is_mounted "$JFS_MNT" && ! is_mounted "$STRAIT_MNT"; then
+        rm -rf -- "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "==> redis-server for JuiceFS"
+start_redis "$(free_port)" "$WORK/redis" >/dev/null
+JFS_META=$REDIS_URL/1
+
+echo "==> JuiceFS $(juicefs --version | awk '{print $3}'): Redis metadata, local storage"
+juicefs format --storage file --bucket "$WORK/juicefs-data/" "$JFS_META" bench >/dev/null
+juicefs mount -d --no-usage-report --cache-dir "$WORK/juicefs-cache" --log "$WORK/juicefs.log" \
+    "$JFS_META" "$JFS_MNT"
+
+echo "==> strait: RocksDB metadata, local storage"
+"$STRAIT" format "rocksdb://$WORK/strait-meta" "file://$WORK/strait-data" --name bench >/dev/null
+"$STRAIT" mount -d "rocksdb://$WORK/strait-meta" "$STRAIT_MNT" --cache-dir "$WORK/strait-cache" \
+    --log-file "$WORK/strait-mount.log"
+
+echo "==> strait bench ${BENCH_ARGV[*]} on both (JuiceFS first)"
+"$STRAIT" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label juicefs-redis-file | tee "$WORK/juicefs.txt"
+echo
+"$STRAIT" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label strait-rocksdb-file | tee "$WORK/strait.txt"
+
+echo
+echo "==> juicefs bench on the JuiceFS mount (JuiceFS's own tool, for reference)"
+juicefs bench "$JFS_MNT" 2>&1 | tee "$WORK/juicefs-bench.txt"
+
+# "ITEM (26 columns) VALUE UNIT DETAIL" rows of a `strait bench` table -> name<TAB>value<TAB>unit
+rows() {
+    awk 'seen && length($0) > 26 {
+            name = substr($0, 1, 26); sub(/ +$/, "", name)
+            split(substr($0, 27), f, " ")
+            print name "\t" f[1] "\t" f[2]
+        }
+        /^ITEM / { seen = 1 }' "$1"
+}
+rows "$WORK/juicefs.txt" >"$WORK/juicefs.tsv"
+rows "$WORK/strait.txt" >"$WORK/strait.tsv"
+
+echo
+echo "==> strait / JuiceFS (higher is better for strait)"
+awk -F'\t' '
+    BEGIN {
+        n = split("create|stat|rename|unlink|write small files|read small files|write big file|read big file", order, "|")
+        printf "%-20s %14s %14s %-8s %8s\n", "ITEM", "strait", "JuiceFS", "UNIT", "RATIO"
+    }
+    FNR == NR { jfs[$1] = $2; unit[$1] = $3; next }
+    { st[$1] = $2 }
+    END {
+        for (i = 1; i <= n; i++) {
+            k = order[i]
+            if (!(k in st) || !(k in jfs)) { printf "%-20s %14s\n", k, "(missing)"; continue }
+            r = (jfs[k] > 0) ? sprintf("%.2fx", st[k] / jfs[k]) : "-"
+            printf "%-20s %14.1f %14.1f %-8s %8s\n", k, st[k], jfs[k], unit[k], r
+        }
+    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" | tee "$WORK/ratio.txt"

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# strait in one command: run as root on a Debian machine, no input needed.
+#
+#   ./scripts/demo.sh
+#
+# Installs the build prerequisites, builds strait, formats an embedded file system
+# (RocksDB metadata + a local directory as object store, under /tmp/strait-demo; wiped and
+# formatted anew on every run), mounts it, writes a large file and a directory tree, verifies
+# them by SHA-256, unmounts, mounts again and verifies once more (now read back from the object
+# store), prints `strait status`, the head of the change log and `strait fsck`, and unmounts.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}
+STRAIT=${STRAIT:-$CARGO_TARGET_DIR/debug/strait}
+DEMO=${STRAIT_DEMO_DIR:-/tmp/strait-demo}
+META_URL=rocksdb://$DEMO/meta
+DATA_URL=file://$DEMO/data
+MNT=$DEMO/mnt
+SRC=$DEMO/src
+# The big file spans two 64 MiB chunks, so the demo shows chunks, slices and 4 MiB blocks.
+BIG_FILE_MIB=${STRAIT_DEMO_BIG_MIB:-80}
+
+if [[ $EUID -ne 0 ]]; then
+    echo "demo.sh: run as root (sudo ./scripts/demo.sh): it installs packages and mounts FUSE" >&2
+    exit 1
+fi
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# shellcheck source=scripts/lib/prereqs.sh
+source "$ROOT/scripts/lib/prereqs.sh"
+
+step "prerequisites (skipped when present)"
+apt_ensure build-essential clang libclang-dev pkg-config protobuf-compiler fuse3 attr \
+    curl ca-certificates util-linux
+ensure_rust
+[[ -e /dev/fuse ]] || modprobe fuse 2>/dev/null || true
+[[ -e /dev/fuse ]] || {
+    echo "demo.sh: /dev/fuse is missing" >&2
+    exit 1
+}
+
+if [[ -z "${STRAIT_SKIP_BUILD:-}" ]]; then
+    # The same command as scripts/test.sh's build, so the two share one build (another
+    # package selection would unify features differently and compile RocksDB's C++ again).
+    step "cargo build --workspace --all-targets (into $CARGO_TARGET_DIR; a first build takes ~15 minutes)"
+    cargo build --workspace --all-targets
+fi
+"$STRAIT" --help >/dev/null
+
+# Whether PATH is a mount point, from the mount table (stat-free: works for a dead FUSE mount).
+is_mounted() {
+    awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo
+}
+unmount_demo() {
+    if is_mounted "$MNT"; then
+        "$STRAIT" umount "$MNT" || umount -l "$MNT" || fusermount3 -u -z "$MNT"
+    fi
+}
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+    local rc=$?
+    set +e
+    unmount_demo >/dev/null 2>&1
+    if ((rc != 0)); then
+        echo "demo.sh: FAILED (exit $rc); mount log: $DEMO/mount.log" >&2
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+step "a fresh file system in $DEMO"
+unmount_demo # left over from an interrupted run
+rm -rf -- "$DEMO"
+mkdir -p "$MNT" "$SRC" "$DEMO/cache"
+"$STRAIT" format "$META_URL" "$DATA_URL" --name demo
+
+mount_demo() {
+    "$STRAIT" mount -d "$META_URL" "$MNT" --cache-dir "$DEMO/cache" --cache-size 1G \
+        --log-file "$DEMO/mount.log"
+}
+step "strait mount -d $META_URL $MNT"
+mount_demo
+
+step "sample data: a ${BIG_FILE_MIB} MiB file and a directory tree"
+head -c "$((BIG_FILE_MIB * 1024 * 1024))" /dev/urandom >"$SRC/big.bin"
+mkdir -p "$SRC/tree/a/b/c" "$SRC/tree/empty"
+for i in $(seq 1 50); do
+    head -c "$((i * 997))" /dev/urandom >"$SRC/tree/a/file-$i"
+done
+echo "hello from strait" >"$SRC/tree/a/b/c/hello.txt"
+seq 1 100000 >"$SRC/tree/a/b/numbers.txt"
+ln -s a/b/c/hello.txt "$SRC/tree/link-to-hello"
+
+checksums() { # sha256 of every regular file under $1, by relative path
+    (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
+}
+cp -a "$SRC/big.bin" "$SRC/tree" "$MNT/"
+ln "$MNT/tree/a/b/c/hello.txt" "$MNT/tree/hardlink-to-hello"
+ln "$SRC/tree/a/b/c/hello.txt" "$SRC/tree/hardlink-to-hello"
+checksums "$SRC" >"$DEMO/expected.sha256"
+if command -v setfattr >/dev/null; then
+    setfattr -n user.origin -v demo "$MNT/tree/a/b/c/hello.txt"
+fi
+sync
+
+verify() {
+    checksums "$MNT" >"$DEMO/actual.sha256"
+    if ! diff -u "$DEMO/expected.sha256" "$DEMO/actual.sha256"; then
+        echo "demo.sh: content read back from strait differs from what was written" >&2
+        return 1
+    fi
+    [[ "$(readlink "$MNT/tree/link-to-hello")" == a/b/c/hello.txt ]]
+    [[ "$(stat -c %h "$MNT/tree/hardlink-to-hello")" == 2 ]]
+    if command -v getfattr >/dev/null; then
+        [[ "$(getfattr --only-values -n user.origin "$MNT/tree/a/b/c/hello.txt")" == demo ]]
+    fi
+    echo "verified $(wc -l <"$DEMO/actual.sha256") files by SHA-256, plus a symlink, a hard link and an xattr"
+}
+step "read back and verify"
+verify
+ls -la "$MNT" "$MNT/tree"
+df -h "$MNT"
+
+step "unmount, mount again, verify again (reads now come from the object store)"
+"$STRAIT" umount "$MNT"
+mount_demo
+verify
+"$STRAIT" umount "$MNT"
+
+step "the object store: blocks of at most 4 MiB under chunks/"
+find "$DEMO/data" -type f | sed "s|^$DEMO/data/||" | sort | head -n 5
+echo "... $(find "$DEMO/data" -type f | wc -l) objects, $(du -sh "$DEMO/data" | cut -f1)"
+
+step "strait status $META_URL"
+"$STRAIT" status "$META_URL"
+
+step "strait changelog $META_URL --limit 10"
+"$STRAIT" changelog "$META_URL" --limit 10
+
+step "strait fsck $META_URL --digest"
+"$STRAIT" fsck "$META_URL" --digest
+
+step "done: the file system stays in $DEMO (mount it again with: $STRAIT mount -d $META_URL $MNT)"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The test command of strait. Run as root on a Debian machine, with no input needed:
+#
+#   ./scripts/test.sh
+#
+# 1. installs what is missing (apt packages, Rust, garage, pjdfstest, juicefs), quickly
+#    skipping everything already present;
+# 2. runs the stages: rustfmt, clippy, build, cargo test, and pjdfstest on two back ends
+#    (RocksDB + local directory; Redis + Garage S3, both servers started here on 127.0.0.1);
+# 3. prints `N passed, M failed` over the stages and exits non-zero if any stage failed.
+#
+# CI=true is exported unless the caller set CI: tests that need Redis, Garage or FUSE then
+# fail loudly instead of skipping. The build goes to CARGO_TARGET_DIR (default
+# ~/.cache/strait-target, outside the clone, so repeated runs reuse it).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+export CI=${CI:-true}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}
+export DEBIAN_FRONTEND=noninteractive
+export PATH=$HOME/.cargo/bin:/usr/local/bin:$PATH
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+if [[ $EUID -ne 0 ]]; then
+    echo "test.sh: run as root (sudo ./scripts/test.sh): it installs packages and mounts FUSE" >&2
+    exit 1
+fi
+
+# shellcheck source=scripts/lib/prereqs.sh
+source "$ROOT/scripts/lib/prereqs.sh"
+# shellcheck source=scripts/lib/servers.sh
+source "$ROOT/scripts/lib/servers.sh"
+
+WORK=$(mktemp -d /tmp/strait-test.XXXXXX)
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+    local rc=$?
+    set +e
+    stop_servers
+    rm -rf -- "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- stages ------------------------------------------------------------------------------------
+STAGES=()
+RESULTS=()
+N_PASSED=0
+N_FAILED=0
+
+# stage NAME COMMAND...: run one stage; its failure is recorded, not fatal.
+stage() {
+    local name=$1 start rc=0
+    shift
+    start=$SECONDS
+    echo
+    echo "=================== stage: $name"
+    # A subshell with errexit, so the first failing command ends the stage, and only the stage.
+    # (Not `(...) || rc=$?`: bash ignores set -e inside the left side of ||.)
+    set +e
+    (
+        set -e
+        "$@"
+    )
+    rc=$?
+    set -e
+    local took=$((SECONDS - start))
+    STAGES+=("$name")
+    if ((rc == 0)); then
+        RESULTS+=("passed (${took} s)")
+        N_PASSED=$((N_PASSED + 1))
+        echo "=================== stage $name: passed in ${took} s"
+    else
+        RESULTS+=("FAILED (exit $rc, ${took} s)")
+        N_FAILED=$((N_FAILED + 1))
+        echo "=================== stage $name: FAILED (exit $rc) after ${took} s"
+    fi
+}
+
+require_build() {
+    if ((BUILD_OK == 0)); then
+        echo "not run: the build stage failed"
+        return 1
+    fi
+    "$@"
+}
+
+pjdfstest_rocksdb() {
+    "$ROOT/scripts/pjdfstest.sh" "rocksdb://$WORK/pj-rocks/meta" "file://$WORK/pj-rocks/data"
+}
+
+# Runs in the stage's subshell: the servers it starts are stopped when the subshell exits.
+pjdfstest_redis_garage() {
+    trap stop_servers EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    start_redis "$(free_port)" "$WORK/redis" >/dev/null
+    start_garage "$WORK/garage" >/dev/null
+    "$ROOT/scripts/pjdfstest.sh" "$REDIS_URL/1" "$(garage_data_url)"
+}
+
+stage prerequisites install_prerequisites
+# --workspace everywhere: the root package is the workspace's only default member, so without
+# it clippy and build would skip fs-core and tests; and one package selection for every
+# command keeps feature unification identical, so RocksDB's C++ is compiled once, not per
+# command.
+stage fmt cargo fmt --all -- --check
+stage clippy cargo clippy --workspace --all-targets -- -D warnings
+failed_before=$N_FAILED
+stage build cargo build --workspace --all-targets
+BUILD_OK=$((N_FAILED == failed_before))
+stage test cargo test --workspace
+export STRAIT=$CARGO_TARGET_DIR/debug/strait
+# Without a fresh build the binary may be stale: the pjdfstest stages then fail unrun.
+stage pjdfstest-rocksdb-file require_build pjdfstest_rocksdb
+stage pjdfstest-redis-garage require_build pjdfstest_redis_garage
+
+echo
+echo "=================== summary"
+for i in "${!STAGES[@]}"; do
+    printf '  %-26s %s\n' "${STAGES[$i]}" "${RESULTS[$i]}"
+done
+echo "$N_PASSED passed, $N_FAILED failed"
+((N_FAILED == 0))

@@ -1,0 +1,44 @@
+//! `strait changelog`: print the outbox's change records.
+
+use anyhow::Result;
+use strait_fs_core::changelog::read_log;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Metadata engine: rocksdb:///path, redis://host:port/db
+    pub meta_url: String,
+    /// Print records after this version.
+    #[arg(long, default_value_t = 0)]
+    pub from: u64,
+    /// Print at most this many records (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub limit: u64,
+}
+
+const PAGE: usize = 1000;
+
+pub fn run(a: Args) -> Result<()> {
+    let kv = strait_fs_core::kv::open(&a.meta_url)?;
+    let mut after = a.from;
+    let mut printed = 0u64;
+    loop {
+        let page = read_log(kv.as_ref(), after, PAGE)?;
+        if page.is_empty() {
+            break;
+        }
+        for (v, rec) in &page {
+            if a.limit > 0 && printed >= a.limit {
+                return Ok(());
+            }
+            let secs = rec.ts_ns.div_euclid(1_000_000_000);
+            let nanos = rec.ts_ns.rem_euclid(1_000_000_000);
+            println!("{v}\t{secs}.{nanos:09}\t{:?}", rec.change);
+            printed += 1;
+            after = *v;
+        }
+        if page.len() < PAGE {
+            break;
+        }
+    }
+    Ok(())
+}

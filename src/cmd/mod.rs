@@ -1,0 +1,85 @@
+//! Implementations of the CLI commands.
+
+pub mod bench;
+pub mod changelog;
+pub mod format;
+pub mod fsck;
+pub mod gc;
+pub mod mount;
+pub mod status;
+
+use anyhow::{bail, Context, Result};
+
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Parse a size such as `4M`, `128K`, `1G`, `1GiB` or `4096`.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let num_end = lower
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(num_end);
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("size {s:?}: not a number"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => bail!("size {s:?}: unknown unit {other:?} (use K, M, G or T)"),
+    };
+    if n < 0.0 {
+        bail!("size {s:?} is negative");
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+/// A tokio runtime for commands that talk to object stores.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4M").unwrap(), 4 << 20);
+        assert_eq!(parse_size("128K").unwrap(), 128 << 10);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("4Q").is_err());
+        assert!(parse_size("big").is_err());
+    }
+}

@@ -1,0 +1,315 @@
+//! `strait mount` and `strait umount`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use strait_fs_core::fuse::{mount_config, FuseOptions, StraitFs};
+use strait_fs_core::meta::{Meta, MetaOptions};
+use strait_fs_core::vfs::{Vfs, VfsOptions};
+
+/// A session whose heartbeat is older than this is considered dead and cleaned up.
+const SESSION_TIMEOUT_S: i64 = 60;
+const HEARTBEAT_INTERVAL_S: u64 = 10;
+const GC_INTERVAL_S: u64 = 30;
+/// How long `mount -d` and `umount` wait for the mount process.
+const WAIT_S_MAX: u64 = 60;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Metadata engine: rocksdb:///path, redis://host:port/db
+    pub meta_url: String,
+    pub mountpoint: PathBuf,
+    /// Run in the background (returns once the file system is mounted).
+    #[arg(short = 'd', long)]
+    pub background: bool,
+    /// Directory for the disk block cache.
+    #[arg(long, default_value = "/var/cache/strait")]
+    pub cache_dir: PathBuf,
+    /// Size of the disk block cache (0 disables it).
+    #[arg(long, default_value = "10G")]
+    pub cache_size: String,
+    /// Size of the memory block cache.
+    #[arg(long, default_value = "256M")]
+    pub mem_cache_size: String,
+    /// Mount read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Threads serving FUSE requests.
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// Seconds the kernel caches attributes and entries.
+    #[arg(long, default_value_t = 1.0)]
+    pub attr_ttl: f64,
+    /// Log file of a background mount.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct UmountArgs {
+    pub mountpoint: PathBuf,
+}
+
+fn pid_file(mountpoint: &Path) -> PathBuf {
+    let canon = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let name: String = canon
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    std::env::temp_dir()
+        .join("strait-mounts")
+        .join(format!("{name}.pid"))
+}
+
+/// Whether `path` is a mount point of a strait file system.
+pub fn is_strait_mount(path: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let target = canon.to_string_lossy().to_string();
+    info.lines().any(|l| mountinfo_is_strait(l, &target))
+}
+
+/// One /proc/self/mountinfo line: `... MOUNTPOINT ... - FSTYPE SOURCE OPTIONS`.
+pub fn mountinfo_is_strait(line: &str, target: &str) -> bool {
+    let f: Vec<&str> = line.split(' ').collect();
+    let Some(dash) = f.iter().position(|x| *x == "-") else {
+        return false;
+    };
+    f.len() > dash + 2
+        && f.get(4) == Some(&target)
+        && f[dash + 1].starts_with("fuse")
+        && f[dash + 2].starts_with("strait:")
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if !a.mountpoint.is_dir() {
+        bail!("mount point {} is not a directory", a.mountpoint.display());
+    }
+    if is_strait_mount(&a.mountpoint) {
+        bail!("{} is already a strait mount", a.mountpoint.display());
+    }
+    if a.background {
+        return run_background(a);
+    }
+    run_foreground(a)
+}
+
+fn run_background(a: Args) -> Result<()> {
+    let log = a.log_file.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "strait-mount-{}.log",
+            pid_file(&a.mountpoint)
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default()
+        ))
+    });
+    let logf = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("open log file {}", log.display()))?;
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|x| x != "-d" && x != "--background")
+        .collect();
+    let exe = std::env::current_exe().context("find the strait binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(logf.try_clone().context("duplicate log handle")?)
+        .stderr(logf);
+    // a new session, so the mount survives the shell that started it
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("start the mount process")?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(WAIT_S_MAX) {
+        if is_strait_mount(&a.mountpoint) {
+            println!(
+                "mounted {} at {} (pid {}, log {})",
+                a.meta_url,
+                a.mountpoint.display(),
+                child.id(),
+                log.display()
+            );
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait().context("wait for the mount process")? {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let last: Vec<&str> = tail.lines().rev().take(5).collect();
+            bail!(
+                "the mount process exited ({status}) before mounting: {}",
+                last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!(
+        "{} was not mounted after {WAIT_S_MAX} s; see {}",
+        a.mountpoint.display(),
+        log.display()
+    )
+}
+
+fn block_signals() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGHUP);
+    let _ = set.thread_block();
+    set
+}
+
+fn run_foreground(a: Args) -> Result<()> {
+    // Signals are taken by one thread (below), so every thread started from here blocks them.
+    let sigset = block_signals();
+    let kv = strait_fs_core::kv::open(&a.meta_url)?;
+    let format = Meta::load_format(&kv)?;
+    let meta = Meta::open(
+        kv,
+        MetaOptions {
+            read_only: a.read_only,
+        },
+    )?;
+    let rt = super::runtime()?;
+    let store = rt.block_on(strait_fs_core::object::open(&format.data_url))?;
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let sid = meta.new_session(&format!(
+        "mount {} on {host} pid {}",
+        a.mountpoint.display(),
+        std::process::id()
+    ))?;
+    match meta.clean_stale_sessions(SESSION_TIMEOUT_S * 1_000_000_000) {
+        Ok(closed) if !closed.is_empty() => tracing::info!("cleaned up stale sessions {closed:?}"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("clean up stale sessions: {e}"),
+    }
+    let cache_size = super::parse_size(&a.cache_size)?;
+    let opts = VfsOptions {
+        mem_cache_bytes: super::parse_size(&a.mem_cache_size)?,
+        cache_dir: (cache_size > 0).then(|| a.cache_dir.clone()),
+        disk_cache_bytes: cache_size,
+        ..VfsOptions::default()
+    };
+    let vfs = Vfs::new(meta.clone(), store, opts, Some(rt.handle().clone()))?;
+    let ttl = Duration::from_secs_f64(a.attr_ttl.max(0.0));
+    let fs = StraitFs::new(
+        vfs.clone(),
+        FuseOptions {
+            attr_ttl: ttl,
+            entry_ttl: ttl,
+            threads: a.threads,
+        },
+    );
+    let config = mount_config(&format.name, a.read_only, a.threads);
+    let mut session = fuser::Session::new(fs, &a.mountpoint, &config)
+        .with_context(|| format!("mount at {}", a.mountpoint.display()))?;
+    let pidf = pid_file(&a.mountpoint);
+    if let Some(dir) = pidf.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(&pidf, std::process::id().to_string());
+    tracing::info!(
+        "mounted {} ({}) at {} as session {sid}",
+        format.name,
+        a.meta_url,
+        a.mountpoint.display()
+    );
+
+    let mut unmounter = session.unmount_callable();
+    let mp = a.mountpoint.clone();
+    std::thread::spawn(move || {
+        if let Ok(sig) = sigset.wait() {
+            tracing::info!("received {sig:?}: unmounting {}", mp.display());
+            if let Err(e) = unmounter.unmount() {
+                tracing::error!(
+                    "unmount {}: {e} (use `umount -l` if it is busy)",
+                    mp.display()
+                );
+            }
+        }
+    });
+    let bg_meta = meta.clone();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_secs(HEARTBEAT_INTERVAL_S));
+        if let Err(e) = bg_meta.heartbeat() {
+            tracing::warn!("session heartbeat: {e}");
+        }
+    });
+    if !a.read_only {
+        let gc_vfs: Arc<Vfs> = vfs.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(GC_INTERVAL_S));
+            match gc_vfs.gc_once() {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("deleted the blocks of {n} dead slices"),
+                Err(e) => tracing::warn!("delete dead slices: {e}"),
+            }
+        });
+    }
+
+    let res = session.run();
+    // the kernel has let go: commit what is still buffered, then leave the session
+    let flushed = vfs.flush_all();
+    if let Err(e) = meta.close_session(sid) {
+        tracing::warn!("close session {sid}: {e}");
+    }
+    let _ = std::fs::remove_file(&pidf);
+    tracing::info!("unmounted {}", a.mountpoint.display());
+    res.context("serve FUSE requests")?;
+    flushed?;
+    Ok(())
+}
+
+pub fn umount(a: UmountArgs) -> Result<()> {
+    let pidf = pid_file(&a.mountpoint);
+    let pid: Option<i32> = std::fs::read_to_string(&pidf)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    if !is_strait_mount(&a.mountpoint) {
+        bail!("{} is not a strait mount", a.mountpoint.display());
+    }
+    let c = std::ffi::CString::new(a.mountpoint.as_os_str().as_encoded_bytes())
+        .context("mount point path")?;
+    let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        // not root: let fusermount3 do it
+        let ok = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(&a.mountpoint)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            bail!("unmount {}: {err}", a.mountpoint.display());
+        }
+    }
+    if let Some(pid) = pid {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(WAIT_S_MAX) {
+            if unsafe { libc::kill(pid, 0) } != 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    println!("unmounted {}", a.mountpoint.display());
+    Ok(())
+}

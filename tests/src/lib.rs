@@ -1,0 +1,70 @@
+//! Shared harness for strait's integration tests: real servers (Redis, Garage S3) started on
+//! 127.0.0.1 for the duration of a test, and helpers to run the real `strait` binary.
+
+pub mod garage;
+pub mod mount;
+pub mod redis_server;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// True when the test must not skip anything (CI sets `CI=true`).
+pub fn strict() -> bool {
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+}
+
+/// Whether an external program is on PATH. When it is missing the test skips with a message,
+/// except under `CI=true`, where it fails loudly: CI must never turn a missing server into a pass.
+pub fn require_program(name: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        if strict() {
+            panic!(
+                "{name} is required for this test and is not installed (CI=true: refusing to skip)"
+            );
+        }
+        eprintln!("SKIPPED: {name} is not installed (set CI=true to make this a failure)");
+    }
+    found
+}
+
+/// Whether FUSE mounts can be made here (/dev/fuse exists and we are root or have fusermount3).
+pub fn require_fuse() -> bool {
+    let ok = std::path::Path::new("/dev/fuse").exists();
+    if !ok {
+        if strict() {
+            panic!(
+                "/dev/fuse is required for this test and is missing (CI=true: refusing to skip)"
+            );
+        }
+        eprintln!("SKIPPED: /dev/fuse is missing (set CI=true to make this a failure)");
+    }
+    ok
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for test servers).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Path of the strait binary built for these tests.
+pub fn strait_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("STRAIT_BIN") {
+        return PathBuf::from(p);
+    }
+    // tests/ is a workspace member; the binary sits in the same target directory.
+    let mut exe = std::env::current_exe().expect("current exe");
+    exe.pop(); // deps/
+    if exe.ends_with("deps") {
+        exe.pop();
+    }
+    exe.join("strait")
+}
