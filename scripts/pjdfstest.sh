@@ -56,16 +56,17 @@ die() {
 [[ -f "$CONFIG" ]] || die "missing $CONFIG"
 
 # --- every expected failure in the TOML must be explained in EXCLUDED.md ----------------------
-expected_failures() {
-    # the quoted names inside `expected_failures = [ ... ]`, one per line
-    sed -n '/^[[:space:]]*expected_failures[[:space:]]*=/,/\]/p' "$CONFIG" |
-        sed 's/#.*//' | grep -o '"[^"]*"' | tr -d '"' || true
+expected_failures() { # one name per line
+    python3 -c 'import sys, tomllib
+for name in tomllib.load(open(sys.argv[1], "rb")).get("settings", {}).get("expected_failures", []):
+    print(name)' "$CONFIG"
 }
+names=$(expected_failures) || die "cannot read $CONFIG (python3 >= 3.11 parses it)"
 missing=()
 while IFS= read -r name; do
     [[ -n "$name" ]] || continue
     grep -qF "\`$name\`" "$EXCLUDED" || missing+=("$name")
-done < <(expected_failures)
+done <<<"$names"
 if ((${#missing[@]})); then
     die "expected_failures in $CONFIG names cases without a reason in $EXCLUDED: ${missing[*]}"
 fi
@@ -129,6 +130,8 @@ WORK=$(mktemp -d /tmp/strait-pj.XXXXXX)
 MNT=$WORK/mnt
 SECONDARY=$WORK/secondary # a second file system (the host's /tmp) for the EXDEV cases
 mkdir -p "$MNT" "$SECONDARY" "$WORK/cache"
+# mktemp makes 0700 directories: the users pjdfstest switches to must reach the mount point
+chmod 755 "$WORK" "$MNT" "$SECONDARY"
 
 # Whether PATH is a mount point, from the mount table (stat-free: works for a dead FUSE mount).
 is_mounted() {

@@ -58,7 +58,8 @@ ensure_cargo_tool() {
     shift
     command -v "$bin" >/dev/null && return 0
     _prereq_log "cargo install $* (once per machine; takes minutes)"
-    cargo install "$@"
+    # not into the shared CARGO_TARGET_DIR: tools are built once, apart from strait
+    env -u CARGO_TARGET_DIR cargo install "$@"
 }
 
 ensure_juicefs() {

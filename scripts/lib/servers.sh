@@ -19,7 +19,7 @@ GARAGE_KEY_NAME=strait
 GARAGE_ACCESS_KEY=GK0a1b2c3d4e5f60718293a4b5
 GARAGE_SECRET_KEY=5f3e2d1c0b0a99887766554433221100ffeeddccbbaa00112233445566778899
 
-_REDIS_PIDFILE=
+_REDIS_PID=
 _REDIS_PORT=
 _GARAGE_PID=
 _GARAGE_CONFIG=
@@ -71,10 +71,9 @@ start_redis() {
         _servers_log "port $port is already in use; not starting redis-server"
         return 1
     fi
-    _REDIS_PIDFILE=$dir/redis.pid
     _REDIS_PORT=$port
     redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
-        --daemonize yes --pidfile "$_REDIS_PIDFILE" --dir "$dir" \
+        --daemonize yes --pidfile "$dir/redis.pid" --dir "$dir" \
         --logfile "$dir/redis.log" >/dev/null || {
         _servers_log "redis-server failed to start; see $dir/redis.log"
         return 1
@@ -83,6 +82,8 @@ start_redis() {
         tail -n 20 "$dir/redis.log" >&2 || true
         return 1
     }
+    # remember the pid now: the directory may be gone by the time stop_redis runs
+    _REDIS_PID=$(cat "$dir/redis.pid")
     _servers_log "redis-server ready on 127.0.0.1:$port (dir $dir)"
     REDIS_URL=redis://127.0.0.1:$port
     echo "$REDIS_URL"
@@ -93,9 +94,8 @@ _redis_ping() {
 }
 
 stop_redis() {
-    if [[ -n "$_REDIS_PIDFILE" && -f "$_REDIS_PIDFILE" ]]; then
-        local pid
-        pid=$(cat "$_REDIS_PIDFILE")
+    if [[ -n "$_REDIS_PID" ]]; then
+        local pid=$_REDIS_PID
         kill "$pid" 2>/dev/null || true
         local i
         for ((i = 0; i < 100; i++)); do
@@ -105,7 +105,7 @@ stop_redis() {
         kill -9 "$pid" 2>/dev/null || true
         _servers_log "redis-server on port $_REDIS_PORT stopped"
     fi
-    _REDIS_PIDFILE=
+    _REDIS_PID=
 }
 
 # garage -c CONFIG ARGS... for the server started by start_garage.

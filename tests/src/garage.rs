@@ -104,6 +104,7 @@ admin_token = "{admin_token}"
             .arg(&config)
             .arg("server")
             .env("RUST_LOG", "garage=info,garage_api_common=info")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("clone log file")?)
             .stderr(log)

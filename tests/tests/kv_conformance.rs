@@ -7,8 +7,30 @@ use std::sync::Arc;
 use strait_fs_core::kv::memory::MemoryKv;
 use strait_fs_core::kv::redis::RedisKv;
 use strait_fs_core::kv::rocks::RocksKv;
-use strait_fs_core::kv::{conformance, KvEngine};
+use strait_fs_core::kv::{conformance, decode_counter, KvEngine};
+use strait_fs_core::Error;
 use strait_tests::redis_server::RedisServer;
+
+const A: &[u8] = b"T\0\0\0\0\0\0\0\x01a";
+const COUNTER: &[u8] = b"C\0\0\0\0\0\0\0\0";
+
+/// Commit a transaction that reads `A` and appends a record; returns the record's version.
+fn read_and_log(kv: &dyn KvEngine) -> Option<u64> {
+    kv.txn(&mut |t| {
+        t.get(A)?;
+        t.append_log(b"record".to_vec());
+        Ok(())
+    })
+    .expect("commit a record")
+}
+
+fn put_counter(kv: &dyn KvEngine, value: i64) {
+    kv.txn(&mut |t| {
+        t.put(A, &value.to_le_bytes());
+        Ok(())
+    })
+    .expect("commit a put");
+}
 
 #[test]
 fn redis_passes_the_kv_suite() {
@@ -49,6 +71,93 @@ fn redis_open_fails_with_the_server_named() {
         "{msg}"
     );
     assert!(!msg.contains("secret"), "{msg}");
+}
+
+#[test]
+fn redis_recovers_from_a_script_flush() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let kv = RedisKv::open(&server.url(0)).expect("open redis");
+    assert_eq!(read_and_log(&kv), Some(1));
+
+    // The scripts cached on the server are gone: the engine loads them again and reruns.
+    assert_eq!(
+        server.command(&["SCRIPT", "FLUSH"]).expect("flush scripts"),
+        "+OK"
+    );
+    assert_eq!(read_and_log(&kv), Some(2));
+    assert_eq!(
+        server.command(&["SCRIPT", "FLUSH"]).expect("flush scripts"),
+        "+OK"
+    );
+    assert_eq!(kv.incr(COUNTER, 3).expect("incr"), 3);
+}
+
+#[test]
+fn redis_reconnects_after_a_server_restart() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let kv = RedisKv::open(&server.url(0)).expect("open redis");
+    assert_eq!(read_and_log(&kv), Some(1));
+
+    // The pooled connection died with the server; the transaction notices at its first read,
+    // before sending anything to commit, and runs again on a new connection. Nothing was
+    // persisted, so the log starts again.
+    server.restart();
+    assert_eq!(read_and_log(&kv), Some(1));
+    assert_eq!(kv.last_version().expect("read last version"), 1);
+}
+
+#[test]
+fn redis_reruns_a_closure_whose_reads_went_stale() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let kv = RedisKv::open(&server.url(0)).expect("open redis");
+    let other = RedisKv::open(&server.url(0)).expect("open a second client");
+    put_counter(&kv, 1);
+
+    // An error decided on a value another client has since overwritten is not returned: the
+    // closure runs again and decides on the new value.
+    let mut runs = 0;
+    let r = kv.txn(&mut |t| {
+        runs += 1;
+        let seen = decode_counter(t.get(A)?)?;
+        if runs == 1 {
+            put_counter(&other, 2);
+        }
+        Err(Error::Sys(if seen == 1 {
+            libc::EEXIST
+        } else {
+            libc::ENOENT
+        }))
+    });
+    assert_eq!(runs, 2);
+    assert!(matches!(r, Err(Error::Sys(libc::ENOENT))), "got {r:?}");
+
+    // The same for a transaction that only reads.
+    let mut runs = 0;
+    let (seen, version) = strait_fs_core::kv::txn(&kv, |t| {
+        runs += 1;
+        let seen = decode_counter(t.get(A)?)?;
+        if runs == 1 {
+            put_counter(&other, 3);
+        }
+        Ok(seen)
+    })
+    .expect("run a read-only transaction");
+    assert_eq!((runs, seen, version), (2, 3, None));
+
+    // An error decided before reading anything needs no check.
+    let mut runs = 0;
+    let r = kv.txn(&mut |_| {
+        runs += 1;
+        Err(Error::Sys(libc::EPERM))
+    });
+    assert_eq!(runs, 1);
+    assert!(matches!(r, Err(Error::Sys(libc::EPERM))), "got {r:?}");
 }
 
 #[test]

@@ -93,6 +93,7 @@ async fn a_wrong_secret_key_is_a_clear_fatal_error() {
         "took {elapsed:?}"
     );
     let msg = err.to_string();
+    eprintln!("open with a wrong secret key: {msg}");
     match &err {
         Error::Object(e @ ObjectError::Fatal(_)) => assert!(e.is_permanent()),
         other => panic!("want a Fatal object error, got {other:?}"),
@@ -137,6 +138,7 @@ async fn an_operation_the_key_may_not_do_is_fatal() {
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_millis(AUTH_FAILURE_MAX_MS));
+    eprintln!("put without write permission: {err}");
     let ObjectError::Fatal(msg) = &err else {
         panic!("want Fatal, got {err:?}")
     };

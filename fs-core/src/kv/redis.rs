@@ -36,9 +36,12 @@
 //! blocking connections, at most [`POOL_IDLE_CONNECTIONS_MAX`]; a caller that finds none opens
 //! a new one. A connection that saw an I/O error, or is dropped in the middle of a
 //! transaction, is closed instead of being returned; after an I/O error every idle connection
-//! is closed too, since they most likely point at the same dead server.
+//! is closed too, since they most likely point at the same dead server. A connection idle for
+//! [`POOL_IDLE_CHECK_MS`] is pinged before use, and a transaction whose pooled connection
+//! fails before anything was sent for commit runs once more on a fresh connection. A commit
+//! whose connection fails is never resent: whether the server applied it is unknown.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::{Connection, ConnectionLike, Pipeline, Value};
@@ -51,6 +54,9 @@ use crate::error::{Error, Result};
 
 /// Idle connections kept for reuse; more may be open while many threads are busy.
 const POOL_IDLE_CONNECTIONS_MAX: usize = 16;
+/// A connection idle for longer than this is checked with PING before it is used, so that a
+/// server restarted in the meantime costs a reconnect rather than a failed request.
+const POOL_IDLE_CHECK_MS: u64 = 1_000;
 /// Time allowed to open a TCP connection to the server.
 const CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// Time allowed for one request/response exchange before the connection is given up.
@@ -149,7 +155,8 @@ pub struct RedisKv {
     client: redis::Client,
     /// `host:port/db` for messages; never the password.
     server: String,
-    idle: Mutex<Vec<Connection>>,
+    /// Idle connections and when each was last returned.
+    idle: Mutex<Vec<(Connection, Instant)>>,
     commit_script: redis::Script,
     incr_script: redis::Script,
 }
@@ -179,7 +186,7 @@ impl RedisKv {
             incr_script: redis::Script::new(&format!("{LUA_ADD64}{LUA_INCR}")),
         };
         let conn = kv.connect()?;
-        kv.idle.lock().push(conn);
+        kv.idle.lock().push((conn, Instant::now()));
         Ok(kv)
     }
 
@@ -215,6 +222,17 @@ impl RedisKv {
 
     fn lease(&self) -> Result<Lease<'_>> {
         let pooled = self.idle.lock().pop();
+        let pooled = pooled.and_then(|(mut conn, since)| {
+            if since.elapsed() < Duration::from_millis(POOL_IDLE_CHECK_MS) {
+                return Some(conn);
+            }
+            if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                return Some(conn);
+            }
+            // The others have most likely lost the same server.
+            self.idle.lock().clear();
+            None
+        });
         let (conn, from_pool) = match pooled {
             Some(c) => (c, true),
             None => (self.connect()?, false),
@@ -317,7 +335,7 @@ impl Drop for Lease<'_> {
         }
         let mut idle = self.kv.idle.lock();
         if idle.len() < POOL_IDLE_CONNECTIONS_MAX {
-            idle.push(conn);
+            idle.push((conn, Instant::now()));
         }
     }
 }

@@ -842,12 +842,13 @@ impl Meta {
                         ta.parent = sp;
                     }
                     ta.ctime_ns = now;
+                    // a directory that changes parent takes its ".." link with it
                     if kind == FileKind::Dir && tkind != FileKind::Dir && sp != dp {
-                        spa.nlink += 1;
-                        dpa.nlink = dpa.nlink.saturating_sub(1);
-                    } else if kind != FileKind::Dir && tkind == FileKind::Dir && sp != dp {
                         spa.nlink = spa.nlink.saturating_sub(1);
                         dpa.nlink += 1;
+                    } else if kind != FileKind::Dir && tkind == FileKind::Dir && sp != dp {
+                        spa.nlink += 1;
+                        dpa.nlink = dpa.nlink.saturating_sub(1);
                     }
                     replaced = Some(Replaced {
                         ino: tino,

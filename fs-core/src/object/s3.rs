@@ -309,16 +309,21 @@ impl ObjectStore for S3Store {
                 return Ok(Vec::new());
             }
             let context = format!("list objects with prefix {prefix:?} in {}", self.url);
-            let mut req = self
+            let full_prefix = self.full_key(prefix);
+            // Keys under the store's prefix sort in the same order with or without it.
+            // A start-after sorting before the prefix is dropped: every key under the
+            // prefix is after it anyway, and Garage 2.5 answers such a listing with nothing
+            // (it scans from start-after and stops at the first key outside the prefix).
+            let start_after = start_after
+                .map(|after| self.full_key(after))
+                .filter(|after| *after >= full_prefix);
+            let req = self
                 .client
                 .list_objects_v2()
                 .bucket(&self.bucket)
-                .prefix(self.full_key(prefix))
+                .prefix(full_prefix)
+                .set_start_after(start_after)
                 .max_keys(i32::try_from(limit).unwrap_or(i32::MAX));
-            // Keys under the store's prefix sort in the same order with or without it.
-            if let Some(after) = start_after {
-                req = req.start_after(self.full_key(after));
-            }
             let out = req
                 .send()
                 .await
