@@ -83,9 +83,11 @@ impl DataUrl {
                     match k.as_ref() {
                         "endpoint" => endpoint = Some(v.to_string()),
                         "region" => region = Some(v.to_string()),
-                        other => return Err(Error::Invalid(format!(
+                        other => {
+                            return Err(Error::Invalid(format!(
                             "data URL {s:?}: unknown parameter {other:?} (known: endpoint, region)"
-                        ))),
+                        )))
+                        }
                     }
                 }
                 Ok(DataUrl::S3 {

@@ -277,6 +277,20 @@ fn run_foreground(a: Args) -> Result<()> {
     Ok(())
 }
 
+/// Whether process `pid` is still running (a zombie waiting for its parent counts as gone).
+fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // the state follows the command name, which is in parentheses
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
 pub fn umount(a: UmountArgs) -> Result<()> {
     let pidf = pid_file(&a.mountpoint);
     let pid: Option<i32> = std::fs::read_to_string(&pidf)
@@ -304,7 +318,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     if let Some(pid) = pid {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(WAIT_S_MAX) {
-            if unsafe { libc::kill(pid, 0) } != 0 {
+            if !process_alive(pid) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));

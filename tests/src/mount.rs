@@ -135,9 +135,10 @@ impl Mount {
             point.display().to_string(),
             "--cache-dir".into(),
             cache.display().to_string(),
-            "--cache-size".into(),
-            "1G".into(),
         ];
+        if !extra.contains(&"--cache-size") {
+            args.extend(["--cache-size".into(), "1G".into()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(strait_bin())
             .args(&args)

@@ -109,6 +109,7 @@ fn a_corrupt_block_reads_as_eio_with_one_log_line_naming_it() {
     let mut rest = vec![];
     let e = f.read_to_end(&mut rest).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    drop(f);
     assert_eq!(std::fs::read(m.path("bystander")).unwrap(), b"fine");
     let log = m.log_text();
     m.unmount();

@@ -102,7 +102,7 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
                     uid: md.uid(),
                     gid: md.gid(),
                     nlink: md.nlink(),
-                    size: ft.is_file().then(|| md.len()),
+                    size: ft.is_file().then_some(md.len()),
                     content,
                     target: ft.is_symlink().then(|| std::fs::read_link(&p).unwrap()),
                     xattrs: if ft.is_symlink() {

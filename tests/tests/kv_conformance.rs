@@ -177,9 +177,5 @@ fn rocksdb_passes_the_kv_suite() {
 #[test]
 fn memory_passes_the_kv_suite() {
     let make = || -> Arc<dyn KvEngine> { Arc::new(MemoryKv::new()) };
-    // Known memory.rs bugs, reported to the lead; see the ignored tests in kv/memory.rs.
-    conformance::run_except(
-        &make,
-        &["scan_unbounded_limit", "corrupt_counter_aborts_commit"],
-    );
+    conformance::run_all(&make);
 }

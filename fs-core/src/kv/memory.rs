@@ -32,7 +32,12 @@ impl KvTxn for MemTxn<'_> {
         Ok(self.map.get(key).cloned())
     }
     fn scan(&mut self, prefix: &[u8], start_after: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
-        let base = scan_map(self.map, prefix, start_after, limit.saturating_add(self.ws.writes.len()));
+        let base = scan_map(
+            self.map,
+            prefix,
+            start_after,
+            limit.saturating_add(self.ws.writes.len()),
+        );
         Ok(self.ws.overlay_scan(base, prefix, start_after, limit))
     }
     fn put(&mut self, key: &[u8], value: &[u8]) {
@@ -102,14 +107,12 @@ impl KvEngine for MemoryKv {
                 None => map.remove(&k),
             };
         }
-        for (k, d) in ws.adds {
-            let cur = decode_counter(map.get(&k).cloned())?;
-            map.insert(k, (cur + d).to_le_bytes().to_vec());
+        for (k, v) in counters {
+            map.insert(k, v.to_le_bytes().to_vec());
         }
-        let Some(record) = ws.log else {
+        let (Some(record), Some(version)) = (ws.log, version) else {
             return Ok(None);
         };
-        let version = decode_counter(map.get(LAST_VERSION_KEY).cloned())? as u64 + 1;
         map.insert(
             LAST_VERSION_KEY.to_vec(),
             (version as i64).to_le_bytes().to_vec(),
@@ -159,25 +162,8 @@ mod tests {
         Arc::new(MemoryKv::new())
     }
 
-    /// Cases this backend fails today (see each case's test below).
-    const KNOWN_FAILURES: &[&str] = &["scan_unbounded_limit", "corrupt_counter_aborts_commit"];
-
     #[test]
     fn passes_the_conformance_suite() {
-        conformance::run_except(&make, KNOWN_FAILURES);
-    }
-
-    /// `MemTxn::scan` computes `limit + self.ws.writes.len()`, which overflows for
-    /// `limit == usize::MAX` (as `delete_inode` passes) once the transaction has written.
-    #[test]
-        fn scan_unbounded_limit() {
-        conformance::run_one(&make, "scan_unbounded_limit");
-    }
-
-    /// `MemoryKv::txn` inserts the writes into the map before decoding the counters, so a
-    /// corrupt counter fails the commit after its writes were applied.
-    #[test]
-        fn corrupt_counter_aborts_commit() {
-        conformance::run_one(&make, "corrupt_counter_aborts_commit");
+        conformance::run_all(&make);
     }
 }

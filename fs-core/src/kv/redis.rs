@@ -33,11 +33,11 @@
 //!
 //! # Connections
 //! The trait is synchronous and called from many threads, so the engine keeps a pool of idle
-//! blocking connections, at most [`POOL_IDLE_CONNECTIONS_MAX`]; a caller that finds none opens
+//! blocking connections, at most `POOL_IDLE_CONNECTIONS_MAX`; a caller that finds none opens
 //! a new one. A connection that saw an I/O error, or is dropped in the middle of a
 //! transaction, is closed instead of being returned; after an I/O error every idle connection
 //! is closed too, since they most likely point at the same dead server. A connection idle for
-//! [`POOL_IDLE_CHECK_MS`] is pinged before use, and a transaction whose pooled connection
+//! `POOL_IDLE_CHECK_MS` is pinged before use, and a transaction whose pooled connection
 //! fails before anything was sent for commit runs once more on a fresh connection. A commit
 //! whose connection fails is never resent: whether the server applied it is unknown.
 

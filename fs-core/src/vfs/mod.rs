@@ -36,6 +36,13 @@ const CHUNK_CACHE_ENTRIES_MAX: usize = 4096;
 /// Distinct corrupt blocks remembered for logging once.
 const REPORTED_CORRUPT_MAX: usize = 10_000;
 
+/// A chunk's slice list, shared by the readers of the chunk cache.
+type SliceList = Arc<Vec<SliceRef>>;
+/// One block fetch that concurrent readers share.
+type BlockCell = tokio::sync::OnceCell<Result<Bytes, BlockError>>;
+/// A directory listing kept by its handle: entries with their attributes (readdirplus).
+pub type Listing = Arc<Vec<(DirEntry, Option<Attr>)>>;
+
 #[derive(Clone, Debug)]
 enum BlockError {
     Corrupt(String),
@@ -75,8 +82,8 @@ pub struct Shared {
     pub block_size: u32,
     pub upload_slots: tokio::sync::Semaphore,
     download_slots: Arc<tokio::sync::Semaphore>,
-    chunks: Mutex<HashMap<(Ino, u32), Arc<Vec<SliceRef>>>>,
-    inflight: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Result<Bytes, BlockError>>>>>,
+    chunks: Mutex<HashMap<(Ino, u32), SliceList>>,
+    inflight: Mutex<HashMap<String, Arc<BlockCell>>>,
     /// Blocks already reported corrupt, so each is logged once (bounded).
     reported_corrupt: Mutex<std::collections::HashSet<String>>,
     compacting: Mutex<std::collections::HashSet<(Ino, u32)>>,
@@ -351,7 +358,7 @@ struct Handle {
     /// Where the last read ended, and how many blocks to read ahead.
     next_off: u64,
     window_blocks: u32,
-    dir: Option<Arc<Vec<(DirEntry, Option<Attr>)>>>,
+    dir: Option<Listing>,
 }
 
 pub struct Vfs {
@@ -612,14 +619,7 @@ impl Vfs {
 
     /// The directory listing of handle `fh` with `.` and `..`: taken when the listing starts
     /// (offset 0) and kept for the handle, so offsets stay stable while entries change.
-    pub fn readdir(
-        &self,
-        ctx: &Ctx,
-        fh: u64,
-        ino: Ino,
-        off: u64,
-        plus: bool,
-    ) -> Result<Arc<Vec<(DirEntry, Option<Attr>)>>> {
+    pub fn readdir(&self, ctx: &Ctx, fh: u64, ino: Ino, off: u64, plus: bool) -> Result<Listing> {
         if off > 0 {
             if let Some(d) = self.handles.lock().get(&fh).and_then(|h| h.dir.clone()) {
                 return Ok(d);
