@@ -87,7 +87,7 @@ pub fn run(a: Args) -> Result<()> {
         a.label.clone()
     };
     println!("benchmark of {label}");
-    println!("{:<26} {:>14} {:<10} {}", "ITEM", "VALUE", "UNIT", "DETAIL");
+    println!("{:<26} {:>14} {:<10} DETAIL", "ITEM", "VALUE", "UNIT");
     for r in rows {
         println!(
             "{:<26} {:>14.1} {:<10} {}",
