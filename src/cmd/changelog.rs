@@ -18,7 +18,7 @@ pub struct Args {
 const PAGE: usize = 1000;
 
 pub fn run(a: Args) -> Result<()> {
-    let kv = strait_fs_core::kv::open(&a.meta_url)?;
+    let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;
     let mut after = a.from;
     let mut printed = 0u64;
     loop {

@@ -13,7 +13,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let kv = strait_fs_core::kv::open(&a.meta_url)?;
+    let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;
     Meta::load_format(&kv)?;
     let before = kv.last_version()?;
     let digest = Meta::digest(&kv)?;

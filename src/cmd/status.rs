@@ -10,7 +10,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let kv = strait_fs_core::kv::open(&a.meta_url)?;
+    let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;
     let meta = Meta::open(kv.clone(), MetaOptions { read_only: true })?;
     let f = meta.settings();
     let s = meta.statfs()?;

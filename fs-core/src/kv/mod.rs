@@ -195,6 +195,15 @@ impl WriteSet {
     }
 }
 
+/// Open a metadata engine for reading only: RocksDB then works beside a running mount.
+pub fn open_read_only(url: &str) -> Result<DynKv> {
+    match crate::url::MetaUrl::parse(url)? {
+        #[cfg(feature = "rocksdb")]
+        crate::url::MetaUrl::RocksDb(path) => Ok(Arc::new(rocks::RocksKv::open_read_only(&path)?)),
+        _ => open(url),
+    }
+}
+
 /// Open a metadata engine from its URL (`rocksdb:///path`, `redis://host:port/db`, `memory://`).
 pub fn open(url: &str) -> Result<DynKv> {
     let parsed = crate::url::MetaUrl::parse(url)?;

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 pub struct RocksKv {
     db: DB,
     write_lock: Mutex<()>,
+    read_only: bool,
 }
 
 fn err(context: &str, e: rocksdb::Error) -> Error {
@@ -46,7 +47,40 @@ impl RocksKv {
         Ok(Self {
             db,
             write_lock: Mutex::new(()),
+            read_only: false,
         })
+    }
+
+    /// Open for reading only, beside a process that has the database open for writing
+    /// (status, changelog and fsck of a mounted file system). It sees the state of the moment
+    /// it was opened; writes fail with EROFS.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        if !path.join("CURRENT").exists() {
+            return Err(Error::Invalid(format!(
+                "no RocksDB metadata at {}: run `strait format` first",
+                path.display()
+            )));
+        }
+        let opts = Options::default();
+        let db = DB::open_for_read_only(&opts, path, false).map_err(|e| {
+            err(
+                &format!("open rocksdb at {} for reading", path.display()),
+                e,
+            )
+        })?;
+        Ok(Self {
+            db,
+            write_lock: Mutex::new(()),
+            read_only: true,
+        })
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            Err(Error::Sys(libc::EROFS))
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -130,6 +164,7 @@ impl KvEngine for RocksKv {
     }
 
     fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<u64>> {
+        self.writable()?;
         let _guard = self.write_lock.lock();
         let mut t = RocksTxn {
             db: &self.db,
@@ -189,6 +224,7 @@ impl KvEngine for RocksKv {
     }
 
     fn incr(&self, key: &[u8], delta: i64) -> Result<i64> {
+        self.writable()?;
         let _guard = self.write_lock.lock();
         let v = decode_counter(self.db.get(key).map_err(|e| err("read counter", e))?)? + delta;
         self.db
@@ -198,6 +234,9 @@ impl KvEngine for RocksKv {
     }
 
     fn sync(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         self.db.flush_wal(true).map_err(|e| err("sync wal", e))
     }
 
@@ -210,6 +249,7 @@ impl KvEngine for RocksKv {
     }
 
     fn wipe(&self) -> Result<()> {
+        self.writable()?;
         let _guard = self.write_lock.lock();
         let mut batch = WriteBatch::default();
         for item in self.db.iterator(IteratorMode::Start) {
