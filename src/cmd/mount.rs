@@ -200,7 +200,16 @@ fn run_foreground(a: Args) -> Result<()> {
         Ok(_) => {}
         Err(e) => tracing::warn!("clean up stale sessions: {e}"),
     }
-    let cache_size = super::parse_size(&a.cache_size)?;
+    let mut cache_size = super::parse_size(&a.cache_size)?;
+    if format.data_url.starts_with("file://") && cache_size > 0 {
+        // the object store is a local directory already: a disk cache would only write
+        // every block twice to local disks
+        tracing::info!(
+            "no disk cache: the object store {} is local",
+            format.data_url
+        );
+        cache_size = 0;
+    }
     let opts = VfsOptions {
         mem_cache_bytes: super::parse_size(&a.mem_cache_size)?,
         cache_dir: (cache_size > 0).then(|| a.cache_dir.clone()),

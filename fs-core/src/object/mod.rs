@@ -65,6 +65,11 @@ pub trait ObjectStore: Send + Sync + 'static {
     fn delete<'a>(&'a self, key: &'a str) -> BoxFut<'a, ()>;
     /// Keys starting with `prefix`, strictly after `start_after`, in byte order,
     /// at most `limit` (≤ [`LIST_LIMIT_MAX`]).
+    /// Make every completed `put` durable across a crash of the machine (a no-op for stores
+    /// whose puts are durable when they return, such as S3).
+    fn sync(&self) -> BoxFut<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
     fn list<'a>(
         &'a self,
         prefix: &'a str,

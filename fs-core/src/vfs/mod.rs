@@ -58,6 +58,8 @@ pub struct VfsOptions {
     pub readahead_blocks_max: u32,
     pub upload_concurrency: usize,
     pub download_concurrency: usize,
+    /// Memory for full blocks waiting for or in upload; writers wait when it is used up.
+    pub write_buffer_bytes: u64,
 }
 
 impl Default for VfsOptions {
@@ -69,6 +71,7 @@ impl Default for VfsOptions {
             readahead_blocks_max: 8,
             upload_concurrency: 16,
             download_concurrency: 16,
+            write_buffer_bytes: 256 << 20,
         }
     }
 }
@@ -81,6 +84,8 @@ pub struct Shared {
     pub cache: Arc<BlockCache>,
     pub block_size: u32,
     pub upload_slots: tokio::sync::Semaphore,
+    /// Full blocks buffered or uploading, across all files (bounds the write buffer memory).
+    pub buffer_slots: Arc<tokio::sync::Semaphore>,
     download_slots: Arc<tokio::sync::Semaphore>,
     chunks: Mutex<HashMap<(Ino, u32), SliceList>>,
     inflight: Mutex<HashMap<String, Arc<BlockCell>>>,
@@ -408,6 +413,9 @@ impl Vfs {
             cache,
             block_size,
             upload_slots: tokio::sync::Semaphore::new(opts.upload_concurrency.max(1)),
+            buffer_slots: Arc::new(tokio::sync::Semaphore::new(
+                (opts.write_buffer_bytes / block_size as u64).max(2) as usize,
+            )),
             download_slots: Arc::new(tokio::sync::Semaphore::new(
                 opts.download_concurrency.max(1),
             )),
@@ -590,6 +598,15 @@ impl Vfs {
 
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.flush_inode(ino)?;
+        self.sync_stores()
+    }
+
+    /// Blocks first, then the metadata that points at them.
+    fn sync_stores(&self) -> Result<()> {
+        let store = self.shared.store.clone();
+        self.shared
+            .rt
+            .block_on(retry_store("sync the object store", || store.sync()))?;
         self.shared.meta.kv().sync()
     }
 
@@ -668,7 +685,7 @@ impl Vfs {
                 first_err.get_or_insert(e);
             }
         }
-        self.shared.meta.kv().sync()?;
+        self.sync_stores()?;
         first_err.map_or(Ok(()), Err)
     }
 

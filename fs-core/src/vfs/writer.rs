@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::layout::{block_key, CHUNK_SIZE};
 use crate::meta::{now_ns, Ino, SliceRef};
 
-/// Most blocks of one file that may be uploading at once before a write waits.
-pub const UPLOADS_PER_FILE_MAX: usize = 32;
+/// Smallest buffer allocated for a slice's unfinished block.
+const TAIL_CAPACITY_MIN: usize = 128 << 10;
 
 struct OpenSlice {
     chunk: u32,
@@ -66,62 +66,67 @@ impl FileWriter {
 
     pub fn write(&self, shared: &Arc<Shared>, mut off: u64, mut data: &[u8]) -> Result<()> {
         let bs = shared.block_size as usize;
-        let mut to_wait = vec![];
-        {
-            let mut st = self.state.lock();
-            if let Some(e) = st.error {
-                return Err(Error::Sys(e));
-            }
-            while !data.is_empty() {
-                let chunk = (off / CHUNK_SIZE) as u32;
-                let pos = (off % CHUNK_SIZE) as u32;
-                let n = data.len().min((CHUNK_SIZE - pos as u64) as usize);
-                let (now, rest) = data.split_at(n);
-                let append = st
-                    .slices
-                    .last()
-                    .is_some_and(|s| s.chunk == chunk && s.pos + s.len == pos);
-                if !append {
-                    let id = shared.meta.next_slice_id()?;
-                    st.slices.push(OpenSlice {
-                        chunk,
-                        pos,
-                        len: 0,
-                        tail: Vec::with_capacity(bs.min(n.next_power_of_two())),
-                        id,
-                        uploads: vec![],
-                    });
-                }
-                let Some(s) = st.slices.last_mut() else {
-                    return Err(Error::Meta("write buffer lost its slice".into()));
-                };
-                s.tail.extend_from_slice(now);
-                s.len += n as u32;
-                while s.tail.len() >= bs {
-                    let rest_tail = s.tail.split_off(bs);
-                    let block = std::mem::replace(&mut s.tail, rest_tail);
-                    let index = s.uploads.len() as u32;
-                    let h = spawn_upload(shared, s.id, index, Bytes::from(block));
-                    s.uploads.push(h);
-                }
-                st.end = st.end.max(off + n as u64);
-                st.mtime_ns = now_ns();
-                off += n as u64;
-                data = rest;
-            }
-            // bound the memory held by uploads in flight
-            let inflight: usize = st
-                .slices
-                .iter()
-                .map(|s| s.uploads.iter().filter(|h| !h.is_finished()).count())
-                .sum();
-            if inflight > UPLOADS_PER_FILE_MAX {
-                to_wait.push(());
-            }
+        let mut st = self.state.lock();
+        if let Some(e) = st.error {
+            return Err(Error::Sys(e));
         }
-        if !to_wait.is_empty() {
-            // Too much in flight: commit what we have (waits for the uploads) to bound memory.
-            self.flush(shared)?;
+        while !data.is_empty() {
+            let chunk = (off / CHUNK_SIZE) as u32;
+            let pos = (off % CHUNK_SIZE) as u32;
+            let n = data.len().min((CHUNK_SIZE - pos as u64) as usize);
+            let (mut now, rest) = data.split_at(n);
+            let append = st
+                .slices
+                .last()
+                .is_some_and(|s| s.chunk == chunk && s.pos + s.len == pos);
+            if !append {
+                let id = shared.meta.next_slice_id()?;
+                st.slices.push(OpenSlice {
+                    chunk,
+                    pos,
+                    len: 0,
+                    tail: Vec::with_capacity(bs.min(n.max(TAIL_CAPACITY_MIN))),
+                    id,
+                    uploads: vec![],
+                });
+            }
+            let Some(s) = st.slices.last_mut() else {
+                return Err(Error::Meta("write buffer lost its slice".into()));
+            };
+            s.len += n as u32;
+            // fill the tail up to one block at a time; every full block starts uploading
+            while !now.is_empty() {
+                let room = bs - s.tail.len();
+                let take = room.min(now.len());
+                if s.tail.capacity() < s.tail.len() + take {
+                    s.tail.reserve_exact(bs - s.tail.len());
+                }
+                s.tail.extend_from_slice(&now[..take]);
+                now = &now[take..];
+                if s.tail.len() == bs {
+                    let block = std::mem::replace(
+                        &mut s.tail,
+                        Vec::with_capacity(bs.min(now.len().max(TAIL_CAPACITY_MIN))),
+                    );
+                    // bound the memory of blocks in flight: wait here for a free slot
+                    let permit = shared
+                        .rt
+                        .block_on(shared.buffer_slots.clone().acquire_owned())
+                        .map_err(|_| Error::Meta("upload buffer closed".into()))?;
+                    let index = s.uploads.len() as u32;
+                    s.uploads.push(spawn_upload(
+                        shared,
+                        s.id,
+                        index,
+                        Bytes::from(block),
+                        Some(permit),
+                    ));
+                }
+            }
+            st.end = st.end.max(off + n as u64);
+            st.mtime_ns = now_ns();
+            off += n as u64;
+            data = rest;
         }
         Ok(())
     }
@@ -164,10 +169,12 @@ impl FileWriter {
         for mut s in slices {
             if !s.tail.is_empty() {
                 let index = s.uploads.len() as u32;
-                let block = std::mem::take(&mut s.tail);
+                let mut block = std::mem::take(&mut s.tail);
                 debug_assert!(block.len() <= bs);
+                // a partial block may sit in the memory cache: do not keep a whole block's capacity
+                block.shrink_to_fit();
                 s.uploads
-                    .push(spawn_upload(shared, s.id, index, Bytes::from(block)));
+                    .push(spawn_upload(shared, s.id, index, Bytes::from(block), None));
             }
             let mut crcs = Vec::with_capacity(s.uploads.len());
             let mut failed = None;
@@ -199,9 +206,16 @@ impl FileWriter {
 }
 
 /// Upload one block in the background with bounded retries; resolves to its CRC32.
-fn spawn_upload(shared: &Arc<Shared>, id: u64, index: u32, data: Bytes) -> JoinHandle<Result<u32>> {
+fn spawn_upload(
+    shared: &Arc<Shared>,
+    id: u64,
+    index: u32,
+    data: Bytes,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> JoinHandle<Result<u32>> {
     let shared2 = shared.clone();
     shared.rt.spawn(async move {
+        let _buffered = permit;
         let _permit = shared2
             .upload_slots
             .acquire()
