@@ -68,3 +68,14 @@ pub fn strait_bin() -> PathBuf {
     }
     exe.join("strait")
 }
+
+/// The seed of a randomized test: `STRAIT_SEED` when set (to replay a failure), otherwise a
+/// random one. It is printed, so a failing run can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("STRAIT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("{test} seed = {seed} (replay with STRAIT_SEED={seed})");
+    seed
+}

@@ -12,11 +12,7 @@ fn fsynced_files_survive_sigkill_of_the_mount() {
     if !strait_tests::require_fuse() {
         return;
     }
-    let seed: u64 = std::env::var("STRAIT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("crash test seed = {seed} (replay with STRAIT_SEED={seed})");
+    let seed = strait_tests::seed("crash test");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let fs = TestFs::rocks_local(&["--block-size", "256K"]);
     let mut manifest: Vec<(String, String, usize)> = vec![];

@@ -376,15 +376,12 @@ fn random_operations_match_a_local_directory() {
     if !strait_tests::require_fuse() {
         return;
     }
-    let seed: u64 = std::env::var("STRAIT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let seed = strait_tests::seed("differential test");
     let steps: usize = std::env::var("STRAIT_DIFF_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(400);
-    eprintln!("differential test seed = {seed}, {steps} steps (replay with STRAIT_SEED={seed})");
+    eprintln!("differential test: {steps} steps");
     let mut rng = StdRng::seed_from_u64(seed);
     let fs = TestFs::rocks_local(&["--block-size", "1M"]);
     let local = tempfile::tempdir().unwrap();

@@ -24,6 +24,8 @@ const INODE_BATCH: i64 = 100;
 const SLICE_BATCH: i64 = 1000;
 /// Most entries a directory listing returns in one call of the KV scan.
 const READDIR_PAGE: usize = 4096;
+/// Deepest directory nesting walked when checking a rename.
+const PARENT_CHAIN_MAX: usize = 1 << 20;
 
 #[derive(Clone, Debug, Default)]
 pub struct MetaOptions {
@@ -77,6 +79,24 @@ fn need_dir_attr(t: &mut dyn KvTxn, ino: Ino) -> Result<Attr> {
 fn touch_dir(a: &mut Attr, now: i64) {
     a.mtime_ns = now;
     a.ctime_ns = now;
+}
+
+/// Whether directory `dir` is `ancestor` or lies below it.
+fn is_ancestor(t: &mut dyn KvTxn, ancestor: Ino, dir: Ino) -> Result<bool> {
+    let mut cur = dir;
+    // a parent chain longer than this is corrupt (a loop)
+    for _ in 0..PARENT_CHAIN_MAX {
+        if cur == ancestor {
+            return Ok(true);
+        }
+        if cur == ROOT_INO {
+            return Ok(false);
+        }
+        cur = need_attr(t, cur)?.parent;
+    }
+    Err(Error::corrupt(format!(
+        "the parents of directory {dir} form a loop"
+    )))
 }
 
 fn dir_is_empty(t: &mut dyn KvTxn, ino: Ino) -> Result<bool> {
@@ -589,7 +609,7 @@ impl Meta {
         self.create_entry(ctx, parent, name, FileKind::Dir, mode, umask, 0, None)
     }
 
-    /// Create a regular file and open it (O_CREAT); with `exclusive`, an existing file is EEXIST.
+    /// Create a regular file and count it open (O_CREAT); an existing name is EEXIST.
     pub fn create(
         &self,
         ctx: &Ctx,
@@ -809,15 +829,8 @@ impl Meta {
             }
             // a directory may not move under itself
             if kind == FileKind::Dir && sp != dp {
-                let mut cur = dp;
-                loop {
-                    if cur == ino {
-                        return sys(libc::EINVAL);
-                    }
-                    if cur == ROOT_INO {
-                        break;
-                    }
-                    cur = need_attr(t, cur)?.parent;
+                if is_ancestor(t, ino, dp)? {
+                    return sys(libc::EINVAL);
                 }
                 // moving a directory rewrites its "..": that needs write access to it
                 access(&a, ctx, MAY_WRITE)?;
@@ -828,15 +841,8 @@ impl Meta {
                 sticky_ok(&dpa, &ta, ctx)?;
                 if exchange {
                     if tkind == FileKind::Dir && sp != dp {
-                        let mut cur = sp;
-                        loop {
-                            if cur == tino {
-                                return sys(libc::EINVAL);
-                            }
-                            if cur == ROOT_INO {
-                                break;
-                            }
-                            cur = need_attr(t, cur)?.parent;
+                        if is_ancestor(t, tino, sp)? {
+                            return sys(libc::EINVAL);
                         }
                         access(&ta, ctx, MAY_WRITE)?;
                     }
