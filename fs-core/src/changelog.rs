@@ -20,6 +20,31 @@ use crate::kv::{KvTxn, LOG_GROUP};
 use crate::meta::keys;
 use crate::meta::types::{Attr, FileKind, Format, Ino, SliceRef};
 
+/// A file name, symlink target or xattr name in a record: bytes on the wire, shown as text
+/// (lossily) by `strait changelog`.
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Name(pub Vec<u8>);
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for Name {
+    fn from(b: &[u8]) -> Self {
+        Name(b.to_vec())
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ChangeRecord {
     /// The primary's clock when the change committed, in ns since the epoch.
@@ -60,22 +85,22 @@ pub enum Change {
     /// A new inode linked at `parent/name` (create, mknod, mkdir, symlink).
     Create {
         parent: Ino,
-        name: Vec<u8>,
+        name: Name,
         ino: Ino,
         attr: Attr,
         parent_attr: Attr,
-        target: Option<Vec<u8>>,
+        target: Option<Name>,
     },
     Link {
         parent: Ino,
-        name: Vec<u8>,
+        name: Name,
         ino: Ino,
         attr: Attr,
         parent_attr: Attr,
     },
     Unlink {
         parent: Ino,
-        name: Vec<u8>,
+        name: Name,
         ino: Ino,
         parent_attr: Attr,
         attr: Attr,
@@ -83,15 +108,15 @@ pub enum Change {
     },
     Rmdir {
         parent: Ino,
-        name: Vec<u8>,
+        name: Name,
         ino: Ino,
         parent_attr: Attr,
     },
     Rename {
         src_parent: Ino,
-        src_name: Vec<u8>,
+        src_name: Name,
         dst_parent: Ino,
-        dst_name: Vec<u8>,
+        dst_name: Name,
         ino: Ino,
         attr: Attr,
         src_parent_attr: Attr,
@@ -101,13 +126,13 @@ pub enum Change {
     },
     SetXattr {
         ino: Ino,
-        name: Vec<u8>,
+        name: Name,
         value: Vec<u8>,
         attr: Attr,
     },
     RemoveXattr {
         ino: Ino,
-        name: Vec<u8>,
+        name: Name,
         attr: Attr,
     },
     /// A written slice appended to a chunk.

@@ -12,8 +12,8 @@ use super::locks;
 use super::perm::{access, sticky_ok, MAY_EXEC, MAY_READ, MAY_WRITE};
 use super::types::*;
 use crate::changelog::{
-    self, commit, decode, encode, get_attr, get_chunk, get_dentry, Change, DeadSlice, Replaced,
-    Unlinked,
+    self, commit, decode, encode, get_attr, get_chunk, get_dentry, Change, DeadSlice, Name,
+    Replaced, Unlinked,
 };
 use crate::error::{sys, Error, Result};
 use crate::kv::{self, DynKv, KvTxn};
@@ -566,11 +566,11 @@ impl Meta {
                 t,
                 Change::Create {
                     parent,
-                    name: name.to_vec(),
+                    name: name.into(),
                     ino,
                     attr: a.clone(),
                     parent_attr: pa,
-                    target: target.map(|x| x.to_vec()),
+                    target: target.map(Name::from),
                 },
                 now,
             )?;
@@ -679,7 +679,7 @@ impl Meta {
                 t,
                 Change::Link {
                     parent,
-                    name: name.to_vec(),
+                    name: name.into(),
                     ino,
                     attr: a.clone(),
                     parent_attr: pa,
@@ -716,7 +716,7 @@ impl Meta {
                 t,
                 Change::Unlink {
                     parent,
-                    name: name.to_vec(),
+                    name: name.into(),
                     ino,
                     parent_attr: pa,
                     attr: a,
@@ -768,7 +768,7 @@ impl Meta {
                 t,
                 Change::Rmdir {
                     parent,
-                    name: name.to_vec(),
+                    name: name.into(),
                     ino,
                     parent_attr: pa,
                 },
@@ -912,9 +912,9 @@ impl Meta {
                 t,
                 Change::Rename {
                     src_parent: sp,
-                    src_name: sn.to_vec(),
+                    src_name: sn.into(),
                     dst_parent: dp,
-                    dst_name: dn.to_vec(),
+                    dst_name: dn.into(),
                     ino,
                     attr: a,
                     src_parent_attr: spa,
@@ -1175,7 +1175,7 @@ impl Meta {
                 t,
                 Change::SetXattr {
                     ino,
-                    name: name.to_vec(),
+                    name: name.into(),
                     value: value.to_vec(),
                     attr: a,
                 },
@@ -1199,7 +1199,7 @@ impl Meta {
                 t,
                 Change::RemoveXattr {
                     ino,
-                    name: name.to_vec(),
+                    name: name.into(),
                     attr: a,
                 },
                 now,
