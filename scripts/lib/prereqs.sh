@@ -91,6 +91,7 @@ install_prerequisites() {
     ensure_rust
     ensure_cargo_tool garage garage --version "$GARAGE_VERSION" --locked
     ensure_cargo_tool pjdfstest pjdfstest
+    ensure_cargo_tool fsx fsx --version 0.3.2 --locked
     ensure_juicefs
     [[ -e /dev/fuse ]] || modprobe fuse 2>/dev/null || true
     [[ -e /dev/fuse ]] || {

@@ -522,10 +522,11 @@ impl Vfs {
     }
 
     pub fn read(&self, fh: u64, ino: Ino, off: u64, size: u32) -> Result<Vec<u8>> {
+        // Commit this file's buffered writes first. Always call flush: it also waits for a
+        // flush already running on another thread (a concurrent readahead request must not
+        // see the length from before that flush's commits).
         if let Some(w) = self.existing_writer(ino) {
-            if w.is_dirty() {
-                w.flush(&self.shared)?;
-            }
+            w.flush(&self.shared)?;
         }
         let attr = self.shared.meta.getattr(ino)?;
         if attr.kind == FileKind::Dir {
