@@ -118,6 +118,16 @@ fn put_blocking(path: &Path, data: &[u8], what: &str) -> ObjResult<()> {
             .create_new(true)
             .open(&tmp)?;
         f.write_all(data)?;
+        // Start writing the object back now, without waiting for it, so that the next
+        // fsync(2) finds little left to flush.
+        unsafe {
+            libc::sync_file_range(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+                0,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
         // No fsync per object: durability across a machine crash is bought for everything at
         // once by `sync` (syncfs), which the VFS calls on fsync(2) before it syncs metadata.
         // After a process crash the rename still shows a whole object or none.
