@@ -19,8 +19,14 @@
 //!   next one after the last committed version, without gaps, even when the closure ran
 //!   several times or concurrent transactions committed in between.
 //! - [`KvTxn::add`] is a blind counter increment applied at commit; it never causes a conflict.
+//! - When the closure returns an error, that error comes back unchanged and nothing it wrote
+//!   is applied; the error was computed from a consistent view (optimistic backends rerun the
+//!   closure when its reads went stale).
 //! - A committed transaction survives a crash of the calling process. [`KvEngine::sync`]
-//!   additionally makes it survive a crash of the machine.
+//!   additionally makes it survive a crash of the machine where the backend can promise it
+//!   (RocksDB syncs its log; Redis durability is the server's `appendfsync` setting).
+//! - Counters wrap around on overflow in every backend's release build; callers keep them far
+//!   from the limits (byte and inode counts, versions).
 
 pub mod conformance;
 pub mod memory;
@@ -168,6 +174,8 @@ impl WriteSet {
         self.writes.get(key).cloned()
     }
     /// Merge a backend's scan result with this write set's own writes under `prefix`.
+    /// `base` must hold at least `limit` plus the number of this set's writes keys (when that
+    /// many exist), or deletes in this set could leave fewer than `limit` results.
     pub fn overlay_scan(
         &self,
         mut base: KvPairs,
