@@ -95,7 +95,7 @@ impl KvEngine for MemoryKv {
                     None => decode_counter(map.get(k).cloned())?,
                 },
             };
-            counters.insert(k.clone(), cur + d);
+            counters.insert(k.clone(), cur.wrapping_add(*d));
         }
         let version = match ws.log {
             Some(_) => Some(decode_counter(map.get(LAST_VERSION_KEY).cloned())? as u64 + 1),
@@ -132,7 +132,7 @@ impl KvEngine for MemoryKv {
 
     fn incr(&self, key: &[u8], delta: i64) -> Result<i64> {
         let mut map = self.map.write();
-        let v = decode_counter(map.get(key).cloned())? + delta;
+        let v = decode_counter(map.get(key).cloned())?.wrapping_add(delta);
         map.insert(key.to_vec(), v.to_le_bytes().to_vec());
         Ok(v)
     }

@@ -25,8 +25,8 @@
 //! - A committed transaction survives a crash of the calling process. [`KvEngine::sync`]
 //!   additionally makes it survive a crash of the machine where the backend can promise it
 //!   (RocksDB syncs its log; Redis durability is the server's `appendfsync` setting).
-//! - Counters wrap around on overflow in every backend's release build; callers keep them far
-//!   from the limits (byte and inode counts, versions).
+//! - Counters wrap around on overflow in every backend; callers keep them far from the
+//!   limits (byte and inode counts, versions).
 
 pub mod conformance;
 pub mod memory;

@@ -189,7 +189,7 @@ impl KvEngine for RocksKv {
                     None => decode_counter(self.db.get(k).map_err(|e| err("read counter", e))?)?,
                 },
             };
-            counters.insert(k.clone(), cur + d);
+            counters.insert(k.clone(), cur.wrapping_add(*d));
         }
         for (k, v) in &counters {
             batch.put(k, v.to_le_bytes());
@@ -226,7 +226,8 @@ impl KvEngine for RocksKv {
     fn incr(&self, key: &[u8], delta: i64) -> Result<i64> {
         self.writable()?;
         let _guard = self.write_lock.lock();
-        let v = decode_counter(self.db.get(key).map_err(|e| err("read counter", e))?)? + delta;
+        let v = decode_counter(self.db.get(key).map_err(|e| err("read counter", e))?)?
+            .wrapping_add(delta);
         self.db
             .put(key, v.to_le_bytes())
             .map_err(|e| err("write counter", e))?;
