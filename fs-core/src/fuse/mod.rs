@@ -595,11 +595,10 @@ impl Filesystem for StraitFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        flags: i32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
         let n = name!(reply, name);
-        let _ = flags;
         let (fh, ino, a) = tri!(
             reply,
             self.vfs.create(&self.ctx(req), parent.0, n, mode, umask)

@@ -90,7 +90,6 @@ enum View<'a> {
 }
 
 struct RocksTxn<'a> {
-    db: &'a DB,
     view: View<'a>,
     ws: WriteSet,
 }
@@ -127,7 +126,6 @@ impl RocksTxn<'_> {
             }
             out.push((k.to_vec(), v.to_vec()));
         }
-        let _ = self.db;
         Ok(out)
     }
 }
@@ -167,7 +165,6 @@ impl KvEngine for RocksKv {
         self.writable()?;
         let _guard = self.write_lock.lock();
         let mut t = RocksTxn {
-            db: &self.db,
             view: View::Db(&self.db),
             ws: WriteSet::default(),
         };
@@ -216,7 +213,6 @@ impl KvEngine for RocksKv {
 
     fn read(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<()> {
         let mut t = RocksTxn {
-            db: &self.db,
             view: View::Snap(self.db.snapshot()),
             ws: WriteSet::default(),
         };

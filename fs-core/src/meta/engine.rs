@@ -445,10 +445,7 @@ impl Meta {
             }
             a.ctime_ns = req.ctime_ns.unwrap_or(now);
             let change = match req.size {
-                Some(size) if old.kind == FileKind::Dir => {
-                    let _ = size;
-                    return sys(libc::EISDIR);
-                }
+                Some(_) if old.kind == FileKind::Dir => return sys(libc::EISDIR),
                 Some(_) if old.kind != FileKind::File => return sys(libc::EINVAL),
                 Some(size) => {
                     if size > FILE_SIZE_MAX {

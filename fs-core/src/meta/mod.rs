@@ -8,7 +8,7 @@ pub mod conformance;
 mod engine;
 pub mod keys;
 mod locks;
-mod perm;
+pub mod perm;
 pub mod types;
 
 pub use engine::{Meta, MetaOptions, SliceIdRange};

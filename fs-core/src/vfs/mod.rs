@@ -631,7 +631,9 @@ impl Vfs {
         if !a.is_dir() {
             return sys(libc::ENOTDIR);
         }
-        crate::meta::Meta::access(&self.shared.meta, ctx, ino, 4)?;
+        self.shared
+            .meta
+            .access(ctx, ino, crate::meta::perm::MAY_READ)?;
         Ok(self.new_handle(ino))
     }
 
