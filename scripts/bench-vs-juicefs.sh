@@ -4,16 +4,19 @@
 #   ./scripts/bench-vs-juicefs.sh
 #
 # Starts a redis-server on 127.0.0.1; formats and mounts JuiceFS (Redis metadata, local
-# directory storage) and strait (RocksDB metadata, local directory storage); runs
-# `strait bench` with the same parameters on both mount points, and `juicefs bench` on the
-# JuiceFS mount for reference; prints the tables and a strait/JuiceFS ratio table (every
-# figure is a throughput, so a ratio above 1 means strait is faster). Cleans up on exit.
+# directory storage) and strait twice: in-process (RocksDB metadata opened by the mount) and
+# through a site daemon (`strait primary` owning a RocksDB engine, the mount talking gRPC to
+# it); runs `strait bench` with the same parameters on the three mount points, and
+# `juicefs bench` on the JuiceFS mount for reference; prints the tables and a ratio table
+# against JuiceFS (every figure is a throughput, so a ratio above 1 means strait is faster).
+# Cleans up on exit. For the metadata part only: BENCH_ARGS="--only meta --meta-files 5000 --threads 4".
 #
 # Environment:
 #   BENCH_ARGS   parameters of `strait bench` (default below)
 #   STRAIT       strait binary (default: a release build, made here if missing or stale)
 #   BENCH_DIR    scratch directory (default: a new one under /tmp)
 #   KEEP_RESULTS directory to copy the result tables into (optional)
+#   JFS_BENCH=0  skip `juicefs bench`
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,7 +51,10 @@ WORK=${BENCH_DIR:-$(mktemp -d /tmp/strait-bench.XXXXXX)}
 mkdir -p "$WORK"
 JFS_MNT=$WORK/juicefs-mnt
 STRAIT_MNT=$WORK/strait-mnt
-mkdir -p "$JFS_MNT" "$STRAIT_MNT" "$WORK/juicefs-cache" "$WORK/strait-cache"
+DAEMON_MNT=$WORK/daemon-mnt
+DAEMON_PID=
+mkdir -p "$JFS_MNT" "$STRAIT_MNT" "$DAEMON_MNT" "$WORK/juicefs-cache" "$WORK/strait-cache" \
+    "$WORK/daemon-cache"
 
 # Whether PATH is a mount point, from the mount table (stat-free: works for a dead FUSE mount).
 is_mounted() {
@@ -64,11 +70,18 @@ cleanup() {
     if is_mounted "$STRAIT_MNT"; then
         "$STRAIT" umount "$STRAIT_MNT" >/dev/null 2>&1 || umount -l "$STRAIT_MNT"
     fi
+    if is_mounted "$DAEMON_MNT"; then
+        "$STRAIT" umount "$DAEMON_MNT" >/dev/null 2>&1 || umount -l "$DAEMON_MNT"
+    fi
+    if [[ -n "$DAEMON_PID" ]]; then
+        kill -TERM "$DAEMON_PID" 2>/dev/null
+        wait "$DAEMON_PID" 2>/dev/null
+    fi
     stop_servers
     if [[ -n "${KEEP_RESULTS:-}" ]]; then
         mkdir -p "$KEEP_RESULTS" && cp "$WORK"/*.txt "$KEEP_RESULTS"/ 2>/dev/null
     fi
-    if ! is_mounted "$JFS_MNT" && ! is_mounted "$STRAIT_MNT"; then
+    if ! is_mounted "$JFS_MNT" && ! is_mounted "$STRAIT_MNT" && ! is_mounted "$DAEMON_MNT"; then
         rm -rf -- "$WORK"
     fi
     exit "$rc"
@@ -91,14 +104,33 @@ echo "==> strait: RocksDB metadata, local storage"
 "$STRAIT" mount -d "rocksdb://$WORK/strait-meta" "$STRAIT_MNT" --cache-dir "$WORK/strait-cache" \
     --log-file "$WORK/strait-mount.log"
 
-echo "==> strait bench ${BENCH_ARGV[*]} on both (JuiceFS first)"
+echo "==> strait through a site daemon: strait primary (RocksDB), mount over gRPC"
+"$STRAIT" format "rocksdb://$WORK/daemon-meta" "file://$WORK/daemon-data" --name bench-daemon >/dev/null
+DAEMON_PORT=$(free_port)
+STRAIT_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export STRAIT_TOKEN
+"$STRAIT" primary --meta-url "rocksdb://$WORK/daemon-meta" --listen "127.0.0.1:$DAEMON_PORT" \
+    --metrics-listen "" >"$WORK/primary.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 1 300); do
+    grep -q "strait primary: serving" "$WORK/primary.log" && break
+    sleep 0.1
+done
+"$STRAIT" mount -d "strait://127.0.0.1:$DAEMON_PORT" "$DAEMON_MNT" \
+    --cache-dir "$WORK/daemon-cache" --log-file "$WORK/daemon-mount.log"
+
+echo "==> strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first)"
 "$STRAIT" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label juicefs-redis-file | tee "$WORK/juicefs.txt"
 echo
 "$STRAIT" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label strait-rocksdb-file | tee "$WORK/strait.txt"
+echo
+"$STRAIT" bench "$DAEMON_MNT" "${BENCH_ARGV[@]}" --label strait-daemon-rocksdb-file | tee "$WORK/daemon.txt"
 
 echo
-echo "==> juicefs bench on the JuiceFS mount (JuiceFS's own tool, for reference)"
-juicefs bench "$JFS_MNT" 2>&1 | tee "$WORK/juicefs-bench.txt"
+if [[ "${JFS_BENCH:-1}" == 1 ]]; then
+    echo "==> juicefs bench on the JuiceFS mount (JuiceFS's own tool, for reference)"
+    juicefs bench "$JFS_MNT" 2>&1 | tee "$WORK/juicefs-bench.txt"
+fi
 
 # "ITEM (26 columns) VALUE UNIT DETAIL" rows of a `strait bench` table -> name<TAB>value<TAB>unit
 rows() {
@@ -111,21 +143,24 @@ rows() {
 }
 rows "$WORK/juicefs.txt" >"$WORK/juicefs.tsv"
 rows "$WORK/strait.txt" >"$WORK/strait.tsv"
+rows "$WORK/daemon.txt" >"$WORK/daemon.tsv"
 
 echo
 echo "==> strait / JuiceFS (higher is better for strait)"
 awk -F'\t' '
     BEGIN {
         n = split("create|stat|rename|unlink|write small files|read small files|write big file|read big file", order, "|")
-        printf "%-20s %14s %14s %-8s %8s\n", "ITEM", "strait", "JuiceFS", "UNIT", "RATIO"
+        printf "%-20s %13s %13s %13s %-8s %9s %9s\n", "ITEM", "in-process", "daemon", "JuiceFS", "UNIT", "IN-PROC/J", "DAEMON/J"
     }
-    FNR == NR { jfs[$1] = $2; unit[$1] = $3; next }
+    FILENAME ~ /juicefs/ { jfs[$1] = $2; unit[$1] = $3; next }
+    FILENAME ~ /daemon/ { dm[$1] = $2; next }
     { st[$1] = $2 }
     END {
         for (i = 1; i <= n; i++) {
             k = order[i]
-            if (!(k in st) || !(k in jfs)) { printf "%-20s %14s\n", k, "(missing)"; continue }
-            r = (jfs[k] > 0) ? sprintf("%.2fx", st[k] / jfs[k]) : "-"
-            printf "%-20s %14.1f %14.1f %-8s %8s\n", k, st[k], jfs[k], unit[k], r
+            if (!(k in jfs)) continue
+            r1 = (jfs[k] > 0 && (k in st)) ? sprintf("%.2fx", st[k] / jfs[k]) : "-"
+            r2 = (jfs[k] > 0 && (k in dm)) ? sprintf("%.2fx", dm[k] / jfs[k]) : "-"
+            printf "%-20s %13.1f %13.1f %13.1f %-8s %9s %9s\n", k, st[k], dm[k], jfs[k], unit[k], r1, r2
         }
-    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" | tee "$WORK/ratio.txt"
+    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" "$WORK/daemon.tsv" | tee "$WORK/ratio.txt"

@@ -21,6 +21,7 @@
 #   PJ_LOG_DIR       where logs go (default /tmp/strait-pjdfstest)
 #   PJ_TIMEOUT_S     limit for the whole pjdfstest run (default 1800)
 #   PJ_MOUNT_ARGS    extra arguments for `strait mount` (e.g. "--attr-ttl 0")
+#   PJ_DAEMON=1      serve the metadata with `strait primary` and mount through it over gRPC
 #   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY  for s3:// data URLs
 set -euo pipefail
 
@@ -137,6 +138,7 @@ chmod 755 "$WORK" "$MNT" "$SECONDARY"
 is_mounted() {
     awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo
 }
+DAEMON_PID=
 # shellcheck disable=SC2317 # invoked by the EXIT trap
 cleanup() {
     local rc=$?
@@ -146,6 +148,10 @@ cleanup() {
             echo "pjdfstest.sh: strait umount failed; detaching lazily" >&2
             umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null
         fi
+    fi
+    if [[ -n "$DAEMON_PID" ]]; then
+        kill -TERM "$DAEMON_PID" 2>/dev/null
+        wait "$DAEMON_PID" 2>/dev/null
     fi
     is_mounted "$MNT" || rm -rf -- "$WORK"
     exit "$rc"
@@ -157,7 +163,25 @@ trap 'exit 143' TERM
 echo "== pjdfstest on strait: meta $META_URL, data $DATA_URL"
 "$STRAIT" format "$META_URL" "$DATA_URL" --name pjdfstest ||
     die "strait format failed"
-"$STRAIT" mount -d "$META_URL" "$MNT" --cache-dir "$WORK/cache" --cache-size 1G \
+MOUNT_URL=$META_URL
+if [[ "${PJ_DAEMON:-0}" == 1 ]]; then
+    DAEMON_LOG=$PJ_LOG_DIR/primary-$backend-$stamp.log
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    STRAIT_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+    export STRAIT_TOKEN
+    "$STRAIT" primary --meta-url "$META_URL" --listen "127.0.0.1:$port" --metrics-listen "" \
+        >"$DAEMON_LOG" 2>&1 &
+    DAEMON_PID=$!
+    for _ in $(seq 1 300); do
+        grep -q "strait primary: serving" "$DAEMON_LOG" && break
+        kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$DAEMON_LOG" >&2; die "strait primary exited"; }
+        sleep 0.1
+    done
+    grep -q "strait primary: serving" "$DAEMON_LOG" || die "strait primary did not start (log $DAEMON_LOG)"
+    MOUNT_URL=strait://127.0.0.1:$port
+    echo "== through the site daemon at $MOUNT_URL (log $DAEMON_LOG)"
+fi
+"$STRAIT" mount -d "$MOUNT_URL" "$MNT" --cache-dir "$WORK/cache" --cache-size 1G \
     --log-file "$MOUNT_LOG" "${MOUNT_EXTRA[@]}" || {
     tail -n 30 "$MOUNT_LOG" >&2 2>/dev/null
     die "strait mount failed (log $MOUNT_LOG)"

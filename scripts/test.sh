@@ -5,8 +5,9 @@
 #
 # 1. installs what is missing (apt packages, Rust, garage, pjdfstest, juicefs), quickly
 #    skipping everything already present;
-# 2. runs the stages: rustfmt, clippy, build, cargo test, and pjdfstest on two back ends
-#    (RocksDB + local directory; Redis + Garage S3, both servers started here on 127.0.0.1);
+# 2. runs the stages: rustfmt, clippy, build, cargo test, and pjdfstest on four set-ups
+#    (RocksDB + local directory; Redis + Garage S3, both servers started here on 127.0.0.1;
+#    and a mount served by `strait primary` over gRPC, on RocksDB and on Redis);
 # 3. prints `N passed, M failed` over the stages and exits non-zero if any stage failed.
 #
 # CI=true is exported unless the caller set CI: tests that need Redis, Garage or FUSE then
@@ -93,6 +94,19 @@ pjdfstest_rocksdb() {
     "$ROOT/scripts/pjdfstest.sh" "rocksdb://$WORK/pj-rocks/meta" "file://$WORK/pj-rocks/data"
 }
 
+pjdfstest_daemon_rocksdb() {
+    PJ_DAEMON=1 "$ROOT/scripts/pjdfstest.sh" "rocksdb://$WORK/pj-drocks/meta" "file://$WORK/pj-drocks/data"
+}
+
+# Runs in the stage's subshell: the servers it starts are stopped when the subshell exits.
+pjdfstest_daemon_redis() {
+    trap stop_servers EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    start_redis "$(free_port)" "$WORK/dredis" >/dev/null
+    PJ_DAEMON=1 "$ROOT/scripts/pjdfstest.sh" "$REDIS_URL/2" "file://$WORK/pj-dredis/data"
+}
+
 # Runs in the stage's subshell: the servers it starts are stopped when the subshell exits.
 pjdfstest_redis_garage() {
     trap stop_servers EXIT
@@ -118,6 +132,8 @@ export STRAIT=$CARGO_TARGET_DIR/debug/strait
 # Without a fresh build the binary may be stale: the pjdfstest stages then fail unrun.
 stage pjdfstest-rocksdb-file require_build pjdfstest_rocksdb
 stage pjdfstest-redis-garage require_build pjdfstest_redis_garage
+stage pjdfstest-daemon-rocksdb require_build pjdfstest_daemon_rocksdb
+stage pjdfstest-daemon-redis require_build pjdfstest_daemon_redis
 
 echo
 echo "=================== summary"

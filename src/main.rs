@@ -1,6 +1,7 @@
 //! The `strait` command: parses the command line and dispatches. Commands live in `cmd/`.
 
 mod cmd;
+mod telemetry;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +15,9 @@ struct Cli {
     /// Log filter (error, warn, info, debug, trace or a tracing directive).
     #[arg(long, global = true, env = "STRAIT_LOG", default_value = "info")]
     log: String,
+    /// Export traces to this OTLP/gRPC endpoint (for example http://127.0.0.1:4317).
+    #[arg(long, global = true, env = "STRAIT_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -24,6 +28,8 @@ enum Command {
     Format(cmd::format::Args),
     /// Mount a file system with FUSE.
     Mount(cmd::mount::Args),
+    /// Run the primary site daemon: serve the metadata of a file system to the region's mounts.
+    Primary(cmd::primary::Args),
     /// Unmount a strait mount and wait for its process to finish.
     Umount(cmd::mount::UmountArgs),
     /// Show a file system's settings, usage, sessions and change-log position.
@@ -40,11 +46,31 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    cmd::init_logging(&cli.log);
+    // two TLS crypto back ends are linked (ring for gRPC, aws-lc-rs through the S3 SDK):
+    // name the one rustls uses by default
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let service = match &cli.command {
+        Command::Primary(_) => "strait-primary",
+        Command::Mount(_) => "strait-mount",
+        _ => "strait",
+    };
+    // the primary may name its endpoint in its configuration file instead
+    let otlp = match &cli.command {
+        Command::Primary(a) => a.otlp_endpoint(cli.otlp_endpoint.as_deref()),
+        _ => cli.otlp_endpoint.clone(),
+    };
+    let _telemetry = match telemetry::init(&cli.log, otlp.as_deref(), service) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("strait: {e:#}");
+            std::process::exit(1);
+        }
+    };
     let result = match cli.command {
         Command::Format(a) => cmd::format::run(a),
         Command::Mount(a) => cmd::mount::run(a),
         Command::Umount(a) => cmd::mount::umount(a),
+        Command::Primary(a) => cmd::primary::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
@@ -53,6 +79,7 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("strait: {e:#}");
+        drop(_telemetry);
         std::process::exit(1);
     }
 }

@@ -2,7 +2,6 @@
 
 use anyhow::Result;
 use strait_fs_core::meta::{Meta, MetaOptions};
-use strait_fs_core::vfs::{Vfs, VfsOptions};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,15 +15,9 @@ pub fn run(a: Args) -> Result<()> {
     let meta = Meta::open(kv, MetaOptions::default())?;
     let rt = super::runtime()?;
     let store = rt.block_on(strait_fs_core::object::open(&format.data_url))?;
-    let vfs = Vfs::new(
-        meta,
-        store,
-        VfsOptions::default(),
-        Some(rt.handle().clone()),
-    )?;
     let mut total = 0;
     loop {
-        let n = vfs.gc_once()?;
+        let n = strait_fs_core::vfs::gc::gc_once(&meta, &store, rt.handle())?;
         total += n;
         if n == 0 {
             break;

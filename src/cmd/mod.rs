@@ -6,19 +6,10 @@ pub mod format;
 pub mod fsck;
 pub mod gc;
 pub mod mount;
+pub mod primary;
 pub mod status;
 
 use anyhow::{bail, Context, Result};
-
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
-}
 
 /// Parse a size such as `4M`, `128K`, `1G`, `1GiB` or `4096`.
 pub fn parse_size(s: &str) -> Result<u64> {

@@ -6,21 +6,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use strait_fs_core::fuse::{mount_config, FuseOptions, StraitFs};
-use strait_fs_core::meta::{Meta, MetaOptions};
+use strait_fs_core::meta::{Meta, MetaClient, MetaOptions};
 use strait_fs_core::vfs::{Vfs, VfsOptions};
 
-/// A session whose heartbeat is older than this is considered dead and cleaned up.
+/// An embedded mount considers a session whose heartbeat is older than this dead.
 const SESSION_TIMEOUT_S: i64 = 60;
-const HEARTBEAT_INTERVAL_S: u64 = 10;
 const GC_INTERVAL_S: u64 = 30;
 /// How long `mount -d` and `umount` wait for the mount process.
 const WAIT_S_MAX: u64 = 60;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
-    /// Metadata engine: rocksdb:///path, redis://host:port/db
+    /// Metadata: a site daemon (strait://host:port) or an engine opened in this process
+    /// (rocksdb:///path, redis://host:port/db)
     pub meta_url: String,
     pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     /// Run in the background (returns once the file system is mounted).
     #[arg(short = 'd', long)]
     pub background: bool,
@@ -45,6 +47,75 @@ pub struct Args {
     /// Log file of a background mount.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+}
+
+/// How to reach a site daemon (only for strait:// addresses).
+#[derive(clap::Args, Clone)]
+pub struct RemoteArgs {
+    /// The site daemon's token.
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File whose first line is the site daemon's token.
+    #[arg(long, env = "STRAIT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// CA certificate (PEM) the daemon's certificate must chain to; turns TLS on.
+    #[arg(long, env = "STRAIT_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), for daemons that require mutual TLS.
+    #[arg(long, env = "STRAIT_TLS_CLIENT_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Client key (PEM), with --tls-cert.
+    #[arg(long, env = "STRAIT_TLS_CLIENT_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Name the daemon's certificate must carry (default: the host of the address).
+    #[arg(long, env = "STRAIT_TLS_DOMAIN")]
+    pub tls_domain: Option<String>,
+    /// Seconds a call keeps retrying an unreachable daemon before failing with EIO.
+    #[arg(long, default_value_t = 60)]
+    pub reconnect_timeout_s: u64,
+}
+
+impl RemoteArgs {
+    pub fn options(&self) -> Result<strait_client::ConnectOptions> {
+        let read = |p: &PathBuf, what: &str| {
+            std::fs::read(p).with_context(|| format!("read the {what} {}", p.display()))
+        };
+        let token = match (&self.token_file, &self.token) {
+            (Some(f), _) => std::fs::read_to_string(f)
+                .with_context(|| format!("read the token file {}", f.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => String::new(),
+        };
+        if token.is_empty() {
+            bail!("a site daemon needs a token: pass --token, --token-file or STRAIT_TOKEN");
+        }
+        let tls = match &self.tls_ca {
+            Some(ca) => Some(strait_client::TlsOptions {
+                ca_pem: read(ca, "CA certificate")?,
+                identity: match (&self.tls_cert, &self.tls_key) {
+                    (Some(c), Some(k)) => {
+                        Some((read(c, "client certificate")?, read(k, "client key")?))
+                    }
+                    (None, None) => None,
+                    _ => bail!("--tls-cert and --tls-key go together"),
+                },
+                domain: self.tls_domain.clone(),
+            }),
+            None if self.tls_cert.is_some() => bail!("--tls-cert needs --tls-ca"),
+            None => None,
+        };
+        Ok(strait_client::ConnectOptions {
+            token,
+            tls,
+            reconnect_timeout: Duration::from_secs(self.reconnect_timeout_s),
+            ..Default::default()
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -177,28 +248,44 @@ fn block_signals() -> nix::sys::signal::SigSet {
 fn run_foreground(a: Args) -> Result<()> {
     // Signals are taken by one thread (below), so every thread started from here blocks them.
     let sigset = block_signals();
-    let kv = strait_fs_core::kv::open(&a.meta_url)?;
-    let format = Meta::load_format(&kv)?;
-    let meta = Meta::open(
-        kv,
-        MetaOptions {
-            read_only: a.read_only,
-        },
-    )?;
     let rt = super::runtime()?;
-    let store = rt.block_on(strait_fs_core::object::open(&format.data_url))?;
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().to_string())
         .unwrap_or_default();
-    let sid = meta.new_session(&format!(
+    let info = format!(
         "mount {} on {host} pid {}",
         a.mountpoint.display(),
         std::process::id()
-    ))?;
-    match meta.clean_stale_sessions(SESSION_TIMEOUT_S * 1_000_000_000) {
-        Ok(closed) if !closed.is_empty() => tracing::info!("cleaned up stale sessions {closed:?}"),
-        Ok(_) => {}
-        Err(e) => tracing::warn!("clean up stale sessions: {e}"),
+    );
+    // `embedded` is the engine when this process owns it (no daemon): then this mount also
+    // cleans up dead sessions and deletes dead slices' blocks, which a daemon does otherwise.
+    let (meta, embedded): (Arc<dyn MetaClient>, Option<Arc<Meta>>) =
+        if strait_client::is_daemon_url(&a.meta_url) {
+            let mut opts = a.remote.options()?;
+            opts.read_only = a.read_only;
+            let client = strait_client::RemoteMeta::connect(&a.meta_url, opts)?;
+            (client, None)
+        } else {
+            let kv = strait_fs_core::kv::open(&a.meta_url)?;
+            let meta = Meta::open(
+                kv,
+                MetaOptions {
+                    read_only: a.read_only,
+                },
+            )?;
+            (meta.clone(), Some(meta))
+        };
+    let sid = meta.open_session(&info)?;
+    let format = meta.settings().clone();
+    let store = rt.block_on(strait_fs_core::object::open(&format.data_url))?;
+    if let Some(engine) = &embedded {
+        match engine.clean_stale_sessions(SESSION_TIMEOUT_S * 1_000_000_000) {
+            Ok(closed) if !closed.is_empty() => {
+                tracing::info!("cleaned up stale sessions {closed:?}")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("clean up stale sessions: {e}"),
+        }
     }
     let mut cache_size = super::parse_size(&a.cache_size)?;
     if format.data_url.starts_with("file://") && cache_size > 0 {
@@ -216,7 +303,7 @@ fn run_foreground(a: Args) -> Result<()> {
         disk_cache_bytes: cache_size,
         ..VfsOptions::default()
     };
-    let vfs = Vfs::new(meta.clone(), store, opts, Some(rt.handle().clone()))?;
+    let vfs = Vfs::new(meta.clone(), store.clone(), opts, Some(rt.handle().clone()))?;
     let ttl = Duration::from_secs_f64(a.attr_ttl.max(0.0));
     let fs = StraitFs::new(
         vfs.clone(),
@@ -227,8 +314,10 @@ fn run_foreground(a: Args) -> Result<()> {
         },
     );
     let config = mount_config(&format.name, a.read_only, a.threads);
+    let notifier_slot = fs.notifier_slot();
     let mut session = fuser::Session::new(fs, &a.mountpoint, &config)
         .with_context(|| format!("mount at {}", a.mountpoint.display()))?;
+    let _ = notifier_slot.set(session.notifier());
     let pidf = pid_file(&a.mountpoint);
     if let Some(dir) = pidf.parent() {
         let _ = std::fs::create_dir_all(dir);
@@ -256,16 +345,16 @@ fn run_foreground(a: Args) -> Result<()> {
     });
     let bg_meta = meta.clone();
     std::thread::spawn(move || loop {
-        std::thread::sleep(Duration::from_secs(HEARTBEAT_INTERVAL_S));
+        std::thread::sleep(bg_meta.heartbeat_interval());
         if let Err(e) = bg_meta.heartbeat() {
             tracing::warn!("session heartbeat: {e}");
         }
     });
-    if !a.read_only {
-        let gc_vfs: Arc<Vfs> = vfs.clone();
+    if let (Some(engine), false) = (embedded, a.read_only) {
+        let rt = rt.handle().clone();
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_secs(GC_INTERVAL_S));
-            match gc_vfs.gc_once() {
+            match strait_fs_core::vfs::gc::gc_once(&engine, &store, &rt) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("deleted the blocks of {n} dead slices"),
                 Err(e) => tracing::warn!("delete dead slices: {e}"),
@@ -276,7 +365,7 @@ fn run_foreground(a: Args) -> Result<()> {
     let res = session.run();
     // the kernel has let go: commit what is still buffered, then leave the session
     let flushed = vfs.flush_all();
-    if let Err(e) = meta.close_session(sid) {
+    if let Err(e) = meta.close_session() {
         tracing::warn!("close session {sid}: {e}");
     }
     let _ = std::fs::remove_file(&pidf);

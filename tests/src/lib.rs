@@ -1,6 +1,7 @@
 //! Shared harness for strait's integration tests: real servers (Redis, Garage S3) started on
 //! 127.0.0.1 for the duration of a test, and helpers to run the real `strait` binary.
 
+pub mod daemon;
 pub mod garage;
 pub mod mount;
 pub mod redis_server;

@@ -122,6 +122,11 @@ fn mounted(point: &Path) -> bool {
 
 impl Mount {
     pub fn start(fs: &TestFs, extra: &[&str]) -> Mount {
+        Mount::start_at(&fs.meta_url, &fs.env, extra)
+    }
+
+    /// Mount `meta_url` (an engine or a site daemon's strait:// address).
+    pub fn start_at(meta_url: &str, env: &[(String, String)], extra: &[&str]) -> Mount {
         let dir = tempfile::tempdir().expect("tempdir");
         let point = dir.path().join("mnt");
         std::fs::create_dir(&point).expect("mkdir mountpoint");
@@ -131,7 +136,7 @@ impl Mount {
         let logf = std::fs::File::create(&log).expect("log file");
         let mut args: Vec<String> = vec![
             "mount".into(),
-            fs.meta_url.clone(),
+            meta_url.to_string(),
             point.display().to_string(),
             "--cache-dir".into(),
             cache.display().to_string(),
@@ -142,7 +147,7 @@ impl Mount {
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(strait_bin())
             .args(&args)
-            .envs(fs.env.iter().cloned())
+            .envs(env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(logf.try_clone().expect("log"))
             .stderr(logf)

@@ -41,6 +41,8 @@ impl Default for FuseOptions {
 pub struct StraitFs {
     vfs: Arc<Vfs>,
     opts: FuseOptions,
+    /// Set once the session exists: tells the kernel to drop attributes another mount changed.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 fn kind(k: FileKind) -> FileType {
@@ -134,7 +136,17 @@ fn signal_pending(pid: u32) -> bool {
 
 impl StraitFs {
     pub fn new(vfs: Arc<Vfs>, opts: FuseOptions) -> Self {
-        StraitFs { vfs, opts }
+        StraitFs {
+            vfs,
+            opts,
+            notifier: Arc::new(std::sync::OnceLock::new()),
+        }
+    }
+
+    /// Where to put the session's notifier once the session is made (close-to-open: a file
+    /// changed by another mount gets its cached attributes dropped when it is opened here).
+    pub fn notifier_slot(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     fn ctx(&self, req: &Request) -> Ctx {
@@ -365,7 +377,16 @@ impl Filesystem for StraitFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let (fh, _) = tri!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
+        let (fh, _, changed) = tri!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
+        if changed {
+            if let Some(n) = self.notifier.get() {
+                // offset -1: attributes only; the page cache is dropped by the open itself
+                // (no FOPEN_KEEP_CACHE)
+                if let Err(e) = n.inval_inode(ino, -1, 0) {
+                    tracing::debug!("invalidate the attributes of inode {}: {e}", ino.0);
+                }
+            }
+        }
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
@@ -494,7 +515,7 @@ impl Filesystem for StraitFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        tri!(reply, self.vfs.meta().kv().sync());
+        tri!(reply, self.vfs.meta().sync());
         reply.ok();
     }
 

@@ -515,8 +515,28 @@ pub fn deferred_deletion_and_space(make: &dyn Fn() -> DynKv) {
         off: 0,
         len: 10000,
         pos: 0,
-        crcs: vec![7, 8],
+        crcs: vec![7],
     };
+    // a slice reference that does not fit its chunk or its blocks is refused
+    for bad in [
+        SliceRef {
+            crcs: vec![7, 8],
+            ..slice.clone()
+        },
+        SliceRef {
+            off: 1,
+            ..slice.clone()
+        },
+        SliceRef {
+            pos: 64 << 20,
+            ..slice.clone()
+        },
+    ] {
+        let e = m.write_slice(f, 0, bad, now_ns()).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+    assert_eq!(m.getattr(f).unwrap().length, 0);
     m.write_slice(f, 0, slice, now_ns()).unwrap();
     assert_eq!(m.getattr(f).unwrap().length, 10000);
     let s = m.statfs().unwrap();

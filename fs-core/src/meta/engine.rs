@@ -32,12 +32,9 @@ pub struct MetaOptions {
     pub read_only: bool,
 }
 
-/// A range of slice ids handed out to a writer.
-#[derive(Clone, Copy, Debug)]
-pub struct SliceIdRange {
-    pub next: u64,
-    pub end: u64,
-}
+/// Handles open on each inode, per session. The views of one daemon's sessions share one
+/// table, so a file unlinked at one mount stays alive while another mount holds it open.
+type OpenTable = Arc<Mutex<HashMap<Ino, HashMap<u64, u32>>>>;
 
 pub struct Meta {
     kv: DynKv,
@@ -46,8 +43,8 @@ pub struct Meta {
     sid: AtomicU64,
     inodes: Mutex<(u64, u64)>,
     slices: Mutex<(u64, u64)>,
-    /// Handles open on each inode in this client.
-    open_files: Mutex<HashMap<Ino, u32>>,
+    /// Handles open on each inode, by session.
+    open_files: OpenTable,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -58,6 +55,34 @@ fn check_name(name: &[u8]) -> Result<()> {
         return sys(libc::ENAMETOOLONG);
     }
     Ok(())
+}
+
+/// Refuse a slice reference that could not have been written: out of its chunk, beyond its
+/// object, or with a checksum list that does not match its blocks. A client is never trusted
+/// with this: a bad reference would make readers fail or read past an object.
+fn check_slice(s: &SliceRef, block_size: u32) -> Result<()> {
+    let inside_chunk = s.pos as u64 + s.len as u64 <= CHUNK_SIZE;
+    let ok = if s.id == 0 {
+        s.crcs.is_empty() && inside_chunk
+    } else {
+        inside_chunk
+            && s.size as u64 <= CHUNK_SIZE
+            && s.off as u64 + s.len as u64 <= s.size as u64
+            && s.crcs.len() as u64 == crate::layout::block_count(s.size, block_size) as u64
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "slice {} (size {}, off {}, len {}, pos {}, {} checksums) does not fit its chunk or its blocks",
+            s.id,
+            s.size,
+            s.off,
+            s.len,
+            s.pos,
+            s.crcs.len()
+        )))
+    }
 }
 
 fn is_dot(name: &[u8]) -> bool {
@@ -162,8 +187,47 @@ impl Meta {
             sid: AtomicU64::new(0),
             inodes: Mutex::new((0, 0)),
             slices: Mutex::new((0, 0)),
-            open_files: Mutex::new(HashMap::new()),
+            open_files: Arc::new(Mutex::new(HashMap::new())),
         }))
+    }
+
+    /// A view of this engine for session `sid` (a mount served by a daemon): it shares the
+    /// engine and the table of open handles with every other view, and has its own session id
+    /// and id ranges.
+    pub fn session_view(&self, sid: u64) -> Arc<Meta> {
+        Arc::new(Meta {
+            kv: self.kv.clone(),
+            format: self.format.clone(),
+            read_only: self.read_only,
+            sid: AtomicU64::new(sid),
+            inodes: Mutex::new((0, 0)),
+            slices: Mutex::new((0, 0)),
+            open_files: self.open_files.clone(),
+        })
+    }
+
+    /// Set this session's open handle counts, as a client reports them when it takes its
+    /// session up again after the daemon restarted.
+    pub fn restore_open_handles(&self, handles: &[(Ino, u32)]) {
+        let sid = self.session_id();
+        let mut of = self.open_files.lock();
+        for &(ino, n) in handles {
+            if n > 0 {
+                of.entry(ino).or_default().insert(sid, n);
+            }
+        }
+    }
+
+    /// Take `count` ids (at least 1) from the shared slice counter: `[first, first + count)`.
+    pub fn alloc_slice_ids(&self, count: u32) -> Result<u64> {
+        let count = count.max(1) as i64;
+        let end = self.kv.incr(&keys::counter(keys::NEXT_SLICE), count)? as u64;
+        // slice id 0 means a hole; ids at or below the root's inode number are never used
+        let first = end + 1 - count as u64;
+        if first <= ROOT_INO {
+            return self.alloc_slice_ids(count as u32);
+        }
+        Ok(first)
     }
 
     pub fn kv(&self) -> &DynKv {
@@ -256,25 +320,37 @@ impl Meta {
         })
     }
 
-    /// Remove session `sid`: release its locks and delete the unlinked files it kept open.
+    /// Remove session `sid`: drop its handles, release its locks and delete the unlinked files
+    /// that no live session holds open any more (those `sid` sustained, and those whose
+    /// sustaining session is gone).
     pub fn close_session(&self, sid: u64) -> Result<()> {
+        {
+            let mut of = self.open_files.lock();
+            for by_session in of.values_mut() {
+                by_session.remove(&sid);
+            }
+            of.retain(|_, by_session| !by_session.is_empty());
+        }
+        kv::txn(self.kv.as_ref(), |t| {
+            t.delete(&keys::session(sid));
+            Ok(())
+        })?;
+        let live: HashSet<u64> = self.sessions()?.into_iter().map(|s| s.0).collect();
         let sustained: Vec<Ino> = kv::read(self.kv.as_ref(), |t| {
             let mut v = vec![];
             for (k, val) in t.scan(&keys::group(keys::DELFILE, 0), None, usize::MAX)? {
                 let owner = keys::u64_at(&val, 0).unwrap_or(0);
-                if owner == sid {
+                if owner == sid || !live.contains(&owner) {
                     v.push(keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("delfile key"))?);
                 }
             }
             Ok(v)
         })?;
         for ino in sustained {
-            self.delete_unlinked(ino)?;
+            if self.open_count(ino) == 0 {
+                self.delete_unlinked(ino)?;
+            }
         }
-        kv::txn(self.kv.as_ref(), |t| {
-            t.delete(&keys::session(sid));
-            Ok(())
-        })?;
         self.release_session_locks(sid)?;
         Ok(())
     }
@@ -927,11 +1003,22 @@ impl Meta {
     // ---- open files ---------------------------------------------------------------------------
 
     fn opened(&self, ino: Ino) {
-        *self.open_files.lock().entry(ino).or_insert(0) += 1;
+        let sid = self.session_id();
+        *self
+            .open_files
+            .lock()
+            .entry(ino)
+            .or_default()
+            .entry(sid)
+            .or_insert(0) += 1;
     }
 
     pub fn open_count(&self, ino: Ino) -> u32 {
-        self.open_files.lock().get(&ino).copied().unwrap_or(0)
+        self.open_files
+            .lock()
+            .get(&ino)
+            .map(|by_session| by_session.values().sum())
+            .unwrap_or(0)
     }
 
     /// Check access for open(2) with `flags` and count the handle.
@@ -958,16 +1045,24 @@ impl Meta {
 
     /// A handle on `ino` closed; the last close of an unlinked file deletes it.
     pub fn release(&self, ino: Ino) -> Result<()> {
+        let sid = self.session_id();
         let last = {
             let mut of = self.open_files.lock();
             match of.get_mut(&ino) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                Some(_) => {
-                    of.remove(&ino);
-                    true
+                Some(by_session) => {
+                    match by_session.get_mut(&sid) {
+                        Some(n) if *n > 1 => *n -= 1,
+                        Some(_) => {
+                            by_session.remove(&sid);
+                        }
+                        None => {}
+                    }
+                    if by_session.is_empty() {
+                        of.remove(&ino);
+                        true
+                    } else {
+                        false
+                    }
                 }
                 None => false,
             }
@@ -995,6 +1090,7 @@ impl Meta {
     /// Commit a written slice into chunk `idx` of `ino`; returns the new attributes.
     pub fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {
         self.writable()?;
+        check_slice(&slice, self.format.block_size)?;
         let end = idx as u64 * CHUNK_SIZE + slice.pos as u64 + slice.len as u64;
         if end > FILE_SIZE_MAX {
             return sys(libc::EFBIG);
@@ -1032,6 +1128,9 @@ impl Meta {
         new: Vec<SliceRef>,
     ) -> Result<bool> {
         self.writable()?;
+        for s in &new {
+            check_slice(s, self.format.block_size)?;
+        }
         let (done, _) = kv::txn(self.kv.as_ref(), |t| {
             let list = get_chunk(t, ino, idx)?;
             if list.len() < old.len() || list[..old.len()] != *old {

@@ -11,5 +11,7 @@ mod locks;
 pub mod perm;
 pub mod types;
 
-pub use engine::{Meta, MetaOptions, SliceIdRange};
+mod client;
+pub use client::MetaClient;
+pub use engine::{Meta, MetaOptions};
 pub use types::*;

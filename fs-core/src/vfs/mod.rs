@@ -6,6 +6,7 @@
 //! Do not call the VFS from inside a tokio runtime: it blocks on its own.
 
 pub mod cache;
+pub mod gc;
 mod writer;
 
 use std::collections::HashMap;
@@ -21,7 +22,7 @@ use parking_lot::Mutex;
 use crate::error::{sys, Error, Result};
 use crate::layout::{block_key, block_len, visible_segments, CHUNK_SIZE};
 use crate::meta::{
-    now_ns, Attr, Ctx, DirEntry, FileKind, Ino, Meta, SetAttr, SliceRef, FILE_SIZE_MAX,
+    Attr, Ctx, DirEntry, FileKind, Ino, MetaClient, SetAttr, SliceRef, FILE_SIZE_MAX,
 };
 use crate::object::{DynStore, ObjectError};
 pub use cache::BlockCache;
@@ -33,6 +34,8 @@ pub const COMPACT_SLICES_MIN: usize = 24;
 pub const STORE_ATTEMPTS_MAX: u32 = 5;
 /// Chunks whose slice lists are kept in memory.
 const CHUNK_CACHE_ENTRIES_MAX: usize = 4096;
+/// Files whose size and mtime as last reported to the kernel are remembered.
+const SEEN_ENTRIES_MAX: usize = 100_000;
 /// Distinct corrupt blocks remembered for logging once.
 const REPORTED_CORRUPT_MAX: usize = 10_000;
 
@@ -78,7 +81,7 @@ impl Default for VfsOptions {
 
 /// What the writer and the readers share.
 pub struct Shared {
-    pub meta: Arc<Meta>,
+    pub meta: Arc<dyn MetaClient>,
     pub store: DynStore,
     pub rt: tokio::runtime::Handle,
     pub cache: Arc<BlockCache>,
@@ -373,12 +376,14 @@ pub struct Vfs {
     writers: Mutex<HashMap<Ino, Arc<FileWriter>>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// Size and mtime of files as last reported to the kernel (see [`Vfs::open`]).
+    seen: Mutex<HashMap<Ino, (u64, i64)>>,
 }
 
 impl Vfs {
     /// Build a VFS over `meta` and `store`, running object I/O on `rt` (or on a runtime of its own).
     pub fn new(
-        meta: Arc<Meta>,
+        meta: Arc<dyn MetaClient>,
         store: DynStore,
         opts: VfsOptions,
         rt: Option<tokio::runtime::Handle>,
@@ -431,10 +436,11 @@ impl Vfs {
             writers: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            seen: Mutex::new(HashMap::new()),
         }))
     }
 
-    pub fn meta(&self) -> &Arc<Meta> {
+    pub fn meta(&self) -> &Arc<dyn MetaClient> {
         &self.shared.meta
     }
     pub fn shared(&self) -> &Arc<Shared> {
@@ -465,15 +471,30 @@ impl Vfs {
         }
     }
 
+    /// Remember the size and mtime of a file as last told to the kernel; returns whether
+    /// they differ from what it was told before (or nothing was).
+    fn saw(&self, ino: Ino, a: &Attr) -> bool {
+        if a.kind != FileKind::File {
+            return false;
+        }
+        let mut seen = self.seen.lock();
+        if seen.len() >= SEEN_ENTRIES_MAX {
+            seen.clear();
+        }
+        seen.insert(ino, (a.length, a.mtime_ns)) != Some((a.length, a.mtime_ns))
+    }
+
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let mut a = self.shared.meta.getattr(ino)?;
         self.overlay(ino, &mut a);
+        self.saw(ino, &a);
         Ok(a)
     }
 
     pub fn lookup(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
         let (ino, mut a) = self.shared.meta.lookup(ctx, parent, name)?;
         self.overlay(ino, &mut a);
+        self.saw(ino, &a);
         Ok((ino, a))
     }
 
@@ -485,6 +506,7 @@ impl Vfs {
         if req.size.is_some() {
             self.shared.forget_inode(ino);
         }
+        self.saw(ino, &a);
         Ok(a)
     }
 
@@ -502,11 +524,15 @@ impl Vfs {
         fh
     }
 
-    pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<(u64, Attr)> {
-        let a = self.shared.meta.open_inode(ctx, ino, flags)?;
+    /// Open `ino`; the flag is true when the file changed since the kernel last heard of it
+    /// (another mount wrote it), so the caller must drop the kernel's cached attributes.
+    pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<(u64, Attr, bool)> {
+        let mut a = self.shared.meta.open_inode(ctx, ino, flags)?;
         // close-to-open: forget cached slice lists so this open sees every committed write
         self.shared.forget_inode(ino);
-        Ok((self.new_handle(ino), a))
+        self.overlay(ino, &mut a);
+        let changed = self.saw(ino, &a);
+        Ok((self.new_handle(ino), a, changed))
     }
 
     pub fn create(
@@ -518,6 +544,7 @@ impl Vfs {
         umask: u32,
     ) -> Result<(u64, Ino, Attr)> {
         let (ino, a) = self.shared.meta.create(ctx, parent, name, mode, umask)?;
+        self.saw(ino, &a);
         Ok((self.new_handle(ino), ino, a))
     }
 
@@ -608,7 +635,7 @@ impl Vfs {
         self.shared
             .rt
             .block_on(retry_store("sync the object store", || store.sync()))?;
-        self.shared.meta.kv().sync()
+        self.shared.meta.sync()
     }
 
     pub fn release(&self, fh: u64) -> Result<()> {
@@ -690,39 +717,5 @@ impl Vfs {
         }
         self.sync_stores()?;
         first_err.map_or(Ok(()), Err)
-    }
-
-    /// Delete the blocks of slices that died more than the file system's delay ago.
-    /// Returns how many slices were purged.
-    pub fn gc_once(&self) -> Result<usize> {
-        let delay_ns = self.shared.meta.settings().trash_delay_s as i64 * 1_000_000_000;
-        let dead = self.shared.meta.dead_slices(now_ns() - delay_ns, 1000)?;
-        let bs = self.shared.block_size;
-        let mut purged = vec![];
-        for (id, d) in dead {
-            let blocks = crate::layout::block_count(d.size, bs);
-            let mut ok = true;
-            for index in 0..blocks {
-                let key = block_key(id, index, block_len(d.size, bs, index));
-                let store = self.shared.store.clone();
-                if let Err(e) = self
-                    .shared
-                    .rt
-                    .block_on(retry_store(&format!("delete block {key}"), || {
-                        store.delete(&key)
-                    }))
-                {
-                    tracing::warn!("{e}");
-                    ok = false;
-                    break;
-                }
-            }
-            if ok {
-                purged.push(id);
-            }
-        }
-        let n = purged.len();
-        self.shared.meta.purge_slices(purged)?;
-        Ok(n)
     }
 }

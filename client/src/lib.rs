@@ -1,0 +1,906 @@
+//! A mount's connection to its region's site daemon: [`RemoteMeta`] implements fs-core's
+//! [`MetaClient`] over the daemon's gRPC `MetaService`.
+//!
+//! - **Auth**: every call carries `authorization: Bearer <token>`; TLS (rustls) verifies the
+//!   daemon against a CA, and presents a client certificate when the daemon asks for one.
+//! - **Reconnection**: the channel reconnects by itself. A call the daemon never received
+//!   (connection refused, connect timeout) is retried with exponential backoff until
+//!   [`ConnectOptions::reconnect_timeout`] passes. A call that broke while in flight is retried
+//!   only if it reads; a mutation that may have been applied is reported as EIO rather than
+//!   applied twice.
+//! - **Sessions**: after a daemon restart the daemon asks the client to resume its session
+//!   ([`strait_proto::RESUME_HEADER`]); the client sends its open handle counts back so
+//!   unlinked-but-open files stay alive, then retries the call.
+//! - **Tracing**: each call is a span, and its OpenTelemetry context travels in the
+//!   `traceparent` metadata entry, so the daemon's span joins the mount's trace.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use strait_fs_core::error::{Error, Result};
+use strait_fs_core::meta::*;
+use strait_proto::meta as w;
+use strait_proto::meta::meta_service_client::MetaServiceClient;
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request, Status};
+use tracing::Instrument;
+
+/// Slice ids taken from the daemon per call.
+pub const SLICE_IDS_PER_ALLOC: u32 = 1000;
+/// First and largest wait between attempts to reach the daemon.
+const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Resumptions of the session tried for one call before giving up.
+const RESUME_ATTEMPTS_MAX: u32 = 3;
+
+/// Whether `url` names a site daemon rather than an engine to open in this process.
+pub fn is_daemon_url(url: &str) -> bool {
+    url.starts_with("strait://")
+}
+
+/// TLS settings of a connection, as PEM bytes.
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    /// CA certificate(s) the daemon's certificate must chain to.
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key, for daemons that require mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to verify the daemon's certificate against (default: the host of the URL).
+    pub domain: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// The daemon's token (sent as `authorization: Bearer ...`).
+    pub token: String,
+    pub tls: Option<TlsOptions>,
+    /// Open the session read-only: every mutation answers EROFS at the mount.
+    pub read_only: bool,
+    /// How long a call keeps trying to reach an unreachable daemon before failing with EIO.
+    pub reconnect_timeout: Duration,
+    /// Deadline of one call.
+    pub rpc_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            token: String::new(),
+            tls: None,
+            read_only: false,
+            reconnect_timeout: Duration::from_secs(60),
+            rpc_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Adds the token, the session id and the trace context to every call.
+#[derive(Clone)]
+struct Stamp {
+    auth: AsciiMetadataValue,
+    session: Arc<AtomicU64>,
+}
+
+impl tonic::service::Interceptor for Stamp {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let md = req.metadata_mut();
+        md.insert("authorization", self.auth.clone());
+        let sid = self.session.load(Ordering::Relaxed);
+        if sid != 0 {
+            if let Ok(v) = sid.to_string().parse() {
+                md.insert(strait_proto::SESSION_HEADER, v);
+            }
+        }
+        inject_trace_context(md);
+        Ok(req)
+    }
+}
+
+/// Writes the current span's OpenTelemetry context into `md` (`traceparent`).
+fn inject_trace_context(md: &mut MetadataMap) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    struct Injector<'a>(&'a mut MetadataMap);
+    impl opentelemetry::propagation::Injector for Injector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            if let (Ok(k), Ok(v)) = (
+                tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+                value.parse(),
+            ) {
+                self.0.insert(k, v);
+            }
+        }
+    }
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut Injector(md)));
+}
+
+type Client = MetaServiceClient<InterceptedService<Channel, Stamp>>;
+
+/// [`MetaClient`] over a site daemon's gRPC service.
+pub struct RemoteMeta {
+    target: String,
+    client: Client,
+    rt: tokio::runtime::Runtime,
+    opts: ConnectOptions,
+    session: Arc<AtomicU64>,
+    info: Mutex<String>,
+    format: OnceLock<Format>,
+    read_only: AtomicU64,
+    session_timeout_ms: AtomicU64,
+    /// Handles this mount holds open, per inode: sent back when the session is resumed.
+    open: Mutex<HashMap<Ino, u32>>,
+    /// Slice ids taken from the daemon and not used yet: `[next, end)`.
+    slice_ids: Mutex<(u64, u64)>,
+}
+
+/// How a failed call ended, for the retry loop.
+enum Failure {
+    /// The daemon never received the call: safe to send again.
+    NotSent,
+    /// The call broke in flight: it may or may not have been applied.
+    Broken,
+    /// The daemon does not hold our session: resume it, then send again.
+    Resume,
+    /// A final answer.
+    Final,
+}
+
+/// A status's message with the chain of errors under it (TLS and connection failures hide
+/// their cause there).
+fn describe(s: &Status) -> String {
+    let mut text = s.message().to_string();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = src {
+        let t = e.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        src = e.source();
+    }
+    text
+}
+
+fn classify(s: &Status) -> Failure {
+    if s.metadata().get(strait_proto::RESUME_HEADER).is_some() {
+        return Failure::Resume;
+    }
+    if s.metadata().get(strait_proto::ERRNO_HEADER).is_some() {
+        return Failure::Final;
+    }
+    match s.code() {
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => {
+            // tonic reports both "could not connect" and "connection broke" as Unavailable;
+            // only the first says "connect" in its source chain
+            let t = describe(s).to_ascii_lowercase();
+            if t.contains("certificate") || t.contains("alert") || t.contains("tls") {
+                // the daemon refused our certificate or we refused its: waiting cannot help
+                Failure::Final
+            } else if t.contains("connect") || t.contains("connection refused") {
+                Failure::NotSent
+            } else if s.code() == Code::Unknown && !t.contains("transport") && !t.contains("h2") {
+                Failure::Final
+            } else {
+                Failure::Broken
+            }
+        }
+        _ => Failure::Final,
+    }
+}
+
+/// The fs-core error for a final status.
+fn to_error(op: &str, s: &Status) -> Error {
+    if let Some(errno) = strait_proto::status_errno(s) {
+        if errno != libc::EIO {
+            return Error::Sys(errno);
+        }
+    }
+    match s.code() {
+        Code::Unauthenticated => Error::Meta(format!(
+            "{op}: the site daemon refused our token: {}",
+            s.message()
+        )),
+        Code::Unavailable | Code::Unknown => Error::Meta(format!(
+            "{op}: cannot talk to the site daemon: {}",
+            describe(s)
+        )),
+        _ => Error::Meta(format!("{op} at the site daemon: {}", s.message())),
+    }
+}
+
+fn wire_err(op: &str, e: strait_proto::WireError) -> Error {
+    Error::Meta(format!(
+        "{op}: the site daemon sent an invalid reply: {}",
+        e.0
+    ))
+}
+
+impl RemoteMeta {
+    /// Prepare a connection to the daemon at `url` (`strait://host:port`). Nothing is sent
+    /// until [`MetaClient::open_session`].
+    pub fn connect(url: &str, opts: ConnectOptions) -> Result<Arc<Self>> {
+        let hostport = url
+            .strip_prefix("strait://")
+            .map(|r| r.trim_end_matches('/'))
+            .filter(|r| !r.is_empty() && !r.contains('/'))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{url:?} is not a site daemon address: expected strait://HOST:PORT"
+                ))
+            })?;
+        let host = hostport
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+            .ok_or_else(|| Error::Invalid(format!("{url:?} has no port")))?
+            .to_string();
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{hostport}"))
+            .map_err(|e| Error::Invalid(format!("site daemon address {url:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(opts.rpc_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        if let Some(tls) = &opts.tls {
+            let mut cfg = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                .domain_name(tls.domain.clone().unwrap_or(host));
+            if let Some((cert, key)) = &tls.identity {
+                cfg = cfg.identity(Identity::from_pem(cert, key));
+            }
+            ep = ep
+                .tls_config(cfg)
+                .map_err(|e| Error::Invalid(format!("TLS settings for {url}: {e}")))?;
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("strait-rpc")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the RPC runtime", e))?;
+        // connect_lazy needs a runtime in scope for its background connection task
+        let channel = {
+            let _guard = rt.enter();
+            ep.connect_lazy()
+        };
+        let auth = format!("Bearer {}", opts.token).parse().map_err(|_| {
+            Error::Invalid("the token holds characters not allowed in a header".into())
+        })?;
+        let session = Arc::new(AtomicU64::new(0));
+        let stamp = Stamp {
+            auth,
+            session: session.clone(),
+        };
+        let client =
+            MetaServiceClient::with_interceptor(channel, stamp).max_decoding_message_size(64 << 20);
+        Ok(Arc::new(RemoteMeta {
+            target: url.to_string(),
+            client,
+            rt,
+            opts,
+            session,
+            info: Mutex::new(String::new()),
+            format: OnceLock::new(),
+            read_only: AtomicU64::new(0),
+            session_timeout_ms: AtomicU64::new(0),
+            open: Mutex::new(HashMap::new()),
+            slice_ids: Mutex::new((0, 0)),
+        }))
+    }
+
+    /// The session timeout the daemon announced (zero before the session opens).
+    pub fn session_timeout(&self) -> Duration {
+        Duration::from_millis(self.session_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Run one call with retries (see the crate docs); `reads` marks calls safe to repeat.
+    fn call<T, F, Fut>(&self, op: &'static str, reads: bool, f: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let span = tracing::info_span!("meta_rpc", op);
+        let start = Instant::now();
+        let mut backoff = BACKOFF_FIRST;
+        let mut resumes = 0;
+        let mut warned = false;
+        loop {
+            let res = self
+                .rt
+                .block_on(f(self.client.clone()).instrument(span.clone()));
+            let s = match res {
+                Ok(r) => {
+                    if warned {
+                        tracing::info!("reached the site daemon {} again", self.target);
+                    }
+                    return Ok(r.into_inner());
+                }
+                Err(s) => s,
+            };
+            match classify(&s) {
+                Failure::Final => return Err(to_error(op, &s)),
+                Failure::Resume if resumes < RESUME_ATTEMPTS_MAX => {
+                    resumes += 1;
+                    self.resume()?;
+                    continue;
+                }
+                Failure::Resume => return Err(to_error(op, &s)),
+                Failure::Broken if !reads => {
+                    let e = Error::Meta(format!(
+                        "{op}: the connection to {} broke while the call was in flight; \
+                         it may or may not have been applied: {}",
+                        self.target,
+                        s.message()
+                    ));
+                    tracing::error!("{e}");
+                    return Err(e);
+                }
+                Failure::NotSent | Failure::Broken => {
+                    if start.elapsed() >= self.opts.reconnect_timeout {
+                        let e = Error::Meta(format!(
+                            "{op}: the site daemon {} has been unreachable for {:?}: {}",
+                            self.target,
+                            self.opts.reconnect_timeout,
+                            describe(&s)
+                        ));
+                        tracing::error!("{e}");
+                        return Err(e);
+                    }
+                    if !warned {
+                        tracing::warn!(
+                            "{op}: cannot reach the site daemon {}; retrying: {}",
+                            self.target,
+                            describe(&s)
+                        );
+                        warned = true;
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Open the session again after the daemon lost it (restart or timeout).
+    fn resume(&self) -> Result<()> {
+        let old = self.session.load(Ordering::Relaxed);
+        let open_inodes: Vec<w::OpenInode> = self
+            .open
+            .lock()
+            .iter()
+            .map(|(&ino, &handles)| w::OpenInode { ino, handles })
+            .collect();
+        self.session.store(0, Ordering::Relaxed);
+        let req = w::OpenSessionRequest {
+            info: self.info.lock().clone(),
+            resume_session: old,
+            open_inodes,
+        };
+        let r = self.call("resume session", true, |mut c| {
+            let req = req.clone();
+            async move { c.open_session(req).await }
+        })?;
+        self.session.store(r.session, Ordering::Relaxed);
+        if r.resumed {
+            tracing::info!("resumed session {} with the site daemon", r.session);
+        } else {
+            tracing::warn!(
+                "the site daemon had closed session {old} (it timed out); continuing as session {}; \
+                 locks held before are lost",
+                r.session
+            );
+        }
+        Ok(())
+    }
+
+    fn counted_open(&self, ino: Ino) {
+        *self.open.lock().entry(ino).or_insert(0) += 1;
+    }
+}
+
+fn ctx(c: &Ctx) -> Option<w::Ctx> {
+    Some(c.into())
+}
+
+fn entry(op: &str, r: w::EntryReply) -> Result<(Ino, Attr)> {
+    Ok((
+        r.ino,
+        strait_proto::attr_from_wire(r.attr).map_err(|e| wire_err(op, e))?,
+    ))
+}
+
+fn attr(op: &str, r: w::AttrReply) -> Result<Attr> {
+    strait_proto::attr_from_wire(r.attr).map_err(|e| wire_err(op, e))
+}
+
+impl MetaClient for RemoteMeta {
+    fn settings(&self) -> &Format {
+        static UNSET: OnceLock<Format> = OnceLock::new();
+        self.format.get().unwrap_or_else(|| {
+            UNSET.get_or_init(|| Format {
+                name: String::new(),
+                uuid: String::new(),
+                data_url: String::new(),
+                block_size: 4 << 20,
+                capacity_bytes: 0,
+                trash_delay_s: 0,
+                created_ns: 0,
+            })
+        })
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.opts.read_only || self.read_only.load(Ordering::Relaxed) != 0
+    }
+
+    fn open_session(&self, info: &str) -> Result<u64> {
+        *self.info.lock() = info.to_string();
+        let req = w::OpenSessionRequest {
+            info: info.to_string(),
+            resume_session: 0,
+            open_inodes: vec![],
+        };
+        let r = self.call("open session", true, |mut c| {
+            let req = req.clone();
+            async move { c.open_session(req).await }
+        })?;
+        let format =
+            strait_proto::format_from_wire(r.format).map_err(|e| wire_err("open session", e))?;
+        let _ = self.format.set(format);
+        self.read_only.store(r.read_only as u64, Ordering::Relaxed);
+        self.session_timeout_ms
+            .store(r.session_timeout_ms, Ordering::Relaxed);
+        self.session.store(r.session, Ordering::Relaxed);
+        Ok(r.session)
+    }
+
+    fn heartbeat(&self) -> Result<()> {
+        self.call("heartbeat", true, |mut c| async move {
+            c.heartbeat(w::HeartbeatRequest {}).await
+        })?;
+        Ok(())
+    }
+
+    fn heartbeat_interval(&self) -> Duration {
+        let t = self.session_timeout();
+        if t.is_zero() {
+            Duration::from_secs(10)
+        } else {
+            (t / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
+        }
+    }
+
+    fn close_session(&self) -> Result<()> {
+        self.call("close session", false, |mut c| async move {
+            c.close_session(w::Empty {}).await
+        })?;
+        self.session.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let r = self.call("getattr", true, |mut c| async move {
+            c.get_attr(w::InodeRequest { ctx: None, ino }).await
+        })?;
+        attr("getattr", r)
+    }
+
+    fn lookup(&self, c: &Ctx, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
+        let req = w::LookupRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+        };
+        let r = self.call("lookup", true, |mut c| {
+            let req = req.clone();
+            async move { c.lookup(req).await }
+        })?;
+        entry("lookup", r)
+    }
+
+    fn access(&self, c: &Ctx, ino: Ino, mask: u32) -> Result<()> {
+        let req = w::AccessRequest {
+            ctx: ctx(c),
+            ino,
+            mask,
+        };
+        self.call("access", true, |mut c| {
+            let req = req.clone();
+            async move { c.access(req).await }
+        })?;
+        Ok(())
+    }
+
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let r = self.call("readlink", true, |mut c| async move {
+            c.read_link(w::InodeRequest { ctx: None, ino }).await
+        })?;
+        Ok(r.target)
+    }
+
+    fn readdir(&self, c: &Ctx, ino: Ino) -> Result<Vec<DirEntry>> {
+        let req = w::InodeRequest { ctx: ctx(c), ino };
+        let r = self.call("readdir", true, |mut c| {
+            let req = req.clone();
+            async move { c.read_dir(req).await }
+        })?;
+        r.entries
+            .into_iter()
+            .map(|e| DirEntry::try_from(e).map_err(|e| wire_err("readdir", e)))
+            .collect()
+    }
+
+    fn statfs(&self) -> Result<StatFs> {
+        let r = self.call("statfs", true, |mut c| async move {
+            c.stat_fs(w::Empty {}).await
+        })?;
+        Ok(r.into())
+    }
+
+    fn setattr(&self, c: &Ctx, ino: Ino, req: &SetAttr) -> Result<Attr> {
+        let req = strait_proto::setattr_to_wire(c, ino, req);
+        let r = self.call("setattr", false, |mut c| {
+            let req = req.clone();
+            async move { c.set_attr(req).await }
+        })?;
+        attr("setattr", r)
+    }
+
+    fn mknod(
+        &self,
+        c: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)> {
+        let req = w::MkNodRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+            mode,
+            umask,
+            rdev,
+        };
+        let r = self.call("mknod", false, |mut c| {
+            let req = req.clone();
+            async move { c.mk_nod(req).await }
+        })?;
+        entry("mknod", r)
+    }
+
+    fn mkdir(
+        &self,
+        c: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)> {
+        let req = w::MkNodRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+            mode,
+            umask,
+            rdev: 0,
+        };
+        let r = self.call("mkdir", false, |mut c| {
+            let req = req.clone();
+            async move { c.mk_dir(req).await }
+        })?;
+        entry("mkdir", r)
+    }
+
+    fn create(
+        &self,
+        c: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)> {
+        let req = w::MkNodRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+            mode,
+            umask,
+            rdev: 0,
+        };
+        let r = self.call("create", false, |mut c| {
+            let req = req.clone();
+            async move { c.create(req).await }
+        })?;
+        let (ino, a) = entry("create", r)?;
+        self.counted_open(ino);
+        Ok((ino, a))
+    }
+
+    fn symlink(&self, c: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<(Ino, Attr)> {
+        let req = w::SymlinkRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+            target: target.to_vec(),
+        };
+        let r = self.call("symlink", false, |mut c| {
+            let req = req.clone();
+            async move { c.symlink(req).await }
+        })?;
+        entry("symlink", r)
+    }
+
+    fn link(&self, c: &Ctx, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let req = w::LinkRequest {
+            ctx: ctx(c),
+            ino,
+            new_parent: parent,
+            new_name: name.to_vec(),
+        };
+        let r = self.call("link", false, |mut c| {
+            let req = req.clone();
+            async move { c.link(req).await }
+        })?;
+        attr("link", r)
+    }
+
+    fn unlink(&self, c: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+        let req = w::NameRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+        };
+        self.call("unlink", false, |mut c| {
+            let req = req.clone();
+            async move { c.unlink(req).await }
+        })?;
+        Ok(())
+    }
+
+    fn rmdir(&self, c: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+        let req = w::NameRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+        };
+        self.call("rmdir", false, |mut c| {
+            let req = req.clone();
+            async move { c.rm_dir(req).await }
+        })?;
+        Ok(())
+    }
+
+    fn rename(&self, c: &Ctx, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> Result<()> {
+        let req = w::RenameRequest {
+            ctx: ctx(c),
+            parent: sp,
+            name: sn.to_vec(),
+            new_parent: dp,
+            new_name: dn.to_vec(),
+            flags,
+        };
+        self.call("rename", false, |mut c| {
+            let req = req.clone();
+            async move { c.rename(req).await }
+        })?;
+        Ok(())
+    }
+
+    fn open_inode(&self, c: &Ctx, ino: Ino, flags: i32) -> Result<Attr> {
+        let req = w::OpenRequest {
+            ctx: ctx(c),
+            ino,
+            flags,
+        };
+        // opening only checks access and counts a handle: repeating it after a broken
+        // connection can at worst count a handle the daemon drops with the session
+        let r = self.call("open", true, |mut c| {
+            let req = req.clone();
+            async move { c.open(req).await }
+        })?;
+        self.counted_open(ino);
+        attr("open", r)
+    }
+
+    fn release(&self, ino: Ino) -> Result<()> {
+        {
+            let mut open = self.open.lock();
+            if let Some(n) = open.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&ino);
+                }
+            }
+        }
+        self.call("release", false, |mut c| async move {
+            c.release(w::InodeRequest { ctx: None, ino }).await
+        })?;
+        Ok(())
+    }
+
+    fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
+        let r = self.call("read chunk", true, |mut c| async move {
+            c.read_chunk(w::ChunkRequest { ino, index: idx }).await
+        })?;
+        strait_proto::slices_from_wire(r.slices).map_err(|e| wire_err("read chunk", e))
+    }
+
+    fn next_slice_id(&self) -> Result<u64> {
+        let mut ids = self.slice_ids.lock();
+        if ids.0 >= ids.1 {
+            // a lost reply only wastes the ids it carried
+            let r = self.call("allocate slice ids", true, |mut c| async move {
+                c.alloc_slice_ids(w::AllocRequest {
+                    count: SLICE_IDS_PER_ALLOC,
+                })
+                .await
+            })?;
+            if r.first == 0 || r.count == 0 {
+                return Err(Error::Meta(
+                    "allocate slice ids: the site daemon returned an empty range".into(),
+                ));
+            }
+            *ids = (r.first, r.first.saturating_add(r.count as u64));
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
+    }
+
+    fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {
+        let req = w::WriteSliceRequest {
+            ino,
+            index: idx,
+            slice: Some((&slice).into()),
+            mtime_ns,
+        };
+        let r = self.call("write slice", false, |mut c| {
+            let req = req.clone();
+            async move { c.write_slice(req).await }
+        })?;
+        attr("write slice", r)
+    }
+
+    fn compact_chunk(
+        &self,
+        ino: Ino,
+        idx: u32,
+        old: &[SliceRef],
+        new: Vec<SliceRef>,
+    ) -> Result<bool> {
+        let req = w::CompactChunkRequest {
+            ino,
+            index: idx,
+            old: strait_proto::slices_to_wire(old),
+            new: strait_proto::slices_to_wire(&new),
+        };
+        // compaction checks the old list under its transaction: a repeat is refused harmlessly
+        let r = self.call("compact chunk", true, |mut c| {
+            let req = req.clone();
+            async move { c.compact_chunk(req).await }
+        })?;
+        Ok(r.done)
+    }
+
+    fn getxattr(&self, c: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let req = w::XattrRequest {
+            ctx: ctx(c),
+            ino,
+            name: name.to_vec(),
+        };
+        let r = self.call("getxattr", true, |mut c| {
+            let req = req.clone();
+            async move { c.get_xattr(req).await }
+        })?;
+        Ok(r.value)
+    }
+
+    fn listxattr(&self, c: &Ctx, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let req = w::InodeRequest { ctx: ctx(c), ino };
+        let r = self.call("listxattr", true, |mut c| {
+            let req = req.clone();
+            async move { c.list_xattr(req).await }
+        })?;
+        Ok(r.names)
+    }
+
+    fn setxattr(&self, c: &Ctx, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        let req = w::SetXattrRequest {
+            ctx: ctx(c),
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            flags,
+        };
+        self.call("setxattr", false, |mut c| {
+            let req = req.clone();
+            async move { c.set_xattr(req).await }
+        })?;
+        Ok(())
+    }
+
+    fn removexattr(&self, c: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
+        let req = w::XattrRequest {
+            ctx: ctx(c),
+            ino,
+            name: name.to_vec(),
+        };
+        self.call("removexattr", false, |mut c| {
+            let req = req.clone();
+            async move { c.remove_xattr(req).await }
+        })?;
+        Ok(())
+    }
+
+    fn flock(&self, ino: Ino, owner: u64, typ: LockType) -> Result<()> {
+        let req = w::FlockRequest {
+            ino,
+            owner,
+            typ: w::LockType::from(typ) as i32,
+        };
+        // taking or releasing a lock the owner already holds changes nothing: safe to repeat
+        self.call("flock", true, |mut c| async move { c.flock(req).await })?;
+        Ok(())
+    }
+
+    fn getlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        typ: LockType,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<PosixLock>> {
+        let req = w::LockRequest {
+            ino,
+            owner,
+            pid: 0,
+            typ: w::LockType::from(typ) as i32,
+            start,
+            end,
+        };
+        let r = self.call("getlk", true, |mut c| async move { c.get_lk(req).await })?;
+        r.conflict
+            .map(|l| PosixLock::try_from(l).map_err(|e| wire_err("getlk", e)))
+            .transpose()
+    }
+
+    fn setlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        typ: LockType,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
+        let req = w::LockRequest {
+            ino,
+            owner,
+            pid,
+            typ: w::LockType::from(typ) as i32,
+            start,
+            end,
+        };
+        self.call("setlk", true, |mut c| async move { c.set_lk(req).await })?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.call(
+            "sync",
+            true,
+            |mut c| async move { c.sync(w::Empty {}).await },
+        )?;
+        Ok(())
+    }
+}

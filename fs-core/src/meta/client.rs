@@ -1,0 +1,276 @@
+//! [`MetaClient`]: the metadata API as the VFS sees it, whether the engine is in this process
+//! ([`Meta`], the embedded mode) or behind a site daemon (the gRPC client in `strait-client`).
+
+use super::types::*;
+use super::Meta;
+use crate::error::Result;
+
+/// What a mount needs from the metadata service.
+///
+/// To ensure correctness, an implementation must:
+/// - check permissions against `ctx` for every call that takes one, exactly as [`Meta`] does
+///   (the conformance suite is the reference);
+/// - make each mutation atomic: it either happens whole or returns an error and changes nothing;
+/// - count handles per session: a file unlinked while some session holds it open stays
+///   readable until the last handle anywhere is released (or its session times out);
+/// - hand out slice ids that are never handed out again, to any client;
+/// - return from [`MetaClient::sync`] only when every change acknowledged before the call is
+///   on stable storage.
+///
+/// Errors map to an errno with [`crate::Error::errno`].
+pub trait MetaClient: Send + Sync {
+    /// The file system's settings.
+    fn settings(&self) -> &Format;
+    /// Whether every mutation answers EROFS.
+    fn is_read_only(&self) -> bool;
+    /// Register this client; returns its session id.
+    fn open_session(&self, info: &str) -> Result<u64>;
+    /// Tell the session's owner this client is alive.
+    fn heartbeat(&self) -> Result<()>;
+    /// How often to call [`MetaClient::heartbeat`].
+    fn heartbeat_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(10)
+    }
+    /// Unregister: release this session's locks and delete the unlinked files it kept open.
+    fn close_session(&self) -> Result<()>;
+
+    fn getattr(&self, ino: Ino) -> Result<Attr>;
+    fn lookup(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)>;
+    fn access(&self, ctx: &Ctx, ino: Ino, mask: u32) -> Result<()>;
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
+    fn readdir(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<DirEntry>>;
+    fn statfs(&self) -> Result<StatFs>;
+
+    fn setattr(&self, ctx: &Ctx, ino: Ino, req: &SetAttr) -> Result<Attr>;
+    #[allow(clippy::too_many_arguments)]
+    fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)>;
+    fn mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)>;
+    /// Create a regular file and count one open handle on it.
+    fn create(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)>;
+    fn symlink(&self, ctx: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<(Ino, Attr)>;
+    fn link(&self, ctx: &Ctx, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr>;
+    fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()>;
+    fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()>;
+    fn rename(&self, ctx: &Ctx, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> Result<()>;
+
+    /// Check access for open(2) with `flags` and count the handle.
+    fn open_inode(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Attr>;
+    /// A handle closed; the last close of an unlinked file deletes it.
+    fn release(&self, ino: Ino) -> Result<()>;
+
+    fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>>;
+    /// A fresh slice id, never handed out before.
+    fn next_slice_id(&self) -> Result<u64>;
+    fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr>;
+    /// Replace the prefix `old` of a chunk's slice list by `new`; false if the list changed.
+    fn compact_chunk(
+        &self,
+        ino: Ino,
+        idx: u32,
+        old: &[SliceRef],
+        new: Vec<SliceRef>,
+    ) -> Result<bool>;
+
+    fn getxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
+    fn listxattr(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<Vec<u8>>>;
+    fn setxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()>;
+    fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()>;
+
+    fn flock(&self, ino: Ino, owner: u64, typ: LockType) -> Result<()>;
+    fn getlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        typ: LockType,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<PosixLock>>;
+    /// Take or release a POSIX lock; a conflict is EAGAIN (callers that may wait retry).
+    fn setlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        typ: LockType,
+        start: u64,
+        end: u64,
+    ) -> Result<()>;
+
+    /// Make every acknowledged change durable.
+    fn sync(&self) -> Result<()>;
+
+    /// Release every POSIX lock of `owner` on `ino` (close(2) semantics).
+    fn release_posix_locks(&self, ino: Ino, owner: u64) -> Result<()> {
+        self.setlk(ino, owner, 0, LockType::Unlock, 0, u64::MAX)
+    }
+}
+
+impl MetaClient for Meta {
+    fn settings(&self) -> &Format {
+        Meta::settings(self)
+    }
+    fn is_read_only(&self) -> bool {
+        Meta::is_read_only(self)
+    }
+    fn open_session(&self, info: &str) -> Result<u64> {
+        self.new_session(info)
+    }
+    fn heartbeat(&self) -> Result<()> {
+        Meta::heartbeat(self)
+    }
+    fn close_session(&self) -> Result<()> {
+        Meta::close_session(self, self.session_id())
+    }
+    fn getattr(&self, ino: Ino) -> Result<Attr> {
+        Meta::getattr(self, ino)
+    }
+    fn lookup(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
+        Meta::lookup(self, ctx, parent, name)
+    }
+    fn access(&self, ctx: &Ctx, ino: Ino, mask: u32) -> Result<()> {
+        Meta::access(self, ctx, ino, mask)
+    }
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        Meta::readlink(self, ino)
+    }
+    fn readdir(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<DirEntry>> {
+        Meta::readdir(self, ctx, ino)
+    }
+    fn statfs(&self) -> Result<StatFs> {
+        Meta::statfs(self)
+    }
+    fn setattr(&self, ctx: &Ctx, ino: Ino, req: &SetAttr) -> Result<Attr> {
+        Meta::setattr(self, ctx, ino, req)
+    }
+    fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)> {
+        Meta::mknod(self, ctx, parent, name, mode, umask, rdev)
+    }
+    fn mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)> {
+        Meta::mkdir(self, ctx, parent, name, mode, umask)
+    }
+    fn create(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)> {
+        Meta::create(self, ctx, parent, name, mode, umask)
+    }
+    fn symlink(&self, ctx: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<(Ino, Attr)> {
+        Meta::symlink(self, ctx, parent, name, target)
+    }
+    fn link(&self, ctx: &Ctx, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        Meta::link(self, ctx, ino, parent, name)
+    }
+    fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+        Meta::unlink(self, ctx, parent, name)
+    }
+    fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+        Meta::rmdir(self, ctx, parent, name)
+    }
+    fn rename(&self, ctx: &Ctx, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> Result<()> {
+        Meta::rename(self, ctx, sp, sn, dp, dn, flags)
+    }
+    fn open_inode(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Attr> {
+        Meta::open_inode(self, ctx, ino, flags)
+    }
+    fn release(&self, ino: Ino) -> Result<()> {
+        Meta::release(self, ino)
+    }
+    fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
+        Meta::read_chunk(self, ino, idx)
+    }
+    fn next_slice_id(&self) -> Result<u64> {
+        Meta::next_slice_id(self)
+    }
+    fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {
+        Meta::write_slice(self, ino, idx, slice, mtime_ns)
+    }
+    fn compact_chunk(
+        &self,
+        ino: Ino,
+        idx: u32,
+        old: &[SliceRef],
+        new: Vec<SliceRef>,
+    ) -> Result<bool> {
+        Meta::compact_chunk(self, ino, idx, old, new)
+    }
+    fn getxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        Meta::getxattr(self, ctx, ino, name)
+    }
+    fn listxattr(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        Meta::listxattr(self, ctx, ino)
+    }
+    fn setxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        Meta::setxattr(self, ctx, ino, name, value, flags)
+    }
+    fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
+        Meta::removexattr(self, ctx, ino, name)
+    }
+    fn flock(&self, ino: Ino, owner: u64, typ: LockType) -> Result<()> {
+        Meta::flock(self, ino, owner, typ)
+    }
+    fn getlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        typ: LockType,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<PosixLock>> {
+        Meta::getlk(self, ino, owner, typ, start, end)
+    }
+    fn setlk(
+        &self,
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        typ: LockType,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
+        Meta::setlk(self, ino, owner, pid, typ, start, end)
+    }
+    fn sync(&self) -> Result<()> {
+        self.kv().sync()
+    }
+}

@@ -1,0 +1,188 @@
+//! The primary daemon's settings: one serde struct, every field documented and defaulted.
+//! Loaded from a TOML file; the CLI overrides fields with flags and `STRAIT_*` variables.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrimaryConfig {
+    /// Address the metadata service (gRPC) listens on.
+    pub listen: String,
+    /// The metadata engine this daemon owns: `rocksdb:///path` or `redis://host:port/db`.
+    /// It must hold a formatted file system (`strait format`).
+    pub meta_url: String,
+    /// The token every client must send (`authorization: Bearer <token>`). Required, unless
+    /// `token_file` is set.
+    pub token: String,
+    /// A file whose first line is the token (read at start; takes precedence over `token`).
+    pub token_file: Option<PathBuf>,
+    /// TLS: the daemon's certificate chain and key (PEM). Without them the service is
+    /// plain-text gRPC, for loopback and trusted networks only.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// Mutual TLS: the CA that client certificates must chain to. When set, a client without
+    /// a valid certificate cannot connect.
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// Address of the HTTP endpoint serving `/metrics` (Prometheus) and `/health`; empty
+    /// disables it.
+    pub metrics_listen: String,
+    /// A mount whose last heartbeat is older than this is considered dead: its locks are
+    /// released and the unlinked files it kept open are deleted.
+    pub session_timeout_ms: u64,
+    /// Seconds between passes that delete dead slices' blocks from the object store
+    /// (0 disables; then run `strait gc`).
+    pub gc_interval_s: u64,
+    /// Serve the file system read-only: every mutation answers EROFS.
+    pub read_only: bool,
+    /// OTLP/gRPC endpoint to export traces to (for example `http://127.0.0.1:4317`); empty
+    /// exports nothing.
+    pub otlp_endpoint: String,
+}
+
+impl Default for PrimaryConfig {
+    fn default() -> Self {
+        PrimaryConfig {
+            listen: "127.0.0.1:7420".into(),
+            meta_url: "rocksdb:///var/lib/strait/meta".into(),
+            token: String::new(),
+            token_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
+            metrics_listen: "127.0.0.1:7421".into(),
+            session_timeout_ms: 60_000,
+            gc_interval_s: 30,
+            read_only: false,
+            otlp_endpoint: String::new(),
+        }
+    }
+}
+
+/// Shortest session timeout accepted: heartbeats must fit several times into it.
+pub const SESSION_TIMEOUT_MS_MIN: u64 = 500;
+
+impl PrimaryConfig {
+    /// The settings in TOML file `path` (fields it omits keep their defaults).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("read the configuration file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parse {}", path.display()))
+    }
+
+    /// The token clients must present, from `token_file` or `token`.
+    pub fn resolved_token(&self) -> Result<String> {
+        let token = match &self.token_file {
+            Some(f) => std::fs::read_to_string(f)
+                .with_context(|| format!("read the token file {}", f.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string(),
+            None => self.token.clone(),
+        };
+        if token.is_empty() {
+            bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
+        }
+        if token.chars().any(|c| !c.is_ascii_graphic()) {
+            bail!("the token must be printable ASCII without spaces");
+        }
+        Ok(token)
+    }
+
+    /// Check the settings that can be checked without opening anything.
+    pub fn validate(&self) -> Result<()> {
+        self.listen
+            .parse::<std::net::SocketAddr>()
+            .with_context(|| format!("listen address {:?}", self.listen))?;
+        if !self.metrics_listen.is_empty() {
+            self.metrics_listen
+                .parse::<std::net::SocketAddr>()
+                .with_context(|| format!("metrics listen address {:?}", self.metrics_listen))?;
+        }
+        if self.session_timeout_ms < SESSION_TIMEOUT_MS_MIN {
+            bail!(
+                "session_timeout_ms is {}; it must be at least {SESSION_TIMEOUT_MS_MIN}",
+                self.session_timeout_ms
+            );
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) | (None, Some(_)) => {
+                bail!("tls_cert_file and tls_key_file must be set together")
+            }
+            (None, None) if self.tls_client_ca_file.is_some() => {
+                bail!("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
+            }
+            _ => {}
+        }
+        self.resolved_token()?;
+        Ok(())
+    }
+
+    /// The configuration file that documents every field with its default.
+    pub fn example_toml() -> String {
+        EXAMPLE.to_string()
+    }
+}
+
+const EXAMPLE: &str = r#"# strait primary daemon configuration. Every field is optional; the values shown are the
+# defaults. Flags and STRAIT_* environment variables override the file.
+
+# Address of the metadata service (gRPC).
+listen = "127.0.0.1:7420"
+# The metadata engine this daemon owns (formatted with `strait format`).
+meta_url = "rocksdb:///var/lib/strait/meta"
+# Token every client must send. Required (or token_file).
+token = ""
+# token_file = "/etc/strait/token"
+# TLS certificate chain and key (PEM); without them the service is plain-text gRPC.
+# tls_cert_file = "/etc/strait/daemon.pem"
+# tls_key_file = "/etc/strait/daemon.key"
+# Mutual TLS: CA that client certificates must chain to.
+# tls_client_ca_file = "/etc/strait/clients-ca.pem"
+# Prometheus /metrics and /health; "" disables.
+metrics_listen = "127.0.0.1:7421"
+# A mount silent for longer than this is dead: its locks and open unlinked files are freed.
+session_timeout_ms = 60000
+# Seconds between passes deleting dead slices' blocks (0 disables).
+gc_interval_s = 30
+# Answer EROFS to every mutation.
+read_only = false
+# OTLP/gRPC endpoint for traces, e.g. "http://127.0.0.1:4317"; "" exports nothing.
+otlp_endpoint = ""
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_is_the_defaults() {
+        let parsed: PrimaryConfig = toml::from_str(EXAMPLE).expect("example parses");
+        assert_eq!(parsed, PrimaryConfig::default());
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let c = PrimaryConfig {
+            token: "t".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().is_ok());
+        assert!(PrimaryConfig::default().validate().is_err(), "no token");
+        let c2 = PrimaryConfig {
+            listen: "nowhere".into(),
+            ..c.clone()
+        };
+        assert!(c2.validate().is_err());
+        let c3 = PrimaryConfig {
+            tls_cert_file: Some("x".into()),
+            ..c.clone()
+        };
+        assert!(c3.validate().is_err());
+        assert!(toml::from_str::<PrimaryConfig>("no_such_field = 1").is_err());
+    }
+}

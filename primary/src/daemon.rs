@@ -1,0 +1,233 @@
+//! The primary daemon: owns the engine, serves [`MetaServer`], expires dead sessions, deletes
+//! dead slices' blocks and serves metrics, until SIGTERM or SIGINT.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use strait_fs_core::meta::{Meta, MetaOptions};
+use strait_proto::meta::meta_service_server::MetaServiceServer;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::config::PrimaryConfig;
+use crate::metrics::{self, Metrics};
+use crate::service::{Auth, MetaServer};
+
+/// Largest request or reply message (a directory listing of a huge directory is the biggest).
+pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
+/// Most calls served at once on one connection.
+const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+
+fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("read the {what} {}", path.display()))
+}
+
+/// Run the daemon until a signal asks it to stop.
+pub async fn run(cfg: PrimaryConfig) -> Result<()> {
+    cfg.validate()?;
+    let token = cfg.resolved_token()?;
+    let meta_url = cfg.meta_url.clone();
+    let read_only = cfg.read_only;
+    let engine = tokio::task::spawn_blocking(move || -> Result<Arc<Meta>> {
+        let kv = strait_fs_core::kv::open(&meta_url)?;
+        Ok(Meta::open(kv, MetaOptions { read_only })?)
+    })
+    .await
+    .context("open the metadata engine")??;
+    let format = engine.settings().clone();
+    let metrics = Metrics::new();
+    let server = Arc::new(MetaServer::new(
+        engine.clone(),
+        cfg.session_timeout_ms,
+        metrics.clone(),
+    ));
+    let stop = CancellationToken::new();
+
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .with_context(|| format!("listen on {}", cfg.listen))?;
+    let addr = listener.local_addr().context("the listening address")?;
+
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX))
+        .tcp_nodelay(true);
+    let tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let mut t = ServerTlsConfig::new().identity(Identity::from_pem(
+                read(cert, "TLS certificate")?,
+                read(key, "TLS key")?,
+            ));
+            if let Some(ca) = &cfg.tls_client_ca_file {
+                t = t.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
+            }
+            builder = builder.tls_config(t).context("TLS settings")?;
+            if cfg.tls_client_ca_file.is_some() {
+                "TLS, client certificates required"
+            } else {
+                "TLS"
+            }
+        }
+        _ => "plain text",
+    };
+
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        MetaServiceServer::from_arc(server.clone())
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        Auth::new(&token, metrics.clone()),
+    );
+
+    // sessions whose mounts went silent: close them (locks, unlinked open files)
+    let timeout = Duration::from_millis(cfg.session_timeout_ms);
+    tokio::spawn(expire_sessions(
+        server.clone(),
+        timeout,
+        stop.clone(),
+        metrics.clone(),
+    ));
+
+    if cfg.gc_interval_s > 0 && !cfg.read_only {
+        let store = strait_fs_core::object::open(&format.data_url)
+            .await
+            .with_context(|| {
+                format!(
+                    "open the object store {} to delete dead blocks (set gc_interval_s = 0 to leave that to `strait gc`)",
+                    format.data_url
+                )
+            })?;
+        tokio::spawn(collect_garbage(
+            engine.clone(),
+            store,
+            Duration::from_secs(cfg.gc_interval_s),
+            stop.clone(),
+            metrics.clone(),
+        ));
+    }
+
+    let mut metrics_addr = None;
+    if !cfg.metrics_listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
+            .await
+            .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
+        metrics_addr = l.local_addr().ok();
+        tokio::spawn(metrics::serve(
+            l,
+            metrics.clone(),
+            engine.clone(),
+            stop.clone(),
+        ));
+    }
+
+    tokio::spawn(wait_for_signal(stop.clone()));
+    // one line on stdout, for scripts and tests that wait for the daemon
+    println!(
+        "strait primary: serving {} ({}) on {addr} ({tls}){}",
+        format.name,
+        cfg.meta_url,
+        metrics_addr
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default()
+    );
+    tracing::info!(
+        "serving {} on {addr} ({tls}); sessions time out after {timeout:?}",
+        format.name
+    );
+
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let s2 = stop.clone();
+    builder
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await })
+        .await
+        .context("serve the metadata service")?;
+    stop.cancel();
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || e.kv().sync())
+        .await
+        .context("sync the metadata engine")??;
+    tracing::info!("stopped; every acknowledged change is on disk");
+    Ok(())
+}
+
+async fn wait_for_signal(stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot listen for signals; stop the daemon with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: finishing the calls in flight, then stopping"),
+        _ = int.recv() => tracing::info!("SIGINT: finishing the calls in flight, then stopping"),
+        _ = stop.cancelled() => {}
+    }
+    stop.cancel();
+}
+
+async fn expire_sessions(
+    server: Arc<MetaServer>,
+    timeout: Duration,
+    stop: CancellationToken,
+    metrics: Arc<Metrics>,
+) {
+    let started = Instant::now();
+    let period = (timeout / 4).max(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        // after a restart, give every mount a whole timeout to come back before judging it
+        if started.elapsed() < timeout {
+            continue;
+        }
+        let engine = server.engine().clone();
+        let t_ns = timeout.as_nanos() as i64;
+        match tokio::task::spawn_blocking(move || engine.clean_stale_sessions(t_ns)).await {
+            Ok(Ok(closed)) if !closed.is_empty() => {
+                tracing::info!(
+                    "closed sessions {closed:?}: no heartbeat for {timeout:?}; their locks are released"
+                );
+                metrics.sessions_expired.inc_by(closed.len() as u64);
+                server.drop_sessions(&closed);
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!("expire sessions: {e}"),
+            Err(e) => tracing::warn!("expire sessions: {e}"),
+        }
+    }
+}
+
+async fn collect_garbage(
+    engine: Arc<Meta>,
+    store: strait_fs_core::object::DynStore,
+    period: Duration,
+    stop: CancellationToken,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let e = engine.clone();
+        let s = store.clone();
+        let rt = tokio::runtime::Handle::current();
+        match tokio::task::spawn_blocking(move || strait_fs_core::vfs::gc::gc_once(&e, &s, &rt))
+            .await
+        {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => {
+                metrics.slices_collected.inc_by(n as u64);
+                tracing::info!("deleted the blocks of {n} dead slices");
+            }
+            Ok(Err(e)) => tracing::warn!("delete dead slices: {e}"),
+            Err(e) => tracing::warn!("delete dead slices: {e}"),
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The primary site daemon (`strait primary`): it owns its region's metadata engine and serves
+//! the metadata API to every mount of the region over gRPC, with token auth, optional (mutual)
+//! TLS, sessions with heartbeats, garbage collection of dead blocks, Prometheus metrics and
+//! OpenTelemetry traces.
+
+pub mod config;
+pub mod daemon;
+pub mod metrics;
+pub mod service;
+
+pub use config::PrimaryConfig;

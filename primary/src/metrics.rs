@@ -1,0 +1,156 @@
+//! Prometheus metrics of a site daemon, and the HTTP endpoint serving them with `/health`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry, TextEncoder,
+};
+use strait_fs_core::meta::{Meta, ROOT_INO};
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Latency of each RPC by operation and outcome (`ok` or the errno's name).
+    pub rpc_seconds: HistogramVec,
+    /// Sessions (mounts) this daemon holds.
+    pub sessions: IntGauge,
+    /// The newest version in the change log.
+    pub version: IntGauge,
+    /// Calls refused for a missing or wrong token.
+    pub unauthenticated: IntCounter,
+    /// Sessions closed because their heartbeat stopped.
+    pub sessions_expired: IntCounter,
+    /// Dead slices whose blocks were deleted.
+    pub slices_collected: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let registry = Registry::new();
+        let rpc_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "strait_rpc_duration_seconds",
+                "Latency of metadata RPCs served, by operation and outcome",
+            )
+            .buckets(vec![
+                0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
+                0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+            &["op", "outcome"],
+        )
+        .expect("valid histogram");
+        let sessions = IntGauge::with_opts(Opts::new(
+            "strait_sessions",
+            "Mount sessions held by this daemon",
+        ))
+        .expect("valid gauge");
+        let version = IntGauge::with_opts(Opts::new(
+            "strait_primary_version",
+            "Newest version in the primary's change log",
+        ))
+        .expect("valid gauge");
+        let unauthenticated = IntCounter::with_opts(Opts::new(
+            "strait_rpc_unauthenticated_total",
+            "Calls refused for a missing or wrong token",
+        ))
+        .expect("valid counter");
+        let sessions_expired = IntCounter::with_opts(Opts::new(
+            "strait_sessions_expired_total",
+            "Sessions closed because their heartbeat stopped",
+        ))
+        .expect("valid counter");
+        let slices_collected = IntCounter::with_opts(Opts::new(
+            "strait_gc_slices_total",
+            "Dead slices whose blocks were deleted",
+        ))
+        .expect("valid counter");
+        for c in [
+            Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(sessions.clone()),
+            Box::new(version.clone()),
+            Box::new(unauthenticated.clone()),
+            Box::new(sessions_expired.clone()),
+            Box::new(slices_collected.clone()),
+        ] {
+            registry.register(c).expect("metric names are unique");
+        }
+        Arc::new(Metrics {
+            registry,
+            rpc_seconds,
+            sessions,
+            version,
+            unauthenticated,
+            sessions_expired,
+            slices_collected,
+        })
+    }
+
+    pub fn observe(&self, op: &str, outcome: &str, took: Duration) {
+        self.rpc_seconds
+            .with_label_values(&[op, outcome])
+            .observe(took.as_secs_f64());
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = vec![];
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!("encode metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Serve `/metrics` and `/health` on `listener` until `stop` fires.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    engine: Arc<Meta>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let m = metrics.clone();
+    let e = engine.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = m.clone();
+                let e = e.clone();
+                async move {
+                    let version = tokio::task::spawn_blocking(move || e.kv().last_version()).await;
+                    if let Ok(Ok(v)) = version {
+                        m.version.set(v as i64);
+                    }
+                    ([("content-type", "text/plain; version=0.0.4")], m.render())
+                }
+            }),
+        )
+        .route(
+            "/health",
+            get(move || {
+                let e = engine.clone();
+                async move {
+                    // healthy when the engine answers a read
+                    match tokio::task::spawn_blocking(move || e.getattr(ROOT_INO)).await {
+                        Ok(Ok(_)) => (StatusCode::OK, "ok\n".to_string()),
+                        Ok(Err(err)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the metadata engine fails: {err}\n"),
+                        ),
+                        Err(_) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the engine check did not finish\n".to_string(),
+                        ),
+                    }
+                }
+            }),
+        );
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    {
+        tracing::error!("metrics endpoint: {e}");
+    }
+}

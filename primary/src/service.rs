@@ -1,0 +1,588 @@
+//! [`MetaServer`]: fs-core's metadata API served over gRPC to the mounts of a region.
+//!
+//! Each mount is a session with its own view of the engine ([`Meta::session_view`]): the
+//! views share the engine and the table of open handles, so a file unlinked at one mount
+//! stays readable at another that holds it open. Engine calls block (RocksDB, Redis), so each
+//! runs on tokio's blocking pool.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use strait_fs_core::error::Error;
+use strait_fs_core::meta::{Attr, Ctx, Ino, Meta};
+use strait_proto::meta as w;
+use strait_proto::meta::meta_service_server::MetaService;
+use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::metrics::Metrics;
+
+/// Most slice ids one call may take.
+pub const ALLOC_SLICE_IDS_MAX: u32 = 100_000;
+/// Distinct peers remembered for logging a refused token once each.
+const REFUSED_PEERS_MAX: usize = 10_000;
+/// Longest free-text session description kept.
+const SESSION_INFO_LEN_MAX: usize = 1024;
+
+type Reply<T> = Result<Response<T>, Status>;
+
+/// Checks the token of every call; refusals are logged once per peer address.
+#[derive(Clone)]
+pub struct Auth {
+    expected: Arc<Vec<u8>>,
+    refused: Arc<Mutex<HashSet<Option<IpAddr>>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Auth {
+    pub fn new(token: &str, metrics: Arc<Metrics>) -> Self {
+        Auth {
+            expected: Arc::new(format!("Bearer {token}").into_bytes()),
+            refused: Arc::new(Mutex::new(HashSet::new())),
+            metrics,
+        }
+    }
+}
+
+/// Equal without leaking where two byte strings first differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let given = req.metadata().get("authorization").map(|v| v.as_bytes());
+        let ok = given.is_some_and(|g| constant_time_eq(g, &self.expected));
+        if ok {
+            return Ok(req);
+        }
+        self.metrics.unauthenticated.inc();
+        let peer = req.remote_addr();
+        let why = if given.is_none() {
+            "no token"
+        } else {
+            "a wrong token"
+        };
+        let mut refused = self.refused.lock();
+        if refused.len() < REFUSED_PEERS_MAX && refused.insert(peer.map(|p| p.ip())) {
+            tracing::warn!(
+                "refused a call from {} with {why} (logged once per address)",
+                peer.map(|p| p.to_string())
+                    .unwrap_or_else(|| "an unknown peer".into())
+            );
+        }
+        Err(Status::unauthenticated(format!(
+            "this site daemon requires a valid token; the call carried {why}"
+        )))
+    }
+}
+
+/// The metadata service of one site.
+pub struct MetaServer {
+    engine: Arc<Meta>,
+    sessions: RwLock<HashMap<u64, Arc<Meta>>>,
+    session_timeout_ms: u64,
+    metrics: Arc<Metrics>,
+}
+
+fn invalid(e: WireError) -> Error {
+    Error::Invalid(e.0)
+}
+
+fn ctx_of(c: Option<w::Ctx>) -> Result<Ctx, Error> {
+    strait_proto::ctx_from_wire(c).map_err(invalid)
+}
+
+fn attr_reply(a: &Attr) -> w::AttrReply {
+    w::AttrReply {
+        attr: Some(a.into()),
+    }
+}
+
+fn entry_reply((ino, a): (Ino, Attr)) -> w::EntryReply {
+    w::EntryReply {
+        ino,
+        attr: Some((&a).into()),
+    }
+}
+
+/// The span of one call, a child of the caller's trace when it sent a `traceparent`.
+fn rpc_span(op: &'static str, md: &MetadataMap) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    struct Extractor<'a>(&'a MetadataMap);
+    impl opentelemetry::propagation::Extractor for Extractor<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            self.0.get(key).and_then(|v| v.to_str().ok())
+        }
+        fn keys(&self) -> Vec<&str> {
+            self.0
+                .keys()
+                .filter_map(|k| match k {
+                    tonic::metadata::KeyRef::Ascii(a) => Some(a.as_str()),
+                    tonic::metadata::KeyRef::Binary(_) => None,
+                })
+                .collect()
+        }
+    }
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Extractor(md)));
+    let session = md
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string();
+    let span = tracing::info_span!("rpc", op, session = %session);
+    let _ = span.set_parent(parent);
+    span
+}
+
+impl MetaServer {
+    pub fn new(engine: Arc<Meta>, session_timeout_ms: u64, metrics: Arc<Metrics>) -> Self {
+        MetaServer {
+            engine,
+            sessions: RwLock::new(HashMap::new()),
+            session_timeout_ms,
+            metrics,
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<Meta> {
+        &self.engine
+    }
+
+    /// Forget the in-memory views of sessions the engine no longer lists (closed or timed out).
+    pub fn drop_sessions(&self, closed: &[u64]) {
+        let mut s = self.sessions.write();
+        for sid in closed {
+            s.remove(sid);
+        }
+        self.metrics.sessions.set(s.len() as i64);
+    }
+
+    /// The caller's session view, or a status asking it to open (or resume) its session.
+    fn session(&self, md: &MetadataMap) -> Result<Arc<Meta>, Status> {
+        let sid = md
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let Some(sid) = sid else {
+            return Err(Status::failed_precondition(format!(
+                "the call names no session (metadata entry {SESSION_HEADER}): call OpenSession first"
+            )));
+        };
+        if let Some(m) = self.sessions.read().get(&sid) {
+            return Ok(m.clone());
+        }
+        let mut s = Status::failed_precondition(format!(
+            "this daemon holds no session {sid} (it restarted or the session timed out): open it again"
+        ));
+        s.metadata_mut()
+            .insert(RESUME_HEADER, "1".parse().expect("ascii"));
+        Err(s)
+    }
+
+    /// Run `f` on the blocking pool, timing it and turning its error into a status.
+    async fn blocking<T, F>(&self, op: &'static str, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
+    {
+        let start = Instant::now();
+        let res = tokio::task::spawn_blocking(f).await;
+        let res = match res {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("{op}: the engine call failed: {e}");
+                self.metrics.observe(op, "panic", start.elapsed());
+                return Err(Status::internal(format!("{op}: the engine call failed")));
+            }
+        };
+        match res {
+            Ok(v) => {
+                self.metrics.observe(op, "ok", start.elapsed());
+                Ok(v)
+            }
+            Err(e) => {
+                let errno = e.errno();
+                if !e.is_sys() && !matches!(e, Error::Invalid(_)) {
+                    tracing::error!("{op}: {e}");
+                }
+                self.metrics.observe(
+                    op,
+                    &strait_fs_core::error::errno_name(errno),
+                    start.elapsed(),
+                );
+                Err(to_status(&e))
+            }
+        }
+    }
+}
+
+/// One call: find the session, then run `$body` (with `$m` the session view and `$r` the
+/// request message) on the blocking pool, inside the call's span.
+macro_rules! rpc {
+    ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
+        let span = rpc_span($op, $req.metadata());
+        async {
+            let $m = $self.session($req.metadata())?;
+            let $r = $req.into_inner();
+            let out = $self.blocking($op, move || $body).await?;
+            Ok(Response::new(out))
+        }
+        .instrument(span)
+        .await
+    }};
+}
+
+#[tonic::async_trait]
+impl MetaService for MetaServer {
+    async fn open_session(
+        &self,
+        req: Request<w::OpenSessionRequest>,
+    ) -> Reply<w::OpenSessionReply> {
+        let span = rpc_span("open_session", req.metadata());
+        let peer = req
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "?".into());
+        let r = req.into_inner();
+        let engine = self.engine.clone();
+        let mut info: String = r.info.chars().take(SESSION_INFO_LEN_MAX).collect();
+        info.push_str(&format!(" (from {peer})"));
+        let wanted = r.resume_session;
+        let handles: Vec<(Ino, u32)> = r.open_inodes.iter().map(|o| (o.ino, o.handles)).collect();
+        let (sid, view, resumed) = self
+            .blocking("open_session", move || {
+                // a session the engine still lists is taken up again; any other is new
+                let listed = wanted != 0 && engine.sessions()?.iter().any(|s| s.0 == wanted);
+                let (sid, view) = if listed {
+                    let view = engine.session_view(wanted);
+                    view.heartbeat()?;
+                    (wanted, view)
+                } else {
+                    let view = engine.session_view(0);
+                    let sid = view.new_session(&info)?;
+                    (sid, view)
+                };
+                view.restore_open_handles(&handles);
+                Ok((sid, view, listed))
+            })
+            .instrument(span)
+            .await?;
+        {
+            let mut s = self.sessions.write();
+            s.insert(sid, view);
+            self.metrics.sessions.set(s.len() as i64);
+        }
+        if resumed {
+            tracing::info!("session {sid} resumed by {peer}");
+        } else {
+            tracing::info!("session {sid} opened by {peer}");
+        }
+        Ok(Response::new(w::OpenSessionReply {
+            session: sid,
+            format: Some(self.engine.settings().into()),
+            read_only: self.engine.is_read_only(),
+            session_timeout_ms: self.session_timeout_ms,
+            resumed,
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<w::HeartbeatRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "heartbeat", |m, _r| {
+            m.heartbeat()?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn close_session(&self, req: Request<w::Empty>) -> Reply<w::Empty> {
+        let out: Reply<w::Empty> = rpc!(self, req, "close_session", |m, _r| {
+            let sid = m.session_id();
+            m.close_session(sid)?;
+            Ok(w::Empty {})
+        });
+        if out.is_ok() {
+            // the engine forgot the session; forget its view too
+            let sids: Vec<u64> = {
+                let listed: HashSet<u64> = self
+                    .engine
+                    .sessions()
+                    .map(|v| v.into_iter().map(|s| s.0).collect())
+                    .unwrap_or_default();
+                self.sessions
+                    .read()
+                    .keys()
+                    .copied()
+                    .filter(|s| !listed.contains(s))
+                    .collect()
+            };
+            self.drop_sessions(&sids);
+        }
+        out
+    }
+
+    async fn lookup(&self, req: Request<w::LookupRequest>) -> Reply<w::EntryReply> {
+        rpc!(self, req, "lookup", |m, r| {
+            Ok(entry_reply(m.lookup(&ctx_of(r.ctx)?, r.parent, &r.name)?))
+        })
+    }
+
+    async fn get_attr(&self, req: Request<w::InodeRequest>) -> Reply<w::AttrReply> {
+        rpc!(self, req, "getattr", |m, r| Ok(attr_reply(
+            &m.getattr(r.ino)?
+        )))
+    }
+
+    async fn access(&self, req: Request<w::AccessRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "access", |m, r| {
+            m.access(&ctx_of(r.ctx)?, r.ino, r.mask)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn read_link(&self, req: Request<w::InodeRequest>) -> Reply<w::ReadLinkReply> {
+        rpc!(self, req, "readlink", |m, r| Ok(w::ReadLinkReply {
+            target: m.readlink(r.ino)?
+        }))
+    }
+
+    async fn read_dir(&self, req: Request<w::InodeRequest>) -> Reply<w::ReadDirReply> {
+        rpc!(self, req, "readdir", |m, r| {
+            let entries = m.readdir(&ctx_of(r.ctx)?, r.ino)?;
+            Ok(w::ReadDirReply {
+                entries: entries.iter().map(Into::into).collect(),
+            })
+        })
+    }
+
+    async fn stat_fs(&self, req: Request<w::Empty>) -> Reply<w::StatFsReply> {
+        rpc!(self, req, "statfs", |m, _r| Ok((&m.statfs()?).into()))
+    }
+
+    async fn set_attr(&self, req: Request<w::SetAttrRequest>) -> Reply<w::AttrReply> {
+        rpc!(self, req, "setattr", |m, r| {
+            let set = strait_proto::setattr_from_wire(&r).map_err(invalid)?;
+            Ok(attr_reply(&m.setattr(&ctx_of(r.ctx)?, r.ino, &set)?))
+        })
+    }
+
+    async fn mk_nod(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
+        rpc!(self, req, "mknod", |m, r| Ok(entry_reply(m.mknod(
+            &ctx_of(r.ctx)?,
+            r.parent,
+            &r.name,
+            r.mode,
+            r.umask,
+            r.rdev
+        )?)))
+    }
+
+    async fn mk_dir(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
+        rpc!(self, req, "mkdir", |m, r| Ok(entry_reply(m.mkdir(
+            &ctx_of(r.ctx)?,
+            r.parent,
+            &r.name,
+            r.mode,
+            r.umask
+        )?)))
+    }
+
+    async fn create(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
+        rpc!(self, req, "create", |m, r| Ok(entry_reply(m.create(
+            &ctx_of(r.ctx)?,
+            r.parent,
+            &r.name,
+            r.mode,
+            r.umask
+        )?)))
+    }
+
+    async fn symlink(&self, req: Request<w::SymlinkRequest>) -> Reply<w::EntryReply> {
+        rpc!(self, req, "symlink", |m, r| Ok(entry_reply(m.symlink(
+            &ctx_of(r.ctx)?,
+            r.parent,
+            &r.name,
+            &r.target
+        )?)))
+    }
+
+    async fn link(&self, req: Request<w::LinkRequest>) -> Reply<w::AttrReply> {
+        rpc!(self, req, "link", |m, r| Ok(attr_reply(&m.link(
+            &ctx_of(r.ctx)?,
+            r.ino,
+            r.new_parent,
+            &r.new_name
+        )?)))
+    }
+
+    async fn unlink(&self, req: Request<w::NameRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "unlink", |m, r| {
+            m.unlink(&ctx_of(r.ctx)?, r.parent, &r.name)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn rm_dir(&self, req: Request<w::NameRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "rmdir", |m, r| {
+            m.rmdir(&ctx_of(r.ctx)?, r.parent, &r.name)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn rename(&self, req: Request<w::RenameRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "rename", |m, r| {
+            let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+            if r.flags & !known != 0 {
+                return Err(Error::Invalid(format!(
+                    "unknown rename flags {:#x}",
+                    r.flags
+                )));
+            }
+            m.rename(
+                &ctx_of(r.ctx)?,
+                r.parent,
+                &r.name,
+                r.new_parent,
+                &r.new_name,
+                r.flags,
+            )?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn open(&self, req: Request<w::OpenRequest>) -> Reply<w::AttrReply> {
+        rpc!(self, req, "open", |m, r| Ok(attr_reply(&m.open_inode(
+            &ctx_of(r.ctx)?,
+            r.ino,
+            r.flags
+        )?)))
+    }
+
+    async fn release(&self, req: Request<w::InodeRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "release", |m, r| {
+            m.release(r.ino)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn read_chunk(&self, req: Request<w::ChunkRequest>) -> Reply<w::ReadChunkReply> {
+        rpc!(self, req, "read_chunk", |m, r| Ok(w::ReadChunkReply {
+            slices: strait_proto::slices_to_wire(&m.read_chunk(r.ino, r.index)?)
+        }))
+    }
+
+    async fn write_slice(&self, req: Request<w::WriteSliceRequest>) -> Reply<w::AttrReply> {
+        rpc!(self, req, "write_slice", |m, r| {
+            let slice = r
+                .slice
+                .ok_or_else(|| Error::Invalid("the request names no slice".into()))?
+                .try_into()
+                .map_err(invalid)?;
+            Ok(attr_reply(
+                &m.write_slice(r.ino, r.index, slice, r.mtime_ns)?,
+            ))
+        })
+    }
+
+    async fn compact_chunk(
+        &self,
+        req: Request<w::CompactChunkRequest>,
+    ) -> Reply<w::CompactChunkReply> {
+        rpc!(self, req, "compact_chunk", |m, r| {
+            let old = strait_proto::slices_from_wire(r.old).map_err(invalid)?;
+            let new = strait_proto::slices_from_wire(r.new).map_err(invalid)?;
+            Ok(w::CompactChunkReply {
+                done: m.compact_chunk(r.ino, r.index, &old, new)?,
+            })
+        })
+    }
+
+    async fn alloc_slice_ids(&self, req: Request<w::AllocRequest>) -> Reply<w::AllocReply> {
+        rpc!(self, req, "alloc_slice_ids", |m, r| {
+            if r.count == 0 || r.count > ALLOC_SLICE_IDS_MAX {
+                return Err(Error::Invalid(format!(
+                    "asked for {} slice ids; ask for 1 to {ALLOC_SLICE_IDS_MAX}",
+                    r.count
+                )));
+            }
+            Ok(w::AllocReply {
+                first: m.alloc_slice_ids(r.count)?,
+                count: r.count,
+            })
+        })
+    }
+
+    async fn get_xattr(&self, req: Request<w::XattrRequest>) -> Reply<w::XattrValueReply> {
+        rpc!(self, req, "getxattr", |m, r| Ok(w::XattrValueReply {
+            value: m.getxattr(&ctx_of(r.ctx)?, r.ino, &r.name)?
+        }))
+    }
+
+    async fn list_xattr(&self, req: Request<w::InodeRequest>) -> Reply<w::ListXattrReply> {
+        rpc!(self, req, "listxattr", |m, r| Ok(w::ListXattrReply {
+            names: m.listxattr(&ctx_of(r.ctx)?, r.ino)?
+        }))
+    }
+
+    async fn set_xattr(&self, req: Request<w::SetXattrRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "setxattr", |m, r| {
+            m.setxattr(&ctx_of(r.ctx)?, r.ino, &r.name, &r.value, r.flags)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn remove_xattr(&self, req: Request<w::XattrRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "removexattr", |m, r| {
+            m.removexattr(&ctx_of(r.ctx)?, r.ino, &r.name)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn flock(&self, req: Request<w::FlockRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "flock", |m, r| {
+            let typ = strait_proto::lock_type_from_wire(r.typ).map_err(invalid)?;
+            m.getattr(r.ino)?;
+            m.flock(r.ino, r.owner, typ)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn get_lk(&self, req: Request<w::LockRequest>) -> Reply<w::GetLkReply> {
+        rpc!(self, req, "getlk", |m, r| {
+            let typ = strait_proto::lock_type_from_wire(r.typ).map_err(invalid)?;
+            if r.start > r.end {
+                return Err(Error::Sys(libc::EINVAL));
+            }
+            let conflict = m.getlk(r.ino, r.owner, typ, r.start, r.end)?;
+            Ok(w::GetLkReply {
+                conflict: conflict.as_ref().map(Into::into),
+            })
+        })
+    }
+
+    async fn set_lk(&self, req: Request<w::LockRequest>) -> Reply<w::Empty> {
+        rpc!(self, req, "setlk", |m, r| {
+            let typ = strait_proto::lock_type_from_wire(r.typ).map_err(invalid)?;
+            if typ != strait_fs_core::meta::LockType::Unlock {
+                // a lock on an inode that does not exist would never be cleaned up
+                m.getattr(r.ino)?;
+            }
+            m.setlk(r.ino, r.owner, r.pid, typ, r.start, r.end)?;
+            Ok(w::Empty {})
+        })
+    }
+
+    async fn sync(&self, req: Request<w::Empty>) -> Reply<w::Empty> {
+        rpc!(self, req, "sync", |m, _r| {
+            m.kv().sync()?;
+            Ok(w::Empty {})
+        })
+    }
+}

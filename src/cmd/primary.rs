@@ -1,0 +1,124 @@
+//! `strait primary`: the primary site daemon. Settings come from a TOML file (`--config`),
+//! then `STRAIT_*` variables, then flags, each overriding the one before.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use strait_primary::PrimaryConfig;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// TOML configuration file (every field optional; see --example-config).
+    #[arg(long, env = "STRAIT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print a configuration file documenting every field with its default, and exit.
+    #[arg(long)]
+    pub example_config: bool,
+    /// Address of the metadata service (gRPC).
+    #[arg(long, env = "STRAIT_LISTEN")]
+    pub listen: Option<String>,
+    /// Metadata engine: rocksdb:///path or redis://host:port/db.
+    #[arg(long, env = "STRAIT_META_URL")]
+    pub meta_url: Option<String>,
+    /// Token every client must send.
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File whose first line is the token.
+    #[arg(long, env = "STRAIT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM).
+    #[arg(long, env = "STRAIT_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, env = "STRAIT_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mutual TLS).
+    #[arg(long, env = "STRAIT_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Address of /metrics and /health ("" disables).
+    #[arg(long, env = "STRAIT_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Close a mount's session after this long without a heartbeat.
+    #[arg(long, env = "STRAIT_SESSION_TIMEOUT_MS")]
+    pub session_timeout_ms: Option<u64>,
+    /// Seconds between deletions of dead slices' blocks (0 disables).
+    #[arg(long, env = "STRAIT_GC_INTERVAL_S")]
+    pub gc_interval_s: Option<u64>,
+    /// Answer EROFS to every mutation.
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+impl Args {
+    fn file_config(&self) -> Result<PrimaryConfig> {
+        match &self.config {
+            Some(path) => PrimaryConfig::load(path),
+            None => Ok(PrimaryConfig::default()),
+        }
+    }
+
+    /// The OTLP endpoint: the global flag or variable, else the configuration file's.
+    pub fn otlp_endpoint(&self, global: Option<&str>) -> Option<String> {
+        match global {
+            Some(e) => Some(e.to_string()),
+            None => self
+                .file_config()
+                .ok()
+                .map(|c| c.otlp_endpoint)
+                .filter(|e| !e.is_empty()),
+        }
+    }
+
+    /// The settings: the file's, with every flag or variable given laid over them.
+    pub fn resolve(&self) -> Result<PrimaryConfig> {
+        let mut c = self.file_config()?;
+        if let Some(v) = &self.listen {
+            c.listen = v.clone();
+        }
+        if let Some(v) = &self.meta_url {
+            c.meta_url = v.clone();
+        }
+        if let Some(v) = &self.token {
+            c.token = v.clone();
+        }
+        if let Some(v) = &self.token_file {
+            c.token_file = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_cert {
+            c.tls_cert_file = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_key {
+            c.tls_key_file = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_client_ca {
+            c.tls_client_ca_file = Some(v.clone());
+        }
+        if let Some(v) = &self.metrics_listen {
+            c.metrics_listen = v.clone();
+        }
+        if let Some(v) = self.session_timeout_ms {
+            c.session_timeout_ms = v;
+        }
+        if let Some(v) = self.gc_interval_s {
+            c.gc_interval_s = v;
+        }
+        if self.read_only {
+            c.read_only = true;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.example_config {
+        print!("{}", PrimaryConfig::example_toml());
+        return Ok(());
+    }
+    let cfg = a.resolve()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("strait-primary")
+        .enable_all()
+        .build()?;
+    rt.block_on(strait_primary::daemon::run(cfg))
+}

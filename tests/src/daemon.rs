@@ -1,0 +1,176 @@
+//! A `strait primary` daemon run by a test: free ports, a random token, a log that survives
+//! restarts, and helpers to mount it, kill it and read its metrics.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::mount::Mount;
+use crate::{free_port, strait_bin};
+
+pub struct Primary {
+    /// host:port of the metadata service
+    pub addr: String,
+    /// host:port of /metrics and /health
+    pub metrics_addr: String,
+    pub token: String,
+    pub log: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+    starts: usize,
+    _dir: tempfile::TempDir,
+}
+
+impl Primary {
+    /// Start a daemon serving the formatted engine `meta_url`; `extra` are more flags.
+    pub fn start(meta_url: &str, env: &[(String, String)], extra: &[&str]) -> Primary {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let token = format!("test-token-{:016x}", rand::random::<u64>());
+        let mut args: Vec<String> = vec![
+            "primary".into(),
+            "--meta-url".into(),
+            meta_url.into(),
+            "--listen".into(),
+            addr.clone(),
+            "--metrics-listen".into(),
+            metrics_addr.clone(),
+            "--token".into(),
+            token.clone(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut p = Primary {
+            addr,
+            metrics_addr,
+            token,
+            log: dir.path().join("primary.log"),
+            args,
+            env: env.to_vec(),
+            child: None,
+            starts: 0,
+            _dir: dir,
+        };
+        p.spawn();
+        p
+    }
+
+    pub fn url(&self) -> String {
+        format!("strait://{}", self.addr)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("primary log");
+        let child = Command::new(strait_bin())
+            .args(&self.args)
+            .envs(self.env.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().expect("log"))
+            .stderr(logf)
+            .spawn()
+            .expect("spawn strait primary");
+        self.child = Some(child);
+        self.starts += 1;
+        let start = Instant::now();
+        while self.log_text().matches("strait primary: serving").count() < self.starts {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("strait primary exited ({status}): {}", self.log_text());
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "strait primary did not start within 30 s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL the daemon.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start the daemon again with the same settings (after [`Primary::kill`]).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGTERM the daemon and wait for it; returns whether it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        c.wait().map(|s| s.success()).unwrap_or(false)
+    }
+
+    /// Whether the daemon process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Mount the daemon's file system with its token.
+    pub fn mount(&self, extra: &[&str]) -> Mount {
+        let mut args: Vec<&str> = vec!["--token", &self.token];
+        args.extend_from_slice(extra);
+        Mount::start_at(&self.url(), &[], &args)
+    }
+
+    /// GET `path` from the metrics endpoint: (status code, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        let mut s = std::net::TcpStream::connect(&self.metrics_addr).expect("connect metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics_addr
+        )
+        .expect("send");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let code = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|b| b.1)
+            .unwrap_or("")
+            .to_string();
+        (code, body)
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
