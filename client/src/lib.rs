@@ -121,12 +121,27 @@ fn inject_trace_context(md: &mut MetadataMap) {
 }
 
 type Client = MetaServiceClient<InterceptedService<Channel, Stamp>>;
+/// A thread's runtime and connection for one client.
+type Connection = (std::rc::Rc<tokio::runtime::Runtime>, Client);
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Each calling thread (a FUSE worker) has its own single-threaded runtime and HTTP/2
+    /// connection per client: a call then runs start to finish on the caller's thread, with
+    /// no hand-off to runtime workers (each hand-off is a thread wake-up, which on a small
+    /// machine costs more than the call itself).
+    static CONNECTIONS: std::cell::RefCell<HashMap<u64, Connection>> =
+        std::cell::RefCell::new(HashMap::new());
+}
 
 /// [`MetaClient`] over a site daemon's gRPC service.
 pub struct RemoteMeta {
+    /// Key of this client's connections in each thread's `CONNECTIONS`.
+    id: u64,
     target: String,
-    client: Client,
-    rt: tokio::runtime::Runtime,
+    endpoint: Endpoint,
+    stamp: Stamp,
     opts: ConnectOptions,
     session: Arc<AtomicU64>,
     info: Mutex<String>,
@@ -245,9 +260,7 @@ impl RemoteMeta {
             .connect_timeout(Duration::from_secs(5))
             .timeout(opts.rpc_timeout)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true);
+            .tcp_keepalive(Some(Duration::from_secs(30)));
         if let Some(tls) = &opts.tls {
             let mut cfg = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&tls.ca_pem))
@@ -259,17 +272,6 @@ impl RemoteMeta {
                 .tls_config(cfg)
                 .map_err(|e| Error::Invalid(format!("TLS settings for {url}: {e}")))?;
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("strait-rpc")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io("start the RPC runtime", e))?;
-        // connect_lazy needs a runtime in scope for its background connection task
-        let channel = {
-            let _guard = rt.enter();
-            ep.connect_lazy()
-        };
         let auth = format!("Bearer {}", opts.token).parse().map_err(|_| {
             Error::Invalid("the token holds characters not allowed in a header".into())
         })?;
@@ -278,12 +280,11 @@ impl RemoteMeta {
             auth,
             session: session.clone(),
         };
-        let client =
-            MetaServiceClient::with_interceptor(channel, stamp).max_decoding_message_size(64 << 20);
         Ok(Arc::new(RemoteMeta {
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             target: url.to_string(),
-            client,
-            rt,
+            endpoint: ep,
+            stamp,
             opts,
             session,
             info: Mutex::new(String::new()),
@@ -312,9 +313,12 @@ impl RemoteMeta {
         let mut resumes = 0;
         let mut warned = false;
         loop {
-            let res = self
-                .rt
-                .block_on(f(self.client.clone()).instrument(span.clone()));
+            let (rt, client) = self.connection()?;
+            // the connection's tasks only run inside block_on: let them first take in what
+            // arrived while this thread was idle (a closed connection is then known closed,
+            // and the call goes to a new one instead of failing on the dead one)
+            rt.block_on(tokio::task::yield_now());
+            let res = rt.block_on(f(client).instrument(span.clone()));
             let s = match res {
                 Ok(r) => {
                     if warned {
@@ -366,6 +370,30 @@ impl RemoteMeta {
                 }
             }
         }
+    }
+
+    /// This thread's runtime and connection to the daemon (made on first use).
+    fn connection(&self) -> Result<Connection> {
+        CONNECTIONS.with(|c| {
+            let mut c = c.borrow_mut();
+            if let Some((rt, client)) = c.get(&self.id) {
+                return Ok((rt.clone(), client.clone()));
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::io("start the RPC runtime", e))?;
+            // the channel's background tasks run on this runtime, driven by block_on
+            let channel = {
+                let _guard = rt.enter();
+                self.endpoint.connect_lazy()
+            };
+            let client = MetaServiceClient::with_interceptor(channel, self.stamp.clone())
+                .max_decoding_message_size(64 << 20);
+            let rt = std::rc::Rc::new(rt);
+            c.insert(self.id, (rt.clone(), client.clone()));
+            Ok((rt, client))
+        })
     }
 
     /// Open the session again after the daemon lost it (restart or timeout).

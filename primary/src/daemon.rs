@@ -16,6 +16,8 @@ use crate::service::{Auth, MetaServer};
 
 /// Largest request or reply message (a directory listing of a huge directory is the biggest).
 pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
+/// How long calls in flight may take to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Most calls served at once on one connection.
 const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
@@ -49,9 +51,10 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let addr = listener.local_addr().context("the listening address")?;
 
+    // TCP keepalive finds dead peers; HTTP/2 pings would close the idle connections of
+    // mounts, whose connection tasks run only while a call is made
     let mut builder = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
         .max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX))
         .tcp_nodelay(true);
     let tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
@@ -138,11 +141,17 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
 
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let s2 = stop.clone();
-    builder
+    let serve = builder
         .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await })
-        .await
-        .context("serve the metadata service")?;
+        .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await });
+    // after the stop signal, calls in flight get SHUTDOWN_GRACE to finish; idle mounts do not
+    // answer the GOAWAY until their next call, so the server is not waited for beyond that
+    tokio::select! {
+        r = serve => r.context("serve the metadata service")?,
+        _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::info!("closing the connections still open after {SHUTDOWN_GRACE:?}");
+        }
+    }
     stop.cancel();
     let e = engine.clone();
     tokio::task::spawn_blocking(move || e.kv().sync())

@@ -43,6 +43,9 @@ pub struct StraitFs {
     opts: FuseOptions,
     /// Set once the session exists: tells the kernel to drop attributes another mount changed.
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// Inodes on which this mount ever asked for a POSIX lock: only their closes need to
+    /// release locks at the metadata service (one call saved on every other close).
+    locked: parking_lot::Mutex<std::collections::HashSet<u64>>,
 }
 
 fn kind(k: FileKind) -> FileType {
@@ -140,6 +143,7 @@ impl StraitFs {
             vfs,
             opts,
             notifier: Arc::new(std::sync::OnceLock::new()),
+            locked: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -431,10 +435,12 @@ impl Filesystem for StraitFs {
     ) {
         // close(2) releases the POSIX locks the closing process holds on the file
         let res = self.vfs.flush_inode(ino.0);
-        tri!(
-            reply,
-            self.vfs.meta().release_posix_locks(ino.0, lock_owner.0)
-        );
+        if self.locked.lock().contains(&ino.0) {
+            tri!(
+                reply,
+                self.vfs.meta().release_posix_locks(ino.0, lock_owner.0)
+            );
+        }
         tri!(reply, res);
         reply.ok();
     }
@@ -675,6 +681,9 @@ impl Filesystem for StraitFs {
             reply.error(Errno::from_i32(libc::EINVAL));
             return;
         };
+        if t != LockType::Unlock {
+            self.locked.lock().insert(ino.0);
+        }
         let meta = self.vfs.meta();
         let mut wait = Duration::from_millis(1);
         loop {
