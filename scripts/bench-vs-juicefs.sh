@@ -9,6 +9,9 @@
 # it); runs `strait bench` with the same parameters on the three mount points, and
 # `juicefs bench` on the JuiceFS mount for reference; prints the tables and a ratio table
 # against JuiceFS (every figure is a throughput, so a ratio above 1 means strait is faster).
+# The three run in turn, ROUNDS times (JuiceFS, in-process, daemon, JuiceFS, ...), so a
+# burst of noise on a shared machine hits all three alike; the ratio table takes each
+# system's median over the rounds.
 # Cleans up on exit. For the metadata part only: BENCH_ARGS="--only meta --meta-files 5000 --threads 4".
 #
 # Environment:
@@ -16,6 +19,7 @@
 #   STRAIT       strait binary (default: a release build, made here if missing or stale)
 #   BENCH_DIR    scratch directory (default: a new one under /tmp)
 #   KEEP_RESULTS directory to copy the result tables into (optional)
+#   ROUNDS       rounds of the three benchmarks (default 3; the table shows medians)
 #   JFS_BENCH=0  skip `juicefs bench`
 set -euo pipefail
 
@@ -119,12 +123,19 @@ done
 "$STRAIT" mount -d "strait://127.0.0.1:$DAEMON_PORT" "$DAEMON_MNT" \
     --cache-dir "$WORK/daemon-cache" --log-file "$WORK/daemon-mount.log"
 
-echo "==> strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first)"
-"$STRAIT" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label juicefs-redis-file | tee "$WORK/juicefs.txt"
-echo
-"$STRAIT" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label strait-rocksdb-file | tee "$WORK/strait.txt"
-echo
-"$STRAIT" bench "$DAEMON_MNT" "${BENCH_ARGV[@]}" --label strait-daemon-rocksdb-file | tee "$WORK/daemon.txt"
+ROUNDS=${ROUNDS:-3}
+for r in $(seq 1 "$ROUNDS"); do
+    echo "==> round $r of $ROUNDS: strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first)"
+    "$STRAIT" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label "juicefs-redis-file (round $r)" |
+        tee "$WORK/juicefs.$r.txt"
+    echo
+    "$STRAIT" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label "strait-rocksdb-file (round $r)" |
+        tee "$WORK/strait.$r.txt"
+    echo
+    "$STRAIT" bench "$DAEMON_MNT" "${BENCH_ARGV[@]}" \
+        --label "strait-daemon-rocksdb-file (round $r)" | tee "$WORK/daemon.$r.txt"
+    echo
+done
 
 echo
 if [[ "${JFS_BENCH:-1}" == 1 ]]; then
@@ -141,15 +152,27 @@ rows() {
         }
         /^ITEM / { seen = 1 }' "$1"
 }
-rows "$WORK/juicefs.txt" >"$WORK/juicefs.tsv"
-rows "$WORK/strait.txt" >"$WORK/strait.tsv"
-rows "$WORK/daemon.txt" >"$WORK/daemon.tsv"
-
+# the median of each item over the rounds: name<TAB>median<TAB>unit
+medians() {
+    for f in "$WORK/$1".*.txt; do rows "$f"; done |
+        awk -F'\t' '{ v[$1] = v[$1] " " $2; unit[$1] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+            END {
+                for (i = 1; i <= n; i++) {
+                    k = order[i]; m = split(substr(v[k], 2), a, " ")
+                    for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (a[y] + 0 < a[x] + 0) { t = a[x]; a[x] = a[y]; a[y] = t }
+                    med = (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+                    print k "\t" med "\t" unit[k]
+                }
+            }'
+}
+medians juicefs >"$WORK/juicefs.tsv"
+medians strait >"$WORK/strait.tsv"
+medians daemon >"$WORK/daemon.tsv"
 echo
-echo "==> strait / JuiceFS (higher is better for strait)"
+echo "==> strait / JuiceFS, medians of $ROUNDS rounds (higher is better for strait)"
 awk -F'\t' '
     BEGIN {
-        n = split("create|stat|rename|unlink|write small files|read small files|write big file|read big file", order, "|")
+        n = split("create|stat|stat (cold cache)|rename|unlink|write small files|read small files|write big file|read big file", order, "|")
         printf "%-20s %13s %13s %13s %-8s %9s %9s\n", "ITEM", "in-process", "daemon", "JuiceFS", "UNIT", "IN-PROC/J", "DAEMON/J"
     }
     FILENAME ~ /juicefs/ { jfs[$1] = $2; unit[$1] = $3; next }

@@ -11,13 +11,19 @@
 //! - **Sessions**: after a daemon restart the daemon asks the client to resume its session
 //!   ([`strait_proto::RESUME_HEADER`]); the client sends its open handle counts back so
 //!   unlinked-but-open files stay alive, then retries the call.
+//! - **Closes** are sent in the background: `release` returns at once and a releaser thread
+//!   sends the closed handles in batches (a create then costs the kernel's lookup and the
+//!   create, not a third round trip). The daemon keeps an unlinked file until the batch naming
+//!   its last handle arrives, a few milliseconds later. The handle counts sent on a resumption
+//!   include the closes not yet sent, so a close is never applied twice.
 //! - **Tracing**: each call is a span, and its OpenTelemetry context travels in the
 //!   `traceparent` metadata entry, so the daemon's span joins the mount's trace.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -38,6 +44,11 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Resumptions of the session tried for one call before giving up.
 const RESUME_ATTEMPTS_MAX: u32 = 3;
+/// Closed handles waiting for the releaser; when the queue is full, closes are sent inline.
+const RELEASE_QUEUE: usize = 4096;
+/// How long the releaser gathers closes into one call: a few closes per call instead of one
+/// call per close, for a delay far below what anyone waiting on a deletion would notice.
+const RELEASE_GATHER: Duration = Duration::from_millis(2);
 
 /// Whether `url` names a site daemon rather than an engine to open in this process.
 pub fn is_daemon_url(url: &str) -> bool {
@@ -148,8 +159,12 @@ pub struct RemoteMeta {
     format: OnceLock<Format>,
     read_only: AtomicU64,
     session_timeout_ms: AtomicU64,
-    /// Handles this mount holds open, per inode: sent back when the session is resumed.
+    /// Handles this mount holds open per inode, as the daemon counts them (closes still
+    /// queued for the releaser included): sent back when the session is resumed.
     open: Mutex<HashMap<Ino, u32>>,
+    /// The releaser's queue and thread, from the session's opening to its close.
+    releaser: Mutex<Option<(SyncSender<Ino>, std::thread::JoinHandle<()>)>>,
+    me: Weak<RemoteMeta>,
     /// Slice ids taken from the daemon and not used yet: `[next, end)`.
     slice_ids: Mutex<(u64, u64)>,
 }
@@ -280,7 +295,9 @@ impl RemoteMeta {
             auth,
             session: session.clone(),
         };
-        Ok(Arc::new(RemoteMeta {
+        Ok(Arc::new_cyclic(|me| RemoteMeta {
+            me: me.clone(),
+            releaser: Mutex::new(None),
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             target: url.to_string(),
             endpoint: ep,
@@ -431,6 +448,73 @@ impl RemoteMeta {
     fn counted_open(&self, ino: Ino) {
         *self.open.lock().entry(ino).or_insert(0) += 1;
     }
+
+    /// Send closed handles to the daemon, then stop counting them.
+    fn send_releases(&self, inos: Vec<Ino>) -> Result<()> {
+        let req = w::ReleaseRequest { inos };
+        let res = self.call("release", false, |mut c| {
+            let req = req.clone();
+            async move { c.release(req).await }
+        });
+        // Counted off even when the call failed: a close that broke in flight may have been
+        // applied, and the daemon drops whatever is left with the session.
+        let mut open = self.open.lock();
+        for ino in &req.inos {
+            if let Some(n) = open.get_mut(ino) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(ino);
+                }
+            }
+        }
+        res.map(|_| ())
+    }
+
+    fn start_releaser(&self) -> Result<()> {
+        let mut r = self.releaser.lock();
+        if r.is_some() {
+            return Ok(());
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(RELEASE_QUEUE);
+        let me = self.me.clone();
+        let handle = std::thread::Builder::new()
+            .name("strait-releaser".into())
+            .spawn(move || releaser(me, rx))
+            .map_err(|e| Error::io("start the releaser thread", e))?;
+        *r = Some((tx, handle));
+        Ok(())
+    }
+
+    /// Send every queued close and stop the releaser.
+    fn stop_releaser(&self) {
+        let r = self.releaser.lock().take();
+        if let Some((tx, handle)) = r {
+            drop(tx);
+            if handle.join().is_err() {
+                tracing::error!("the releaser thread panicked");
+            }
+        }
+    }
+}
+
+/// The releaser thread: sends queued closes in batches until the queue's sender is dropped.
+/// A batch gathers the closes of [`RELEASE_GATHER`] after its first one.
+fn releaser(me: Weak<RemoteMeta>, rx: Receiver<Ino>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        let deadline = Instant::now() + RELEASE_GATHER;
+        while batch.len() < strait_proto::RELEASE_BATCH_MAX {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(ino) => batch.push(ino),
+                Err(_) => break,
+            }
+        }
+        let Some(me) = me.upgrade() else { return };
+        if let Err(e) = me.send_releases(batch) {
+            tracing::warn!("closing handles at the site daemon: {e}");
+        }
+    }
 }
 
 fn ctx(c: &Ctx) -> Option<w::Ctx> {
@@ -486,6 +570,7 @@ impl MetaClient for RemoteMeta {
         self.session_timeout_ms
             .store(r.session_timeout_ms, Ordering::Relaxed);
         self.session.store(r.session, Ordering::Relaxed);
+        self.start_releaser()?;
         Ok(r.session)
     }
 
@@ -506,6 +591,7 @@ impl MetaClient for RemoteMeta {
     }
 
     fn close_session(&self) -> Result<()> {
+        self.stop_releaser();
         self.call("close session", false, |mut c| async move {
             c.close_session(w::Empty {}).await
         })?;
@@ -740,19 +826,18 @@ impl MetaClient for RemoteMeta {
     }
 
     fn release(&self, ino: Ino) -> Result<()> {
-        {
-            let mut open = self.open.lock();
-            if let Some(n) = open.get_mut(&ino) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&ino);
-                }
-            }
+        let queued = match &*self.releaser.lock() {
+            Some((tx, _)) => match tx.try_send(ino) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
+            },
+            None => false,
+        };
+        if queued {
+            Ok(())
+        } else {
+            self.send_releases(vec![ino])
         }
-        self.call("release", false, |mut c| async move {
-            c.release(w::InodeRequest { ctx: None, ino }).await
-        })?;
-        Ok(())
     }
 
     fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {

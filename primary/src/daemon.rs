@@ -135,8 +135,9 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             .unwrap_or_default()
     );
     tracing::info!(
-        "serving {} on {addr} ({tls}); sessions time out after {timeout:?}",
-        format.name
+        "serving {} on {addr} ({tls}) with {} serving threads; sessions time out after {timeout:?}",
+        format.name,
+        cfg.resolved_serve_threads()
     );
 
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -478,10 +478,23 @@ impl MetaService for MetaServer {
         )?)))
     }
 
-    async fn release(&self, req: Request<w::InodeRequest>) -> Reply<w::Empty> {
+    async fn release(&self, req: Request<w::ReleaseRequest>) -> Reply<w::Empty> {
         rpc!(self, req, "release", |m, r| {
-            m.release(r.ino)?;
-            Ok(w::Empty {})
+            if r.inos.len() > strait_proto::RELEASE_BATCH_MAX {
+                return Err(Error::Invalid(format!(
+                    "the request names {} handles; at most {} are allowed",
+                    r.inos.len(),
+                    strait_proto::RELEASE_BATCH_MAX
+                )));
+            }
+            // every handle is released even when deleting one unlinked file fails
+            let mut first_err = None;
+            for ino in r.inos {
+                if let Err(e) = m.release(ino) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(w::Empty {}), Err)
         })
     }
 

@@ -86,6 +86,9 @@ impl From<&d::Ctx> for w::Ctx {
     }
 }
 
+/// Most handles one Release call may name.
+pub const RELEASE_BATCH_MAX: usize = 4096;
+
 /// Most supplementary groups a caller may claim (Linux's NGROUPS_MAX).
 pub const GROUPS_MAX: usize = 65536;
 

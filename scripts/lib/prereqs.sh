@@ -10,7 +10,13 @@
 #   install_prerequisites        all of the above for scripts/test.sh
 
 export DEBIAN_FRONTEND=noninteractive
-export PATH=$HOME/.cargo/bin:/usr/local/bin:$PATH
+# Prepend cargo's and /usr/local's bin directories unless PATH has them: PATH is part of
+# what cc-based build scripts (RocksDB's) depend on, so a PATH that changes between runs
+# rebuilds RocksDB (~15 minutes) each time.
+for _d in /usr/local/bin "$HOME/.cargo/bin"; do
+    case ":$PATH:" in *":$_d:"*) ;; *) PATH=$_d:$PATH ;; esac
+done
+export PATH
 
 JUICEFS_VERSION=1.4.2
 GARAGE_VERSION=2.5.0

@@ -47,6 +47,9 @@ pub struct Args {
     /// Answer EROFS to every mutation.
     #[arg(long)]
     pub read_only: bool,
+    /// Threads serving calls (0: half the cores, at least 1).
+    #[arg(long, env = "STRAIT_SERVE_THREADS")]
+    pub serve_threads: Option<usize>,
 }
 
 impl Args {
@@ -105,6 +108,9 @@ impl Args {
         if self.read_only {
             c.read_only = true;
         }
+        if let Some(v) = self.serve_threads {
+            c.serve_threads = v;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -117,6 +123,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = a.resolve()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.resolved_serve_threads())
         .thread_name("strait-primary")
         .enable_all()
         .build()?;

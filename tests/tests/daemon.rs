@@ -143,6 +143,51 @@ fn two_mounts_share_one_file_system_with_close_to_open_and_no_lost_update() {
 }
 
 #[test]
+fn an_unlinked_file_lives_until_its_last_close_at_any_mount() {
+    if !strait_tests::require_fuse() {
+        return;
+    }
+    let fs = TestFs::rocks_local(&["--block-size", "1M", "--gc-delay", "0"]);
+    let daemon = Primary::start(&fs.meta_url, &[], &["--gc-interval-s", "1"]);
+    let a = daemon.mount(&[]);
+    let b = daemon.mount(&[]);
+    let baseline = count_files(&fs.data_dir());
+    let data = content(11, (3 << 20) + 12345);
+    std::fs::write(a.path("shared"), &data).unwrap();
+    // many short-lived handles at both mounts (their closes travel in batches), then one
+    // handle kept open at B
+    for _ in 0..50 {
+        drop(std::fs::File::open(a.path("shared")).unwrap());
+        drop(std::fs::File::open(b.path("shared")).unwrap());
+    }
+    let mut held = std::fs::File::open(b.path("shared")).unwrap();
+    std::fs::remove_file(a.path("shared")).unwrap();
+    assert!(!a.path("shared").exists());
+    // A's closes have all reached the daemon by now, and B's last handle keeps the file
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        count_files(&fs.data_dir()) > baseline,
+        "a file open at B lost its blocks when A unlinked it"
+    );
+    let mut got = Vec::new();
+    held.read_to_end(&mut got).unwrap();
+    assert_eq!(sha(&got), sha(&data), "B reads the unlinked file whole");
+    // the last close, at B, deletes it
+    drop(held);
+    let start = Instant::now();
+    while count_files(&fs.data_dir()) > baseline {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the unlinked file's blocks outlived its last close: {}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.unmount();
+    b.unmount();
+}
+
+#[test]
 fn a_killed_mount_frees_its_locks_and_unlinked_files_after_the_session_timeout() {
     if !strait_tests::require_fuse() {
         return;

@@ -271,6 +271,28 @@ fn malformed_and_hostile_calls_get_clear_errors_and_change_nothing() {
             .unwrap_err();
         assert_eq!(errno(&s), Some(libc::EPERM), "{s:?}");
 
+        // closes of handles the session never opened are ignored; an oversized batch is refused
+        c.release(req(
+            w::ReleaseRequest {
+                inos: vec![f, 0, u64::MAX, f],
+            },
+            Some(&token),
+            sid,
+        ))
+        .await
+        .unwrap();
+        let s = c
+            .release(req(
+                w::ReleaseRequest {
+                    inos: vec![f; strait_proto::RELEASE_BATCH_MAX + 1],
+                },
+                Some(&token),
+                sid,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+
         // nothing above changed the file system (beyond the one create)
         let after = c
             .stat_fs(req(w::Empty {}, Some(&token), sid))
