@@ -30,6 +30,8 @@ enum Command {
     Mount(cmd::mount::Args),
     /// Run the primary site daemon: serve the metadata of a file system to the region's mounts.
     Primary(cmd::primary::Args),
+    /// Run a replicator node (Raft over the change log), or manage the replicator cluster.
+    Replicator(cmd::replicator::Args),
     /// Unmount a strait mount and wait for its process to finish.
     Umount(cmd::mount::UmountArgs),
     /// Show a file system's settings, usage, sessions and change-log position.
@@ -51,6 +53,7 @@ fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let service = match &cli.command {
         Command::Primary(_) => "strait-primary",
+        Command::Replicator(_) => "strait-replicator",
         Command::Mount(_) => "strait-mount",
         _ => "strait",
     };
@@ -71,6 +74,7 @@ fn main() {
         Command::Mount(a) => cmd::mount::run(a),
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Primary(a) => cmd::primary::run(a),
+        Command::Replicator(a) => cmd::replicator::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),

@@ -7,6 +7,7 @@ pub mod fsck;
 pub mod gc;
 pub mod mount;
 pub mod primary;
+pub mod replicator;
 pub mod status;
 
 use anyhow::{bail, Context, Result};

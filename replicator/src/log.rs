@@ -1,0 +1,438 @@
+//! The rules of the change log, apart from storage and Raft: what a command does to the log's
+//! state, decided from that state and the command alone, so every node decides the same.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Most records in one append.
+pub const APPEND_RECORDS_MAX: usize = 65_536;
+/// Most bytes of records in one append.
+pub const APPEND_BYTES_MAX: usize = 64 << 20;
+/// Longest mirror name.
+pub const MIRROR_NAME_MAX: usize = 256;
+
+/// A change to the replicated state, proposed through Raft.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Records `first_version ..` from the primary of `epoch`.
+    Append {
+        epoch: u64,
+        first_version: u64,
+        records: Vec<Vec<u8>>,
+    },
+    /// Fence every writer of an older epoch (a promotion).
+    BumpEpoch { epoch: u64 },
+    /// The primary's clock and latest version, so mirrors tell "caught up" from "cut off".
+    Heartbeat {
+        epoch: u64,
+        primary_clock_ms: u64,
+        latest_version: u64,
+    },
+    /// A mirror has applied everything up to `applied_version`.
+    Ack {
+        mirror: String,
+        applied_version: u64,
+    },
+}
+
+/// Why an append (or a heartbeat, or an epoch change) was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum AppendError {
+    #[error("gap: the log ends at version {last}, the batch starts at {first}")]
+    Gap { last: u64, first: u64 },
+    #[error("overlap: version {version} is already in the log with different contents")]
+    Overlap { version: u64 },
+    #[error("stale epoch {got}: the current epoch is {current}")]
+    StaleEpoch { current: u64, got: u64 },
+    #[error("epoch {got} was never started (the current epoch is {current}): bump it first")]
+    FutureEpoch { current: u64, got: u64 },
+    #[error("malformed: {0}")]
+    Malformed(String),
+}
+
+impl AppendError {
+    /// The short name clients see in the `x-strait-append` metadata entry.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AppendError::Gap { .. } => "gap",
+            AppendError::Overlap { .. } => "overlap",
+            AppendError::StaleEpoch { .. } => "stale-epoch",
+            AppendError::FutureEpoch { .. } => "future-epoch",
+            AppendError::Malformed(_) => "malformed",
+        }
+    }
+}
+
+/// What a command did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Membership changes and blank entries.
+    #[default]
+    None,
+    Appended {
+        last_version: u64,
+    },
+    /// Every record was already in the log, identical: nothing changed.
+    Duplicate {
+        last_version: u64,
+    },
+    Epoch {
+        epoch: u64,
+        last_version: u64,
+    },
+    Done,
+    Refused(AppendError),
+}
+
+/// A mirror's position.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    pub applied_version: u64,
+    /// The log was purged past this mirror's position: it must bootstrap again.
+    pub needs_bootstrap: bool,
+}
+
+/// The log's state besides its records.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogState {
+    pub epoch: u64,
+    /// The last version in the log (0: none yet).
+    pub last_version: u64,
+    /// The first version still held; everything before it was purged. 1 until a purge.
+    pub earliest_version: u64,
+    /// The primary's last heartbeat: (clock in ms, latest version).
+    pub heartbeat: Option<(u64, u64)>,
+    pub cursors: BTreeMap<String, Cursor>,
+}
+
+impl LogState {
+    pub fn new() -> Self {
+        LogState {
+            earliest_version: 1,
+            ..Default::default()
+        }
+    }
+}
+
+/// What applying a command writes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Effect {
+    pub outcome: Outcome,
+    /// Records to store: (version, bytes).
+    pub put: Vec<(u64, Vec<u8>)>,
+    /// Purge every record below this version.
+    pub purge_below: Option<u64>,
+}
+
+fn check_epoch(state: &LogState, epoch: u64) -> Result<(), AppendError> {
+    if epoch < state.epoch {
+        Err(AppendError::StaleEpoch {
+            current: state.epoch,
+            got: epoch,
+        })
+    } else if epoch > state.epoch {
+        Err(AppendError::FutureEpoch {
+            current: state.epoch,
+            got: epoch,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// Apply `cmd` to `state` (changed in place). `existing(v)` reads the record at version `v`
+/// when the log still holds it.
+pub fn apply(
+    state: &mut LogState,
+    cmd: Command,
+    existing: impl FnMut(u64) -> Option<Vec<u8>>,
+) -> Effect {
+    match cmd {
+        Command::Append {
+            epoch,
+            first_version,
+            records,
+        } => match append(state, epoch, first_version, records, existing) {
+            Ok(e) => e,
+            Err(e) => Effect {
+                outcome: Outcome::Refused(e),
+                ..Effect::default()
+            },
+        },
+        Command::BumpEpoch { epoch } => {
+            if epoch <= state.epoch {
+                return refused(AppendError::StaleEpoch {
+                    current: state.epoch,
+                    got: epoch,
+                });
+            }
+            state.epoch = epoch;
+            Effect {
+                outcome: Outcome::Epoch {
+                    epoch,
+                    last_version: state.last_version,
+                },
+                ..Effect::default()
+            }
+        }
+        Command::Heartbeat {
+            epoch,
+            primary_clock_ms,
+            latest_version,
+        } => {
+            if let Err(e) = check_epoch(state, epoch) {
+                return refused(e);
+            }
+            state.heartbeat = Some((primary_clock_ms, latest_version));
+            Effect {
+                outcome: Outcome::Done,
+                ..Effect::default()
+            }
+        }
+        Command::Ack {
+            mirror,
+            applied_version,
+        } => {
+            if mirror.is_empty() || mirror.len() > MIRROR_NAME_MAX {
+                return refused(AppendError::Malformed(format!(
+                    "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
+                )));
+            }
+            let c = state.cursors.entry(mirror).or_default();
+            // a cursor never moves back, nor past the log's end
+            c.applied_version = c
+                .applied_version
+                .max(applied_version.min(state.last_version));
+            // the versions after its position were purged: it cannot follow from there
+            c.needs_bootstrap = c.applied_version + 1 < state.earliest_version;
+            // keep everything above the lowest cursor of the mirrors still following
+            let low = state
+                .cursors
+                .values()
+                .filter(|c| !c.needs_bootstrap)
+                .map(|c| c.applied_version)
+                .min();
+            let purge_below = low.map(|l| l + 1).filter(|&p| p > state.earliest_version);
+            if let Some(p) = purge_below {
+                state.earliest_version = p;
+            }
+            Effect {
+                outcome: Outcome::Done,
+                purge_below,
+                ..Effect::default()
+            }
+        }
+    }
+}
+
+fn refused(e: AppendError) -> Effect {
+    Effect {
+        outcome: Outcome::Refused(e),
+        ..Effect::default()
+    }
+}
+
+fn append(
+    state: &mut LogState,
+    epoch: u64,
+    first_version: u64,
+    records: Vec<Vec<u8>>,
+    mut existing: impl FnMut(u64) -> Option<Vec<u8>>,
+) -> Result<Effect, AppendError> {
+    if records.is_empty() {
+        return Err(AppendError::Malformed("the batch holds no records".into()));
+    }
+    if records.len() > APPEND_RECORDS_MAX {
+        return Err(AppendError::Malformed(format!(
+            "the batch holds {} records; at most {APPEND_RECORDS_MAX} are allowed",
+            records.len()
+        )));
+    }
+    let bytes: usize = records.iter().map(Vec::len).sum();
+    if bytes > APPEND_BYTES_MAX {
+        return Err(AppendError::Malformed(format!(
+            "the batch holds {bytes} bytes; at most {APPEND_BYTES_MAX} are allowed"
+        )));
+    }
+    if first_version == 0 {
+        return Err(AppendError::Malformed("versions start at 1".into()));
+    }
+    let last_in_batch = first_version
+        .checked_add(records.len() as u64 - 1)
+        .ok_or_else(|| AppendError::Malformed("the batch's versions overflow".into()))?;
+    check_epoch(state, epoch)?;
+    if first_version > state.last_version + 1 {
+        return Err(AppendError::Gap {
+            last: state.last_version,
+            first: first_version,
+        });
+    }
+    // versions already in the log must hold the same bytes (purged ones cannot be checked:
+    // they were committed and consumed)
+    for (i, r) in records.iter().enumerate() {
+        let v = first_version + i as u64;
+        if v > state.last_version {
+            break;
+        }
+        if let Some(old) = existing(v) {
+            if &old != r {
+                return Err(AppendError::Overlap { version: v });
+            }
+        }
+    }
+    if last_in_batch <= state.last_version {
+        return Ok(Effect {
+            outcome: Outcome::Duplicate {
+                last_version: state.last_version,
+            },
+            ..Effect::default()
+        });
+    }
+    let skip = (state.last_version + 1 - first_version) as usize;
+    let put: Vec<(u64, Vec<u8>)> = records
+        .into_iter()
+        .enumerate()
+        .skip(skip)
+        .map(|(i, r)| (first_version + i as u64, r))
+        .collect();
+    state.last_version = last_in_batch;
+    Ok(Effect {
+        outcome: Outcome::Appended {
+            last_version: last_in_batch,
+        },
+        put,
+        purge_below: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(state: &mut LogState, log: &mut BTreeMap<u64, Vec<u8>>, cmd: Command) -> Outcome {
+        let snapshot = log.clone();
+        let e = apply(state, cmd, |v| snapshot.get(&v).cloned());
+        for (v, r) in e.put {
+            log.insert(v, r);
+        }
+        if let Some(p) = e.purge_below {
+            log.retain(|&v, _| v >= p);
+        }
+        e.outcome
+    }
+
+    fn app(epoch: u64, first: u64, recs: &[&str]) -> Command {
+        Command::Append {
+            epoch,
+            first_version: first,
+            records: recs.iter().map(|r| r.as_bytes().to_vec()).collect(),
+        }
+    }
+
+    #[test]
+    fn appends_take_only_the_next_version_under_the_current_epoch() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        assert_eq!(
+            run(&mut s, &mut log, app(0, 1, &["a", "b"])),
+            Outcome::Appended { last_version: 2 }
+        );
+        // exact duplicate: acknowledged, nothing changes
+        let before = (s.clone(), log.clone());
+        assert_eq!(
+            run(&mut s, &mut log, app(0, 1, &["a", "b"])),
+            Outcome::Duplicate { last_version: 2 }
+        );
+        assert_eq!((s.clone(), log.clone()), before);
+        // an overlap with the same bytes plus new ones: the new ones are taken
+        assert_eq!(
+            run(&mut s, &mut log, app(0, 2, &["b", "c"])),
+            Outcome::Appended { last_version: 3 }
+        );
+        assert_eq!(log.get(&3).map(|r| r.as_slice()), Some(&b"c"[..]));
+        // refusals leave everything unchanged
+        let before = (s.clone(), log.clone());
+        for (cmd, kind) in [
+            (app(0, 5, &["e"]), "gap"),
+            (app(0, 3, &["X", "d"]), "overlap"),
+            (app(1, 4, &["d"]), "future-epoch"),
+            (app(0, 0, &["d"]), "malformed"),
+            (app(0, 4, &[]), "malformed"),
+            (
+                Command::Append {
+                    epoch: 0,
+                    first_version: u64::MAX,
+                    records: vec![vec![1], vec![2]],
+                },
+                "malformed",
+            ),
+        ] {
+            match run(&mut s, &mut log, cmd.clone()) {
+                Outcome::Refused(e) => assert_eq!(e.kind(), kind, "{cmd:?}: {e}"),
+                o => panic!("{cmd:?} was taken: {o:?}"),
+            }
+            assert_eq!((s.clone(), log.clone()), before, "{cmd:?} changed the log");
+        }
+    }
+
+    #[test]
+    fn bumping_the_epoch_fences_older_writers() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        run(&mut s, &mut log, app(0, 1, &["a"]));
+        assert_eq!(
+            run(&mut s, &mut log, Command::BumpEpoch { epoch: 3 }),
+            Outcome::Epoch {
+                epoch: 3,
+                last_version: 1
+            }
+        );
+        match run(&mut s, &mut log, app(0, 2, &["b"])) {
+            Outcome::Refused(AppendError::StaleEpoch { current: 3, got: 0 }) => {}
+            o => panic!("{o:?}"),
+        }
+        match run(&mut s, &mut log, Command::BumpEpoch { epoch: 3 }) {
+            Outcome::Refused(AppendError::StaleEpoch { .. }) => {}
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(
+            run(&mut s, &mut log, app(3, 2, &["b"])),
+            Outcome::Appended { last_version: 2 }
+        );
+        let hb = Command::Heartbeat {
+            epoch: 0,
+            primary_clock_ms: 5,
+            latest_version: 2,
+        };
+        assert!(matches!(run(&mut s, &mut log, hb), Outcome::Refused(_)));
+        assert_eq!(s.heartbeat, None);
+    }
+
+    #[test]
+    fn acks_purge_below_the_lowest_cursor() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        run(&mut s, &mut log, app(0, 1, &["a", "b", "c", "d"]));
+        let ack = |m: &str, v| Command::Ack {
+            mirror: m.into(),
+            applied_version: v,
+        };
+        run(&mut s, &mut log, ack("m1", 3));
+        assert_eq!(s.earliest_version, 4);
+        assert_eq!(log.keys().copied().collect::<Vec<_>>(), vec![4]);
+        // a second mirror behind the purge point must bootstrap... it acks what it has
+        run(&mut s, &mut log, ack("m2", 1));
+        assert_eq!(s.earliest_version, 4, "a purge is never undone");
+        assert!(s.cursors["m2"].needs_bootstrap);
+        assert!(!s.cursors["m1"].needs_bootstrap);
+        // cursors do not move back, nor past the end
+        run(&mut s, &mut log, ack("m1", 1));
+        run(&mut s, &mut log, ack("m1", 99));
+        assert_eq!(s.cursors["m1"].applied_version, 4);
+        assert!(matches!(
+            run(&mut s, &mut log, ack("", 1)),
+            Outcome::Refused(_)
+        ));
+    }
+}

@@ -1,0 +1,146 @@
+//! Raft messages between nodes over gRPC: openraft's requests and replies, postcard-encoded,
+//! in the `Raft` call of the replicator service.
+
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{AnyError, BasicNode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::pb;
+use crate::pb::replicator_client::ReplicatorClient;
+use crate::{NodeId, TypeConfig};
+
+pub const KIND_APPEND: u32 = 1;
+pub const KIND_VOTE: u32 = 2;
+pub const KIND_SNAPSHOT: u32 = 3;
+
+/// Largest Raft message accepted (a snapshot chunk or a batch of entries).
+pub const RAFT_MESSAGE_MAX: usize = 256 << 20;
+
+/// A lazily connected channel to `addr` (`host:port`).
+pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .tcp_keepalive(Some(Duration::from_secs(10)))
+        .http2_keep_alive_interval(Duration::from_secs(2))
+        .keep_alive_timeout(Duration::from_secs(4))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+/// Makes a connection per peer.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            target,
+            client: channel(&node.addr).ok().map(|c| {
+                ReplicatorClient::new(c)
+                    .max_decoding_message_size(RAFT_MESSAGE_MAX)
+                    .max_encoding_message_size(RAFT_MESSAGE_MAX)
+            }),
+            addr: node.addr.clone(),
+        }
+    }
+}
+
+pub struct Peer {
+    target: NodeId,
+    addr: String,
+    client: Option<ReplicatorClient<Channel>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+impl Peer {
+    /// Send one Raft message; the reply is the remote `Result`, already decoded.
+    async fn send<Req, Resp, E>(
+        &mut self,
+        kind: u32,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let Some(client) = self.client.as_mut() else {
+            return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
+                "node {} has an invalid address {:?}",
+                self.target, self.addr
+            )))));
+        };
+        let payload = postcard::to_allocvec(req)
+            .map_err(|e| RPCError::Network(NetworkError::new(&Msg(e.to_string()))))?;
+        let mut r = tonic::Request::new(pb::RaftRequest { kind, payload });
+        r.set_timeout(option.hard_ttl());
+        let reply = match client.raft(r).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => {
+                let e = Msg(format!(
+                    "node {} at {}: {}",
+                    self.target,
+                    self.addr,
+                    s.message()
+                ));
+                return Err(match s.code() {
+                    tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&e)),
+                    _ => RPCError::Network(NetworkError::new(&e)),
+                });
+            }
+        };
+        let res: Result<Resp, RaftError<NodeId, E>> = postcard::from_bytes(&reply.payload)
+            .map_err(|e| {
+                RPCError::Network(NetworkError::from(AnyError::error(format!(
+                    "decode the reply of node {}: {e}",
+                    self.target
+                ))))
+            })?;
+        res.map_err(|e| RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.send(KIND_APPEND, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.send(KIND_SNAPSHOT, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.send(KIND_VOTE, &rpc, &option).await
+    }
+}

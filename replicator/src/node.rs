@@ -1,0 +1,114 @@
+//! Starting a replicator node: its database, its Raft instance and its gRPC service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::network::{Network, RAFT_MESSAGE_MAX};
+use crate::pb::replicator_server::ReplicatorServer;
+use crate::service::ReplicatorService;
+use crate::store::{open_db, ChangeLog, LogStore, StateMachine};
+use crate::{NodeId, Raft};
+
+/// A node's settings.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    /// Address the service listens on (other nodes, the primary, mirrors).
+    pub listen: SocketAddr,
+    /// The RocksDB directory of the Raft log and the change log.
+    pub data_dir: PathBuf,
+    /// Raft heartbeat interval; elections start after 3 to 6 intervals without one.
+    pub heartbeat_ms: u64,
+    /// Build a snapshot (and purge the Raft log below it) after this many entries.
+    pub snapshot_every: u64,
+}
+
+impl NodeConfig {
+    pub fn new(id: NodeId, listen: SocketAddr, data_dir: PathBuf) -> Self {
+        NodeConfig {
+            id,
+            listen,
+            data_dir,
+            heartbeat_ms: 100,
+            snapshot_every: 20_000,
+        }
+    }
+
+    fn raft_config(&self) -> anyhow::Result<openraft::Config> {
+        let c = openraft::Config {
+            cluster_name: "strait-replicator".into(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.heartbeat_ms * 3,
+            election_timeout_max: self.heartbeat_ms * 6,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        };
+        c.validate().context("the Raft settings")
+    }
+}
+
+/// A running node.
+pub struct Node {
+    pub raft: Raft,
+    pub log: ChangeLog,
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    /// Open the node's storage, start Raft and serve on `cfg.listen` (port 0 picks one).
+    pub async fn start(cfg: NodeConfig) -> anyhow::Result<Node> {
+        let db = open_db(&cfg.data_dir)?;
+        let log_store = LogStore::new(db.clone());
+        let (sm, log) = StateMachine::open(db)?;
+        let raft = Raft::new(cfg.id, Arc::new(cfg.raft_config()?), Network, log_store, sm)
+            .await
+            .context("start Raft")?;
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("listen on {}", cfg.listen))?;
+        let addr = listener.local_addr()?;
+        let svc = ReplicatorServer::new(ReplicatorService::new(raft.clone(), log.clone()))
+            .max_decoding_message_size(RAFT_MESSAGE_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_MAX);
+        let stop = CancellationToken::new();
+        let s2 = stop.clone();
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = tokio::spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(2)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(4)))
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, s2.cancelled())
+                .await;
+            if let Err(e) = r {
+                tracing::error!("the replicator service stopped: {e}");
+            }
+        });
+        Ok(Node {
+            raft,
+            log,
+            addr,
+            stop,
+            server,
+        })
+    }
+
+    /// Stop serving and shut Raft down.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!("shut Raft down: {e}");
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The replicator's gRPC service: Raft traffic between nodes, the change log's API for the
+//! primary and the mirrors, and cluster administration.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::log::{Command, Outcome, MIRROR_NAME_MAX};
+use crate::network::{KIND_APPEND, KIND_SNAPSHOT, KIND_VOTE};
+use crate::pb;
+use crate::store::ChangeLog;
+use crate::{NodeId, Raft, APPEND_HEADER, LEADER_HEADER};
+
+/// Records per streamed batch, and bytes (a batch holds at least one record).
+const SUBSCRIBE_BATCH_RECORDS: usize = 4096;
+const SUBSCRIBE_BATCH_BYTES: usize = 4 << 20;
+/// Batches queued per subscriber before the reader waits for the subscriber (flow control).
+const SUBSCRIBE_QUEUE: usize = 8;
+/// How often an idle subscription repeats the primary's last heartbeat.
+const SUBSCRIBE_HEARTBEAT: Duration = Duration::from_millis(200);
+
+pub struct ReplicatorService {
+    raft: Raft,
+    log: ChangeLog,
+}
+
+impl ReplicatorService {
+    pub fn new(raft: Raft, log: ChangeLog) -> Self {
+        ReplicatorService { raft, log }
+    }
+
+    /// Propose `cmd`; a refusal becomes FAILED_PRECONDITION with `x-strait-append`.
+    async fn write(&self, cmd: Command) -> Result<Outcome, Status> {
+        match self.raft.client_write(cmd).await {
+            Ok(r) => match r.data {
+                Outcome::Refused(e) => {
+                    let mut s = Status::failed_precondition(e.to_string());
+                    if let Ok(v) = e.kind().parse() {
+                        s.metadata_mut().insert(APPEND_HEADER, v);
+                    }
+                    Err(s)
+                }
+                o => Ok(o),
+            },
+            Err(e) => Err(self.write_error(e)),
+        }
+    }
+
+    fn write_error(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Status {
+        if let Some(f) = e.forward_to_leader::<BasicNode>() {
+            let mut s = Status::unavailable(match (&f.leader_id, &f.leader_node) {
+                (Some(id), Some(n)) => format!("not the leader: node {id} at {} is", n.addr),
+                _ => "not the leader, and no leader is known (an election is under way)".into(),
+            });
+            if let (Some(id), Some(n)) = (&f.leader_id, &f.leader_node) {
+                if let Ok(v) = format!("{id}@{}", n.addr).parse() {
+                    s.metadata_mut().insert(LEADER_HEADER, v);
+                }
+            }
+            return s;
+        }
+        match e {
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
+                Status::failed_precondition(c.to_string())
+            }
+            e => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
+    postcard::from_bytes(payload)
+        .map_err(|e| Status::invalid_argument(format!("decode the Raft message: {e}")))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Result<Response<pb::RaftReply>, Status> {
+    postcard::to_allocvec(v)
+        .map(|payload| Response::new(pb::RaftReply { payload }))
+        .map_err(|e| Status::internal(format!("encode the Raft reply: {e}")))
+}
+
+type SubscribeStream = Pin<Box<dyn Stream<Item = Result<pb::SubscribeReply, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::replicator_server::Replicator for ReplicatorService {
+    async fn raft(&self, req: Request<pb::RaftRequest>) -> Result<Response<pb::RaftReply>, Status> {
+        let r = req.into_inner();
+        match r.kind {
+            KIND_APPEND => encode(&self.raft.append_entries(decode(&r.payload)?).await),
+            KIND_VOTE => encode(&self.raft.vote(decode(&r.payload)?).await),
+            KIND_SNAPSHOT => encode(&self.raft.install_snapshot(decode(&r.payload)?).await),
+            k => Err(Status::invalid_argument(format!(
+                "unknown Raft message kind {k}"
+            ))),
+        }
+    }
+
+    async fn append(
+        &self,
+        req: Request<pb::AppendRequest>,
+    ) -> Result<Response<pb::AppendReply>, Status> {
+        let r = req.into_inner();
+        let cmd = Command::Append {
+            epoch: r.epoch,
+            first_version: r.first_version,
+            records: r.records,
+        };
+        match self.write(cmd).await? {
+            Outcome::Appended { last_version } => Ok(Response::new(pb::AppendReply {
+                last_version,
+                duplicate: false,
+            })),
+            Outcome::Duplicate { last_version } => Ok(Response::new(pb::AppendReply {
+                last_version,
+                duplicate: true,
+            })),
+            o => Err(Status::internal(format!("unexpected outcome {o:?}"))),
+        }
+    }
+
+    async fn bump_epoch(
+        &self,
+        req: Request<pb::BumpEpochRequest>,
+    ) -> Result<Response<pb::BumpEpochReply>, Status> {
+        let epoch = req.into_inner().epoch;
+        match self.write(Command::BumpEpoch { epoch }).await? {
+            Outcome::Epoch {
+                epoch,
+                last_version,
+            } => Ok(Response::new(pb::BumpEpochReply {
+                epoch,
+                last_version,
+            })),
+            o => Err(Status::internal(format!("unexpected outcome {o:?}"))),
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        self.write(Command::Heartbeat {
+            epoch: r.epoch,
+            primary_clock_ms: r.primary_clock_ms,
+            latest_version: r.latest_version,
+        })
+        .await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        if r.mirror.is_empty() || r.mirror.len() > MIRROR_NAME_MAX {
+            return Err(Status::invalid_argument(format!(
+                "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
+            )));
+        }
+        self.write(Command::Ack {
+            mirror: r.mirror,
+            applied_version: r.applied_version,
+        })
+        .await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    type SubscribeStream = SubscribeStream;
+
+    async fn subscribe(
+        &self,
+        req: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<SubscribeStream>, Status> {
+        let after = req.into_inner().after_version;
+        let log = self.log.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIBE_QUEUE);
+        tokio::spawn(async move {
+            if let Err(e) = feed(log, after, tx.clone()).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn status(&self, _req: Request<pb::Empty>) -> Result<Response<pb::StatusReply>, Status> {
+        let m = self.raft.metrics().borrow().clone();
+        let log = self.log.state();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, n)| pb::Member {
+                id: *id,
+                addr: n.addr.clone(),
+                voter: voters.contains(id),
+                matched: m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).copied().flatten())
+                    .map(|l| l.index),
+            })
+            .collect();
+        Ok(Response::new(pb::StatusReply {
+            id: m.id,
+            leader: m.current_leader,
+            term: m.current_term,
+            state: format!("{:?}", m.state),
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            members,
+            epoch: log.epoch,
+            earliest_version: log.earliest_version,
+            last_version: log.last_version,
+            cursors: log
+                .cursors
+                .iter()
+                .map(|(k, c)| pb::Cursor {
+                    mirror: k.clone(),
+                    applied_version: c.applied_version,
+                    needs_bootstrap: c.needs_bootstrap,
+                })
+                .collect(),
+            heartbeat: log.heartbeat.map(|(c, v)| pb::PrimaryHeartbeat {
+                primary_clock_ms: c,
+                latest_version: v,
+            }),
+        }))
+    }
+
+    async fn init(&self, req: Request<pb::InitRequest>) -> Result<Response<pb::Empty>, Status> {
+        let members: BTreeMap<NodeId, BasicNode> = req
+            .into_inner()
+            .members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode::new(addr)))
+            .collect();
+        let members = if members.is_empty() {
+            let m = self.raft.metrics().borrow().clone();
+            return Err(Status::invalid_argument(format!(
+                "name the first members, this node ({}) among them",
+                m.id
+            )));
+        } else {
+            members
+        };
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn add_node(
+        &self,
+        req: Request<pb::AddNodeRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        if r.addr.parse::<std::net::SocketAddr>().is_err() && !r.addr.contains(':') {
+            return Err(Status::invalid_argument(format!(
+                "{:?} is not a host:port address",
+                r.addr
+            )));
+        }
+        // a learner first, so it catches up before it counts in the quorum
+        self.raft
+            .add_learner(r.id, BasicNode::new(r.addr), true)
+            .await
+            .map_err(|e| self.write_error(e))?;
+        if !r.learner_only {
+            self.raft
+                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([r.id])), false)
+                .await
+                .map_err(|e| self.write_error(e))?;
+        }
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let id = req.into_inner().id;
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        if membership.get_node(&id).is_none() {
+            return Err(Status::not_found(format!("node {id} is not a member")));
+        }
+        if membership.voter_ids().any(|v| v == id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                .await
+                .map_err(|e| self.write_error(e))?;
+        }
+        self.raft
+            .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+            .await
+            .map_err(|e| self.write_error(e))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+}
+
+/// Stream the applied records after `after`, then follow the log as it grows. A subscriber
+/// behind the purge point gets `truncated_earliest` and the stream ends.
+async fn feed(
+    log: ChangeLog,
+    after: u64,
+    tx: tokio::sync::mpsc::Sender<Result<pb::SubscribeReply, Status>>,
+) -> Result<(), Status> {
+    let mut watch = log.watch();
+    let mut next = after
+        .checked_add(1)
+        .ok_or_else(|| Status::invalid_argument("after_version is the largest version"))?;
+    let mut last_heartbeat = None;
+    loop {
+        let state = watch.borrow_and_update().clone();
+        if next < state.earliest_version {
+            let _ = tx
+                .send(Ok(pb::SubscribeReply {
+                    kind: Some(pb::subscribe_reply::Kind::TruncatedEarliest(
+                        state.earliest_version,
+                    )),
+                }))
+                .await;
+            return Ok(());
+        }
+        while next <= state.last_version {
+            let log2 = log.clone();
+            let from = next;
+            let records = tokio::task::spawn_blocking(move || {
+                log2.read(from, SUBSCRIBE_BATCH_RECORDS, SUBSCRIBE_BATCH_BYTES)
+            })
+            .await
+            .map_err(|e| Status::internal(format!("read the log: {e}")))?
+            .map_err(|e| Status::internal(format!("read the log: {e}")))?;
+            if records.is_empty() {
+                // purged between the state read and this read: report it on the next turn
+                break;
+            }
+            let n = records.len() as u64;
+            let batch = pb::SubscribeReply {
+                kind: Some(pb::subscribe_reply::Kind::Records(pb::Records {
+                    epoch: state.epoch,
+                    first_version: next,
+                    records,
+                })),
+            };
+            // waits while the subscriber is behind: flow control
+            if tx.send(Ok(batch)).await.is_err() {
+                return Ok(());
+            }
+            next += n;
+        }
+        if state.heartbeat != last_heartbeat {
+            if let Some((clock, latest)) = state.heartbeat {
+                let hb = pb::SubscribeReply {
+                    kind: Some(pb::subscribe_reply::Kind::Heartbeat(pb::PrimaryHeartbeat {
+                        primary_clock_ms: clock,
+                        latest_version: latest,
+                    })),
+                };
+                if tx.send(Ok(hb)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            last_heartbeat = state.heartbeat;
+        }
+        if next <= watch.borrow().last_version {
+            continue;
+        }
+        tokio::select! {
+            r = watch.changed() => {
+                if r.is_err() {
+                    return Err(Status::unavailable("the node is shutting down"));
+                }
+            }
+            _ = tokio::time::sleep(SUBSCRIBE_HEARTBEAT) => {}
+            _ = tx.closed() => return Ok(()),
+        }
+    }
+}

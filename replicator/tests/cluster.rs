@@ -1,0 +1,309 @@
+//! Three replicator nodes on 127.0.0.1, talking gRPC over real sockets, each with its own
+//! RocksDB: the append rules through Raft, and a subscriber that sees every version exactly
+//! once and in order while leaders are stopped and restarted under a steady writer.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use strait_replicator::node::{Node, NodeConfig};
+use strait_replicator::pb;
+use strait_replicator::pb::replicator_client::ReplicatorClient;
+use tonic::transport::Channel;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: BTreeMap<u64, Option<Node>>,
+    addrs: BTreeMap<u64, SocketAddr>,
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+impl Cluster {
+    async fn start(n: u64) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cluster {
+            dir,
+            nodes: BTreeMap::new(),
+            addrs: BTreeMap::new(),
+        };
+        for id in 1..=n {
+            c.addrs.insert(id, free_addr());
+        }
+        for id in 1..=n {
+            c.up(id).await;
+        }
+        let members = c.addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
+        client(c.addrs[&1])
+            .await
+            .init(pb::InitRequest { members })
+            .await
+            .unwrap();
+        c.leader().await;
+        c
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node{id}"))
+    }
+
+    async fn up(&mut self, id: u64) {
+        let mut cfg = NodeConfig::new(id, self.addrs[&id], self.data_dir(id));
+        cfg.snapshot_every = 500;
+        // the port may still be held by the previous incarnation for a moment
+        let start = Instant::now();
+        let node = loop {
+            match Node::start(cfg.clone()).await {
+                Ok(n) => break n,
+                Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("start node {id}: {e:#}"),
+            }
+        };
+        self.nodes.insert(id, Some(node));
+    }
+
+    async fn down(&mut self, id: u64) {
+        if let Some(Some(n)) = self.nodes.insert(id, None) {
+            n.shutdown().await;
+        }
+    }
+
+    /// The leader all running nodes agree on.
+    async fn leader(&self) -> u64 {
+        let start = Instant::now();
+        loop {
+            let mut seen = vec![];
+            for (id, n) in &self.nodes {
+                if let Some(n) = n {
+                    seen.push((*id, n.raft.metrics().borrow().current_leader));
+                }
+            }
+            if let Some((_, Some(l))) = seen.first() {
+                if seen.iter().all(|(_, x)| *x == Some(*l))
+                    && self.nodes.get(l).is_some_and(|n| n.is_some())
+                {
+                    return *l;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no leader agreed on: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn client(addr: SocketAddr) -> ReplicatorClient<Channel> {
+    ReplicatorClient::new(strait_replicator::network::channel(&addr.to_string()).unwrap())
+}
+
+fn append(epoch: u64, first: u64, recs: &[&str]) -> pb::AppendRequest {
+    pb::AppendRequest {
+        epoch,
+        first_version: first,
+        records: recs.iter().map(|r| r.as_bytes().to_vec()).collect(),
+    }
+}
+
+fn refusal(s: &tonic::Status) -> String {
+    s.metadata()
+        .get(strait_replicator::APPEND_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_follow_the_log_rules_through_raft() {
+    let c = Cluster::start(3).await;
+    let l = c.leader().await;
+    let mut lc = client(c.addrs[&l]).await;
+    let r = lc
+        .append(append(0, 1, &["a", "b", "c"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.last_version, r.duplicate), (3, false));
+    let r = lc
+        .append(append(0, 1, &["a", "b", "c"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.last_version, r.duplicate), (3, true));
+    for (req, kind) in [
+        (append(0, 5, &["e"]), "gap"),
+        (append(0, 2, &["b", "X"]), "overlap"),
+        (append(7, 4, &["d"]), "future-epoch"),
+        (append(0, 4, &[]), "malformed"),
+    ] {
+        let s = lc.append(req).await.unwrap_err();
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+        assert_eq!(refusal(&s), kind, "{s:?}");
+    }
+    let e = lc
+        .bump_epoch(pb::BumpEpochRequest { epoch: 2 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((e.epoch, e.last_version), (2, 3));
+    let s = lc.append(append(0, 4, &["d"])).await.unwrap_err();
+    assert_eq!(refusal(&s), "stale-epoch");
+
+    // a follower refuses writes and names the leader
+    let f = *c.addrs.keys().find(|&&id| id != l).unwrap();
+    let s = client(c.addrs[&f])
+        .await
+        .append(append(2, 4, &["d"]))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::Unavailable);
+    let hint = s
+        .metadata()
+        .get(strait_replicator::LEADER_HEADER)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(hint, format!("{l}@{}", c.addrs[&l]));
+
+    // every node holds the same log, unchanged by the refusals
+    let start = Instant::now();
+    for (id, addr) in &c.addrs {
+        loop {
+            let st = client(*addr)
+                .await
+                .status(pb::Empty {})
+                .await
+                .unwrap()
+                .into_inner();
+            if st.last_version == 3 && st.epoch == 2 {
+                assert_eq!(st.members.len(), 3);
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "node {id}: {st:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut got = vec![];
+    let mut s = client(c.addrs[&f])
+        .await
+        .subscribe(pb::SubscribeRequest { after_version: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    while got.len() < 3 {
+        if let Some(pb::subscribe_reply::Kind::Records(r)) =
+            s.message().await.unwrap().unwrap().kind
+        {
+            got.extend(r.records);
+        }
+    }
+    assert_eq!(got, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+}
+
+/// Append through whichever node leads, following redirections, until it is taken.
+async fn append_somewhere(c: &Cluster, req: pb::AppendRequest) -> pb::AppendReply {
+    let start = Instant::now();
+    loop {
+        for (id, n) in &c.nodes {
+            if n.is_none() {
+                continue;
+            }
+            match client(c.addrs[id]).await.append(req.clone()).await {
+                Ok(r) => return r.into_inner(),
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                    panic!("append refused: {s:?}")
+                }
+                Err(_) => {}
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no node took the append"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_gets_every_version_once_in_order_while_leaders_restart() {
+    let mut c = Cluster::start(3).await;
+    const TOTAL: u64 = 3000;
+    const BATCH: u64 = 20;
+    let addrs = c.addrs.clone();
+    // the subscriber: follows any node, resubscribing after the last version it got
+    let sub = tokio::spawn(async move {
+        let mut got: Vec<u64> = vec![];
+        let mut last = 0u64;
+        let mut resubscribed = 0;
+        'outer: while last < TOTAL {
+            for addr in addrs.values() {
+                let Ok(r) = client(*addr)
+                    .await
+                    .subscribe(pb::SubscribeRequest {
+                        after_version: last,
+                    })
+                    .await
+                else {
+                    continue;
+                };
+                resubscribed += 1;
+                let mut s = r.into_inner();
+                while let Ok(Some(m)) = s.message().await {
+                    if let Some(pb::subscribe_reply::Kind::Records(r)) = m.kind {
+                        assert_eq!(r.first_version, last + 1, "a gap or a repeat");
+                        for rec in r.records {
+                            let v: u64 = String::from_utf8(rec).unwrap().parse().unwrap();
+                            got.push(v);
+                            last += 1;
+                            assert_eq!(v, last, "record {v} arrived as version {last}");
+                        }
+                    }
+                    if last >= TOTAL {
+                        break 'outer;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (got, resubscribed)
+    });
+    let mut next = 1u64;
+    let mut restarts = 0;
+    let mut since_restart = 0;
+    while next <= TOTAL {
+        let recs: Vec<String> = (next..next + BATCH).map(|v| v.to_string()).collect();
+        let recs: Vec<&str> = recs.iter().map(String::as_str).collect();
+        // a retried batch after a leader change may have been taken already: a duplicate
+        let r = append_somewhere(&c, append(0, next, &recs)).await;
+        assert!(r.last_version >= next + BATCH - 1);
+        next += BATCH;
+        since_restart += BATCH;
+        // stop the leader every 400 versions, and start it again from its data directory
+        if since_restart >= 400 {
+            let l = c.leader().await;
+            c.down(l).await;
+            c.up(l).await;
+            restarts += 1;
+            since_restart = 0;
+        }
+    }
+    let (got, resubscribed) = tokio::time::timeout(Duration::from_secs(60), sub)
+        .await
+        .expect("the subscriber caught up")
+        .unwrap();
+    assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>());
+    assert!(restarts >= 3, "only {restarts} leader restarts");
+    eprintln!("{TOTAL} versions, {restarts} leader restarts, {resubscribed} subscriptions");
+}

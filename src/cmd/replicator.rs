@@ -1,0 +1,278 @@
+//! `strait replicator`: run a replicator node, and manage the cluster (init, add-node,
+//! remove-node, status).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use strait_replicator::node::{Node, NodeConfig};
+use strait_replicator::pb;
+use strait_replicator::pb::replicator_client::ReplicatorClient;
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<Action>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file: id, listen, data_dir, heartbeat_ms, snapshot_every.
+    #[arg(long, env = "STRAIT_REPLICATOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This node's id (unique in the cluster, not 0).
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// Address to serve on.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Directory of the node's RocksDB.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// Form a new cluster from its first members (run once, against any of them).
+    Init {
+        /// A node of the cluster to send the call to.
+        #[arg(long)]
+        addr: String,
+        /// A member, as ID=HOST:PORT; repeat for each.
+        #[arg(long = "member", required = true)]
+        members: Vec<String>,
+    },
+    /// Add a node: first as a learner that catches up, then as a voter.
+    AddNode {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        id: u64,
+        /// The new node's address.
+        #[arg(long)]
+        node_addr: String,
+        /// Keep it a learner (replicates, does not vote).
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node from the cluster.
+    RemoveNode {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        id: u64,
+    },
+    /// Leader, term, members with their match index, log positions and mirror cursors.
+    Status {
+        #[arg(long)]
+        addr: String,
+    },
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    heartbeat_ms: Option<u64>,
+    snapshot_every: Option<u64>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("strait-replicator")
+        .enable_all()
+        .build()?;
+    match a.action {
+        None => rt.block_on(serve(a.serve)),
+        Some(action) => rt.block_on(admin(action)),
+    }
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let file: FileConfig = match &a.config {
+        Some(p) => toml::from_str(
+            &std::fs::read_to_string(p)
+                .with_context(|| format!("read the configuration file {}", p.display()))?,
+        )
+        .with_context(|| format!("parse {}", p.display()))?,
+        None => FileConfig::default(),
+    };
+    let id =
+        a.id.or(file.id)
+            .context("no node id: give --id or `id` in the configuration file")?;
+    if id == 0 {
+        bail!("node ids start at 1");
+    }
+    let listen: SocketAddr = a
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| "127.0.0.1:7430".into())
+        .parse()
+        .context("the listen address")?;
+    let data_dir = a
+        .data_dir
+        .or(file.data_dir)
+        .context("no data directory: give --data-dir or `data_dir`")?;
+    let mut cfg = NodeConfig::new(id, listen, data_dir);
+    if let Some(h) = file.heartbeat_ms {
+        if !(10..=10_000).contains(&h) {
+            bail!("heartbeat_ms is {h}; it must be between 10 and 10000");
+        }
+        cfg.heartbeat_ms = h;
+    }
+    if let Some(s) = file.snapshot_every {
+        cfg.snapshot_every = s.max(1);
+    }
+    let node = Node::start(cfg).await?;
+    // one line on stdout, for scripts and tests that wait for the node
+    println!("strait replicator: node {id} serving on {}", node.addr);
+    tracing::info!("node {id} serving on {}", node.addr);
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channel>> {
+    let ch = strait_replicator::network::channel(addr)
+        .with_context(|| format!("{addr:?} is not a host:port address"))?;
+    Ok(ReplicatorClient::new(ch))
+}
+
+fn status_err(addr: &str, s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{addr}: {}", s.message())
+}
+
+async fn admin(action: Action) -> Result<()> {
+    match action {
+        Action::Init { addr, members } => {
+            let mut m = HashMap::new();
+            for s in &members {
+                let (id, a) = s
+                    .split_once('=')
+                    .with_context(|| format!("member {s:?}: expected ID=HOST:PORT"))?;
+                let id: u64 = id
+                    .parse()
+                    .with_context(|| format!("member {s:?}: {id:?} is not a node id"))?;
+                if id == 0 {
+                    bail!("member {s:?}: node ids start at 1");
+                }
+                if m.insert(id, a.to_string()).is_some() {
+                    bail!("node {id} is named twice");
+                }
+            }
+            connect(&addr)
+                .await?
+                .init(pb::InitRequest { members: m })
+                .await
+                .map_err(|s| status_err(&addr, s))?;
+            println!("initialised a cluster of {} nodes", members.len());
+        }
+        Action::AddNode {
+            addr,
+            id,
+            node_addr,
+            learner,
+        } => {
+            connect(&addr)
+                .await?
+                .add_node(pb::AddNodeRequest {
+                    id,
+                    addr: node_addr.clone(),
+                    learner_only: learner,
+                })
+                .await
+                .map_err(|s| status_err(&addr, s))?;
+            println!(
+                "added node {id} at {node_addr} as a {}",
+                if learner { "learner" } else { "voter" }
+            );
+        }
+        Action::RemoveNode { addr, id } => {
+            connect(&addr)
+                .await?
+                .remove_node(pb::RemoveNodeRequest { id })
+                .await
+                .map_err(|s| status_err(&addr, s))?;
+            println!("removed node {id}");
+        }
+        Action::Status { addr } => {
+            let s = connect(&addr)
+                .await?
+                .status(pb::Empty {})
+                .await
+                .map_err(|s| status_err(&addr, s))?
+                .into_inner();
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            println!("node        {} ({})", s.id, s.state);
+            println!("leader      {}", opt(s.leader));
+            println!("term        {}", s.term);
+            println!(
+                "raft log    last index {}, applied {}",
+                opt(s.last_log_index),
+                opt(s.applied_index)
+            );
+            println!(
+                "change log  epoch {}, versions {}..={}",
+                s.epoch, s.earliest_version, s.last_version
+            );
+            if let Some(h) = &s.heartbeat {
+                println!(
+                    "primary     clock {} ms, latest version {}",
+                    h.primary_clock_ms, h.latest_version
+                );
+            }
+            println!("members");
+            for m in &s.members {
+                println!(
+                    "  {:>4}  {:<22} {:<8} matched {}",
+                    m.id,
+                    m.addr,
+                    if m.voter { "voter" } else { "learner" },
+                    opt(m.matched)
+                );
+            }
+            if !s.cursors.is_empty() {
+                println!("mirrors");
+                for c in &s.cursors {
+                    println!(
+                        "  {:<24} applied {}{}",
+                        c.mirror,
+                        c.applied_version,
+                        if c.needs_bootstrap {
+                            " (needs bootstrap)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
