@@ -8,6 +8,7 @@ pub mod gc;
 pub mod mount;
 pub mod primary;
 pub mod replicator;
+pub mod replicator_bench;
 pub mod status;
 
 use anyhow::{bail, Context, Result};

@@ -72,6 +72,29 @@ pub enum Action {
         #[arg(long)]
         addr: String,
     },
+    /// Benchmark a three-node cluster started here (loopback, RocksDB in a temporary
+    /// directory): committed records/s with batching, then commit latency at half that rate;
+    /// with --delay-ms, every link between nodes gets that one-way delay (fault proxy).
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// One-way delay added to every link between nodes, in ms (0: plain loopback).
+    #[arg(long, default_value_t = 0)]
+    pub delay_ms: u64,
+    /// Records per append.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 128)]
+    pub record_size: usize,
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Scratch directory (default: a new one under /tmp, removed after).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default)]
@@ -221,6 +244,7 @@ async fn admin(action: Action) -> Result<()> {
                 .map_err(|s| status_err(&addr, s))?;
             println!("removed node {id}");
         }
+        Action::Bench(b) => crate::cmd::replicator_bench::run(b).await?,
         Action::Status { addr } => {
             let s = connect(&addr)
                 .await?

@@ -30,13 +30,14 @@ impl Replica {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn spawn(&mut self) {
+    /// Start the node's process, its output appended to its log.
+    fn launch(&self) -> Child {
         let logf = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(strait_bin())
+        Command::new(strait_bin())
             .args(["replicator", "--id", &self.id.to_string()])
             .args(["--listen", &self.addr.to_string()])
             .arg("--data-dir")
@@ -45,13 +46,16 @@ impl Replica {
             .stdout(logf.try_clone().unwrap())
             .stderr(logf)
             .spawn()
-            .expect("spawn strait replicator");
-        self.child = Some(child);
+            .expect("spawn strait replicator")
+    }
+
+    fn spawn(&mut self) {
+        self.child = Some(self.launch());
         self.starts += 1;
         let start = Instant::now();
         while self.log_text().matches("strait replicator: node").count() < self.starts {
             if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
-                // the port of the killed incarnation may linger for a moment
+                // the port of the killed incarnation may linger for a moment: try again
                 assert!(
                     start.elapsed() < Duration::from_secs(20),
                     "node {} exited ({st}): {}",
@@ -59,22 +63,7 @@ impl Replica {
                     self.log_text()
                 );
                 std::thread::sleep(Duration::from_millis(200));
-                let logf = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(&self.log)
-                    .unwrap();
-                self.child = Some(
-                    Command::new(strait_bin())
-                        .args(["replicator", "--id", &self.id.to_string()])
-                        .args(["--listen", &self.addr.to_string()])
-                        .arg("--data-dir")
-                        .arg(&self.dir)
-                        .stdin(Stdio::null())
-                        .stdout(logf.try_clone().unwrap())
-                        .stderr(logf)
-                        .spawn()
-                        .unwrap(),
-                );
+                self.child = Some(self.launch());
                 continue;
             }
             assert!(
