@@ -576,6 +576,19 @@ pub fn read_log(
     after: u64,
     limit: usize,
 ) -> Result<Vec<(u64, ChangeRecord)>> {
+    read_log_raw(kv, after, limit)?
+        .into_iter()
+        .map(|(v, b)| Ok((v, ChangeRecord::decode(&b)?)))
+        .collect()
+}
+
+/// Read the encoded change records with versions in `(after, after + limit]`, as the shipper
+/// sends them.
+pub fn read_log_raw(
+    kv: &dyn crate::kv::KvEngine,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<(u64, Vec<u8>)>> {
     crate::kv::read(kv, |t| {
         let start = crate::kv::log_key(after);
         let page = t.scan(
@@ -586,10 +599,41 @@ pub fn read_log(
         page.into_iter()
             .map(|(k, v)| {
                 let version = keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("log key"))?;
-                Ok((version, ChangeRecord::decode(&v)?))
+                Ok((version, v))
             })
             .collect()
     })
+}
+
+/// Delete at most `limit` of the change records with versions in `(after, upto]` (records the
+/// replicator has committed), oldest first. `after` is where the last trim stopped, so the
+/// scan does not walk over its deletions. Returns how many were deleted; fewer than `limit`
+/// means none is left in the range.
+pub fn trim_log(
+    kv: &dyn crate::kv::KvEngine,
+    after: u64,
+    upto: u64,
+    limit: usize,
+) -> Result<usize> {
+    let start = crate::kv::log_key(after);
+    let (n, _) = crate::kv::txn(kv, |t| {
+        let page = t.scan(
+            &LOG_GROUP,
+            if after == 0 { None } else { Some(&start) },
+            limit,
+        )?;
+        let mut n = 0;
+        for (k, _) in page {
+            let version = keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("log key"))?;
+            if version > upto {
+                break;
+            }
+            t.delete(&k);
+            n += 1;
+        }
+        Ok(n)
+    })?;
+    Ok(n)
 }
 
 /// Replay records into another engine (used by tests and `strait load --changelog`).

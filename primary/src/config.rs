@@ -46,6 +46,46 @@ pub struct PrimaryConfig {
     /// call; the other cores are left to RocksDB's background work and the kernel's network
     /// stack. Redis engine calls run on a separate blocking pool whatever this says.
     pub serve_threads: usize,
+    /// Replicator nodes the shipper appends the change log to (`host:port`); empty: none.
+    pub replicator: Vec<String>,
+    pub durability: Durability,
+    /// This primary's epoch: the replicator refuses appends of any other epoch.
+    pub epoch: u64,
+    /// How often the primary's clock and latest version are appended.
+    pub heartbeat_ms: u64,
+    /// In `replicated` mode, how long an operation waits for the replicator before it fails.
+    pub replicated_timeout_ms: u64,
+}
+
+/// When a client's operation returns (DESIGN.md §3).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// After the primary's local commit; the window of loss is the unshipped outbox.
+    #[default]
+    Local,
+    /// After the replicator has committed the operation's version.
+    Replicated,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "local" => Ok(Durability::Local),
+            "replicated" => Ok(Durability::Replicated),
+            o => bail!("durability {o:?}: expected `local` or `replicated`"),
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Durability::Local => "local",
+            Durability::Replicated => "replicated",
+        })
+    }
 }
 
 impl Default for PrimaryConfig {
@@ -64,6 +104,11 @@ impl Default for PrimaryConfig {
             read_only: false,
             otlp_endpoint: String::new(),
             serve_threads: 0,
+            replicator: vec![],
+            durability: Durability::Local,
+            epoch: 0,
+            heartbeat_ms: 200,
+            replicated_timeout_ms: 30_000,
         }
     }
 }
@@ -73,6 +118,10 @@ pub const SERVE_THREADS_MAX: usize = 1024;
 
 /// Shortest session timeout accepted: heartbeats must fit several times into it.
 pub const SESSION_TIMEOUT_MS_MIN: u64 = 500;
+
+/// Bounds of `heartbeat_ms`.
+pub const HEARTBEAT_MS_MIN: u64 = 10;
+pub const HEARTBEAT_MS_MAX: u64 = 10_000;
 
 impl PrimaryConfig {
     /// The settings in TOML file `path` (fields it omits keep their defaults).
@@ -134,6 +183,30 @@ impl PrimaryConfig {
             }
             _ => {}
         }
+        for a in &self.replicator {
+            a.parse::<std::net::SocketAddr>()
+                .map(|_| ())
+                .or_else(|_| match a.rsplit_once(':') {
+                    Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+                    _ => Err(()),
+                })
+                .map_err(|_| anyhow::anyhow!("replicator address {a:?}: expected host:port"))?;
+        }
+        if self.durability == Durability::Replicated && self.replicator.is_empty() {
+            bail!("durability = \"replicated\" needs the replicator's addresses (`replicator`)");
+        }
+        if !(HEARTBEAT_MS_MIN..=HEARTBEAT_MS_MAX).contains(&self.heartbeat_ms) {
+            bail!(
+                "heartbeat_ms is {}; it must be between {HEARTBEAT_MS_MIN} and {HEARTBEAT_MS_MAX}",
+                self.heartbeat_ms
+            );
+        }
+        if self.replicated_timeout_ms == 0 {
+            bail!("replicated_timeout_ms must be positive");
+        }
+        if self.read_only && !self.replicator.is_empty() {
+            bail!("a read-only primary writes no change records: leave `replicator` empty");
+        }
         self.resolved_token()?;
         Ok(())
     }
@@ -182,6 +255,17 @@ read_only = false
 otlp_endpoint = ""
 # Threads serving calls; 0 = half the cores (at least 1).
 serve_threads = 0
+# Replicator nodes (host:port) the change log is shipped to; [] keeps it local only.
+replicator = []
+# "local": an operation returns after the local commit (unshipped versions are at risk if the
+# primary's disk is lost). "replicated": it returns after the replicator committed it.
+durability = "local"
+# This primary's epoch; the replicator refuses appends of any other (a promotion raises it).
+epoch = 0
+# Milliseconds between heartbeats (the primary's clock and latest version) to the replicator.
+heartbeat_ms = 200
+# In "replicated" mode, an operation not committed by the replicator within this fails (EIO).
+replicated_timeout_ms = 30000
 "#;
 
 #[cfg(test)]
@@ -213,5 +297,21 @@ mod tests {
         };
         assert!(c3.validate().is_err());
         assert!(toml::from_str::<PrimaryConfig>("no_such_field = 1").is_err());
+        let c4 = PrimaryConfig {
+            durability: Durability::Replicated,
+            ..c.clone()
+        };
+        assert!(c4.validate().is_err(), "replicated without a replicator");
+        let c5 = PrimaryConfig {
+            replicator: vec!["127.0.0.1:7430".into(), "node-b.example:7430".into()],
+            ..c4.clone()
+        };
+        assert!(c5.validate().is_ok());
+        let c6 = PrimaryConfig {
+            replicator: vec!["nowhere".into()],
+            ..c.clone()
+        };
+        assert!(c6.validate().is_err());
+        assert!(toml::from_str::<PrimaryConfig>("durability = \"eventual\"").is_err());
     }
 }

@@ -10,14 +10,17 @@ use strait_proto::meta::meta_service_server::MetaServiceServer;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::config::PrimaryConfig;
+use crate::config::{Durability, PrimaryConfig};
 use crate::metrics::{self, Metrics};
 use crate::service::{Auth, MetaServer};
+use crate::shipper::{Shipper, ShipperConfig, TappedKv};
 
 /// Largest request or reply message (a directory listing of a huge directory is the biggest).
 pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
 /// How long calls in flight may take to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How long a stopping daemon waits for the shipper to send what is left.
+const SHIP_DRAIN: Duration = Duration::from_secs(5);
 /// Most calls served at once on one connection.
 const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
@@ -31,20 +34,53 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let token = cfg.resolved_token()?;
     let meta_url = cfg.meta_url.clone();
     let read_only = cfg.read_only;
-    let engine = tokio::task::spawn_blocking(move || -> Result<Arc<Meta>> {
+    let ship = !cfg.replicator.is_empty();
+    let (engine, signal) = tokio::task::spawn_blocking(move || -> Result<_> {
         let kv = strait_fs_core::kv::open(&meta_url)?;
-        Ok(Meta::open(kv, MetaOptions { read_only })?)
+        let (kv, signal) = if ship {
+            let (kv, s) = TappedKv::wrap(kv);
+            (kv, Some(s))
+        } else {
+            (kv, None)
+        };
+        Ok((Meta::open(kv, MetaOptions { read_only })?, signal))
     })
     .await
     .context("open the metadata engine")??;
     let format = engine.settings().clone();
     let metrics = Metrics::new();
-    let server = Arc::new(MetaServer::new(
-        engine.clone(),
-        cfg.session_timeout_ms,
-        metrics.clone(),
-    ));
     let stop = CancellationToken::new();
+    let mut server = MetaServer::new(engine.clone(), cfg.session_timeout_ms, metrics.clone());
+    // the shipper outlives the service by a moment at shutdown, to ship what is left
+    let ship_stop = CancellationToken::new();
+    let mut shipped = None;
+    if let Some(signal) = signal {
+        let shipper = Shipper::new(
+            engine.kv().clone(),
+            signal,
+            ShipperConfig {
+                replicator: cfg.replicator.clone(),
+                epoch: cfg.epoch,
+                heartbeat: Duration::from_millis(cfg.heartbeat_ms),
+            },
+            metrics.clone(),
+        )?;
+        if cfg.durability == Durability::Replicated {
+            server = server.replicated(
+                shipper.watch(),
+                Duration::from_millis(cfg.replicated_timeout_ms),
+            );
+        }
+        shipper.spawn(ship_stop.clone());
+        shipped = Some(shipper.watch());
+        tracing::info!(
+            "shipping the change log to the replicator at {} (epoch {}, durability {})",
+            cfg.replicator.join(", "),
+            cfg.epoch,
+            cfg.durability
+        );
+    }
+    let server = Arc::new(server);
 
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
@@ -154,6 +190,19 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         }
     }
     stop.cancel();
+    if let Some(mut rx) = shipped {
+        let e = engine.clone();
+        if let Ok(Ok(latest)) = tokio::task::spawn_blocking(move || e.kv().last_version()).await {
+            match crate::shipper::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
+                Ok(()) => tracing::info!("the replicator holds every version up to {latest}"),
+                Err(why) => tracing::warn!(
+                    "stopping with versions the replicator does not hold yet ({why}); they are \
+                     in the outbox and are shipped at the next start"
+                ),
+            }
+        }
+    }
+    ship_stop.cancel();
     let e = engine.clone();
     tokio::task::spawn_blocking(move || e.kv().sync())
         .await

@@ -7,5 +7,6 @@ pub mod config;
 pub mod daemon;
 pub mod metrics;
 pub mod service;
+pub mod shipper;
 
 pub use config::PrimaryConfig;

@@ -22,6 +22,14 @@ pub struct Metrics {
     pub sessions_expired: IntCounter,
     /// Dead slices whose blocks were deleted.
     pub slices_collected: IntCounter,
+    /// The newest version the replicator has committed (shipped).
+    pub shipped_version: IntGauge,
+    /// Latency of the shipper's appends to the replicator.
+    pub ship_seconds: prometheus::Histogram,
+    /// Appends and heartbeats that failed (after their retries).
+    pub ship_errors: IntCounter,
+    /// Operations that failed in `replicated` mode because the replicator did not commit them in time.
+    pub replication_timeouts: IntCounter,
 }
 
 impl Metrics {
@@ -64,6 +72,31 @@ impl Metrics {
             "Dead slices whose blocks were deleted",
         ))
         .expect("valid counter");
+        let shipped_version = IntGauge::with_opts(Opts::new(
+            "strait_shipped_version",
+            "Newest version of the change log the replicator has committed",
+        ))
+        .expect("valid gauge");
+        let ship_seconds = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "strait_ship_append_seconds",
+                "Latency of the shipper's appends to the replicator",
+            )
+            .buckets(vec![
+                0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )
+        .expect("valid histogram");
+        let ship_errors = IntCounter::with_opts(Opts::new(
+            "strait_ship_errors_total",
+            "Appends and heartbeats to the replicator that failed after their retries",
+        ))
+        .expect("valid counter");
+        let replication_timeouts = IntCounter::with_opts(Opts::new(
+            "strait_replication_timeouts_total",
+            "Operations failed in replicated mode: the replicator did not commit them in time",
+        ))
+        .expect("valid counter");
         for c in [
             Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(sessions.clone()),
@@ -71,6 +104,10 @@ impl Metrics {
             Box::new(unauthenticated.clone()),
             Box::new(sessions_expired.clone()),
             Box::new(slices_collected.clone()),
+            Box::new(shipped_version.clone()),
+            Box::new(ship_seconds.clone()),
+            Box::new(ship_errors.clone()),
+            Box::new(replication_timeouts.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -82,6 +119,10 @@ impl Metrics {
             unauthenticated,
             sessions_expired,
             slices_collected,
+            shipped_version,
+            ship_seconds,
+            ship_errors,
+            replication_timeouts,
         })
     }
 

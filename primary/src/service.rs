@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::shipper::{take_txn_version, wait_committed, Shipped};
 
 /// Most slice ids one call may take.
 pub const ALLOC_SLICE_IDS_MAX: u32 = 100_000;
@@ -95,6 +96,8 @@ pub struct MetaServer {
     sessions: RwLock<HashMap<u64, Arc<Meta>>>,
     session_timeout_ms: u64,
     metrics: Arc<Metrics>,
+    /// In `replicated` mode: what the replicator has committed, and how long to wait for it.
+    replicated: Option<(tokio::sync::watch::Receiver<Shipped>, std::time::Duration)>,
 }
 
 fn invalid(e: WireError) -> Error {
@@ -156,7 +159,18 @@ impl MetaServer {
             sessions: RwLock::new(HashMap::new()),
             session_timeout_ms,
             metrics,
+            replicated: None,
         }
+    }
+
+    /// Answer a mutation only once the replicator has committed its version.
+    pub fn replicated(
+        mut self,
+        shipped: tokio::sync::watch::Receiver<Shipped>,
+        timeout: std::time::Duration,
+    ) -> Self {
+        self.replicated = Some((shipped, timeout));
+        self
     }
 
     pub fn engine(&self) -> &Arc<Meta> {
@@ -201,6 +215,12 @@ impl MetaServer {
         F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
     {
         let start = Instant::now();
+        // the call runs on one thread: the version its transactions committed is read there
+        let f = move || {
+            take_txn_version();
+            let r = f();
+            (r, take_txn_version())
+        };
         let res = if self.inline {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
                 .map_err(|_| "the engine call panicked")
@@ -210,7 +230,20 @@ impl MetaServer {
                 .map_err(|_| "the engine call panicked")
         };
         let res = match res {
-            Ok(r) => r,
+            Ok((r, version)) => {
+                if let (Ok(_), Some((rx, timeout)), true) = (&r, &self.replicated, version > 0) {
+                    let mut rx = rx.clone();
+                    if let Err(why) = wait_committed(&mut rx, version, *timeout).await {
+                        tracing::error!("{op}: {why}");
+                        self.metrics.replication_timeouts.inc();
+                        self.metrics.observe(op, "EIO", start.elapsed());
+                        return Err(to_status(&Error::Meta(format!(
+                            "{op}: {why} (durability = replicated)"
+                        ))));
+                    }
+                }
+                r
+            }
             Err(e) => {
                 tracing::error!("{op}: the engine call failed: {e}");
                 self.metrics.observe(op, "panic", start.elapsed());

@@ -12,6 +12,7 @@
 
 use std::io::Cursor;
 
+pub mod client;
 pub mod log;
 pub mod network;
 pub mod node;

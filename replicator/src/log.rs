@@ -11,6 +11,12 @@ pub const APPEND_RECORDS_MAX: usize = 65_536;
 pub const APPEND_BYTES_MAX: usize = 64 << 20;
 /// Longest mirror name.
 pub const MIRROR_NAME_MAX: usize = 256;
+/// Default retention caps: the log keeps at most this many bytes of records, and records at
+/// most this old (by the primary's clock), even when a mirror still needs them.
+pub const RETENTION_BYTES_DEFAULT: u64 = 64 << 30;
+pub const RETENTION_AGE_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
+/// The log's size and age are tracked at about this many points across the retained window.
+const MARKS_PER_WINDOW: u64 = 64;
 
 /// A change to the replicated state, proposed through Raft.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +40,32 @@ pub enum Command {
         mirror: String,
         applied_version: u64,
     },
+    /// Change the retention caps.
+    SetRetention(Retention),
+}
+
+/// How much of the log is kept for mirrors that fall behind. A mirror whose position falls
+/// out of it must bootstrap again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    pub max_bytes: u64,
+    pub max_age_ms: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_bytes: RETENTION_BYTES_DEFAULT,
+            max_age_ms: RETENTION_AGE_MS_DEFAULT,
+        }
+    }
+}
+
+/// A point in the log: the bytes appended before `version`, and the primary's clock then.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    pub bytes_before: u64,
+    pub at_ms: u64,
 }
 
 /// Why an append (or a heartbeat, or an epoch change) was refused.
@@ -104,9 +136,103 @@ pub struct LogState {
     /// The primary's last heartbeat: (clock in ms, latest version).
     pub heartbeat: Option<(u64, u64)>,
     pub cursors: BTreeMap<String, Cursor>,
+    pub retention: Retention,
+    /// Bytes of records ever appended.
+    pub appended_bytes: u64,
+    /// Points of the log by version, for the retention caps: the first one is at or before
+    /// `earliest_version`.
+    pub marks: BTreeMap<u64, Mark>,
 }
 
 impl LogState {
+    /// Bytes of records the log holds (counted from the mark at or before its start, so at
+    /// most one mark's interval too many).
+    pub fn held_bytes(&self) -> u64 {
+        self.marks
+            .values()
+            .next()
+            .map(|m| self.appended_bytes - m.bytes_before)
+            .unwrap_or(0)
+    }
+
+    fn clock_ms(&self) -> u64 {
+        self.heartbeat.map(|(c, _)| c).unwrap_or(0)
+    }
+
+    /// Remember where an append of `bytes` starting at `version` lies.
+    fn mark(&mut self, version: u64, bytes: u64) {
+        let (at_ms, before) = (self.clock_ms(), self.appended_bytes);
+        let due = match self.marks.values().next_back() {
+            None => true,
+            Some(last) => {
+                before - last.bytes_before >= self.retention.max_bytes / MARKS_PER_WINDOW
+                    || at_ms.saturating_sub(last.at_ms)
+                        >= self.retention.max_age_ms / MARKS_PER_WINDOW
+            }
+        };
+        if due {
+            self.marks.insert(
+                version,
+                Mark {
+                    bytes_before: before,
+                    at_ms,
+                },
+            );
+        }
+        self.appended_bytes += bytes;
+    }
+
+    /// Where the log may start now: above the lowest cursor of the mirrors still following,
+    /// and within the retention caps. Moves `earliest_version` there and marks the mirrors
+    /// left behind; returns the new start when it moved.
+    fn enforce(&mut self) -> Option<u64> {
+        let mut start = self.earliest_version;
+        if let Some(low) = self
+            .cursors
+            .values()
+            .filter(|c| !c.needs_bootstrap)
+            .map(|c| c.applied_version)
+            .min()
+        {
+            start = start.max(low + 1);
+        }
+        // the first mark from which the log fits both caps (the newest mark always stays)
+        let now = self.clock_ms();
+        let fits = |m: &Mark| {
+            self.appended_bytes - m.bytes_before <= self.retention.max_bytes
+                && now.saturating_sub(m.at_ms) <= self.retention.max_age_ms
+        };
+        let newest = self.marks.keys().next_back().copied();
+        if let Some(v) = self
+            .marks
+            .iter()
+            .find(|(_, m)| fits(m))
+            .map(|(v, _)| *v)
+            .or(newest)
+        {
+            start = start.max(v);
+        }
+        start = start.min(self.last_version + 1);
+        if start <= self.earliest_version {
+            return None;
+        }
+        self.earliest_version = start;
+        // keep the mark at or before the new start (it bounds the bytes held) and those after
+        let keep_from = self
+            .marks
+            .range(..=start)
+            .next_back()
+            .map(|(v, _)| *v)
+            .unwrap_or(start);
+        self.marks = self.marks.split_off(&keep_from);
+        for c in self.cursors.values_mut() {
+            if c.applied_version + 1 < start {
+                c.needs_bootstrap = true;
+            }
+        }
+        Some(start)
+    }
+
     pub fn new() -> Self {
         LogState {
             earliest_version: 1,
@@ -185,8 +311,13 @@ pub fn apply(
                 return refused(e);
             }
             state.heartbeat = Some((primary_clock_ms, latest_version));
+            // records appended before the first heartbeat are as old as it
+            for m in state.marks.values_mut().filter(|m| m.at_ms == 0) {
+                m.at_ms = primary_clock_ms;
+            }
             Effect {
                 outcome: Outcome::Done,
+                purge_below: state.enforce(),
                 ..Effect::default()
             }
         }
@@ -204,22 +335,26 @@ pub fn apply(
             c.applied_version = c
                 .applied_version
                 .max(applied_version.min(state.last_version));
-            // the versions after its position were purged: it cannot follow from there
+            // the versions after its position were purged: it cannot follow from there (a
+            // mirror that bootstrapped again acks its new position and follows again)
             c.needs_bootstrap = c.applied_version + 1 < state.earliest_version;
             // keep everything above the lowest cursor of the mirrors still following
-            let low = state
-                .cursors
-                .values()
-                .filter(|c| !c.needs_bootstrap)
-                .map(|c| c.applied_version)
-                .min();
-            let purge_below = low.map(|l| l + 1).filter(|&p| p > state.earliest_version);
-            if let Some(p) = purge_below {
-                state.earliest_version = p;
-            }
             Effect {
                 outcome: Outcome::Done,
-                purge_below,
+                purge_below: state.enforce(),
+                ..Effect::default()
+            }
+        }
+        Command::SetRetention(r) => {
+            if r.max_bytes == 0 || r.max_age_ms == 0 {
+                return refused(AppendError::Malformed(
+                    "retention caps must be positive".into(),
+                ));
+            }
+            state.retention = r;
+            Effect {
+                outcome: Outcome::Done,
+                purge_below: state.enforce(),
                 ..Effect::default()
             }
         }
@@ -296,13 +431,15 @@ fn append(
         .skip(skip)
         .map(|(i, r)| (first_version + i as u64, r))
         .collect();
+    let new_bytes: usize = put.iter().map(|(_, r)| r.len()).sum();
+    state.mark(state.last_version + 1, new_bytes as u64);
     state.last_version = last_in_batch;
     Ok(Effect {
         outcome: Outcome::Appended {
             last_version: last_in_batch,
         },
         put,
-        purge_below: None,
+        purge_below: state.enforce(),
     })
 }
 
@@ -434,5 +571,85 @@ mod tests {
             run(&mut s, &mut log, ack("", 1)),
             Outcome::Refused(_)
         ));
+    }
+
+    #[test]
+    fn retention_caps_bound_the_log_and_send_laggards_to_bootstrap() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        let caps = Retention {
+            max_bytes: 1000,
+            max_age_ms: 10_000,
+        };
+        assert_eq!(
+            run(&mut s, &mut log, Command::SetRetention(caps)),
+            Outcome::Done
+        );
+        // a mirror that never moves holds nothing back past the caps
+        run(
+            &mut s,
+            &mut log,
+            Command::Ack {
+                mirror: "slow".into(),
+                applied_version: 0,
+            },
+        );
+        let hb = |ms: u64| Command::Heartbeat {
+            epoch: 0,
+            primary_clock_ms: ms,
+            latest_version: 0,
+        };
+        let rec = "0123456789"; // 10 bytes; 10 per append
+                                // appended before any heartbeat: as old as the first one, not as old as the epoch
+        run(&mut s, &mut log, app(0, 1, &["x"]));
+        run(&mut s, &mut log, hb(1_000));
+        assert_eq!(s.earliest_version, 1);
+        for i in 0..50u64 {
+            run(&mut s, &mut log, hb(1_000 + i * 10));
+            let o = run(&mut s, &mut log, app(0, i * 10 + 2, &[rec; 10]));
+            assert_eq!(
+                o,
+                Outcome::Appended {
+                    last_version: i * 10 + 11
+                }
+            );
+            let held: usize = log.values().map(Vec::len).sum();
+            assert!(held <= 1000 + 100, "{held} bytes held after append {i}");
+            assert_eq!(log.keys().next().copied(), Some(s.earliest_version));
+            assert_eq!(log.len() as u64, s.last_version - s.earliest_version + 1);
+        }
+        assert!(s.earliest_version > 1);
+        assert!(s.held_bytes() <= 1100, "{}", s.held_bytes());
+        assert!(s.cursors["slow"].needs_bootstrap);
+        assert!(s.marks.len() <= 12, "{} marks", s.marks.len());
+        // the age cap: 20 s later by the primary's clock, only the newest batch stays
+        run(&mut s, &mut log, hb(1_000 + 50 * 10 + 20_000));
+        assert_eq!(s.earliest_version, 492);
+        assert_eq!(log.len(), 10);
+        // a mirror that bootstrapped again acks its new position and follows
+        run(
+            &mut s,
+            &mut log,
+            Command::Ack {
+                mirror: "slow".into(),
+                applied_version: 496,
+            },
+        );
+        assert!(!s.cursors["slow"].needs_bootstrap);
+        assert_eq!(s.earliest_version, 497);
+        // caps must be positive; a refusal changes nothing
+        let before = (s.clone(), log.clone());
+        assert!(matches!(
+            run(
+                &mut s,
+                &mut log,
+                Command::SetRetention(Retention {
+                    max_bytes: 0,
+                    max_age_ms: 1
+                })
+            ),
+            Outcome::Refused(AppendError::Malformed(_))
+        ));
+        assert_eq!((s, log), before);
     }
 }

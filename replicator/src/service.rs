@@ -10,7 +10,7 @@ use openraft::{BasicNode, ChangeMembers};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::log::{Command, Outcome, MIRROR_NAME_MAX};
+use crate::log::{Command, Outcome, Retention, MIRROR_NAME_MAX};
 use crate::network::{KIND_APPEND, KIND_SNAPSHOT, KIND_VOTE};
 use crate::pb;
 use crate::store::ChangeLog;
@@ -169,6 +169,24 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         Ok(Response::new(pb::Empty {}))
     }
 
+    async fn set_retention(
+        &self,
+        req: Request<pb::RetentionRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        if r.max_bytes == 0 || r.max_age_ms == 0 {
+            return Err(Status::invalid_argument(
+                "retention caps must be positive (bytes and milliseconds)",
+            ));
+        }
+        self.write(Command::SetRetention(Retention {
+            max_bytes: r.max_bytes,
+            max_age_ms: r.max_age_ms,
+        }))
+        .await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
     type SubscribeStream = SubscribeStream;
 
     async fn subscribe(
@@ -230,6 +248,11 @@ impl pb::replicator_server::Replicator for ReplicatorService {
                 primary_clock_ms: c,
                 latest_version: v,
             }),
+            retention: Some(pb::RetentionRequest {
+                max_bytes: log.retention.max_bytes,
+                max_age_ms: log.retention.max_age_ms,
+            }),
+            held_bytes: log.held_bytes(),
         }))
     }
 

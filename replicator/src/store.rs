@@ -8,8 +8,11 @@
 //!   log id and membership, written in the same batch as the records they describe; and the
 //!   last snapshot.
 //!
-//! Every write that openraft relies on for safety (log entries, votes, applied state) is
-//! synced before it is reported done.
+//! Every write that openraft relies on for safety (log entries, votes, the committed id,
+//! purges, snapshots) is synced before it is reported done. Applying committed entries is not
+//! synced: the entries are durable in the Raft log, every column family shares one write-ahead
+//! log (so the next synced write makes every earlier apply durable too), and after a machine
+//! crash openraft applies again the committed entries after the last applied id on disk.
 
 // openraft's trait methods return its `StorageError` (over 200 bytes); the helpers here return
 // the same type so `?` carries it through unchanged.
@@ -108,10 +111,15 @@ impl LogStore {
         }
     }
 
-    fn put_meta<T: Serialize>(&self, key: &[u8], v: &T) -> Result<(), SErr> {
+    fn put_meta<T: Serialize>(&self, key: &[u8], v: &T, sync: bool) -> Result<(), SErr> {
         let cf = cf(&self.db, CF_META)?;
+        let opts = if sync {
+            synced()
+        } else {
+            rocksdb::WriteOptions::default()
+        };
         self.db
-            .put_cf_opt(cf, key, encode(v)?, &synced())
+            .put_cf_opt(cf, key, encode(v)?, &opts)
             .map_err(|e| StorageIOError::write(any(e)).into())
     }
 }
@@ -174,7 +182,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), SErr> {
-        self.put_meta(KEY_VOTE, vote)
+        self.put_meta(KEY_VOTE, vote, true)
             .map_err(|e| StorageIOError::write_vote(any(e)).into())
     }
 
@@ -183,7 +191,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), SErr> {
-        self.put_meta(KEY_COMMITTED, &committed)
+        // a hint for re-applying after a restart (openraft allows it to be lost): not synced
+        self.put_meta(KEY_COMMITTED, &committed, false)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, SErr> {
@@ -228,7 +237,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), SErr> {
         // record the purge point first: a crash between the two leaves extra entries, which
         // is harmless, never a hole
-        self.put_meta(KEY_PURGED, &log_id)?;
+        self.put_meta(KEY_PURGED, &log_id, true)?;
         let cf = cf(&self.db, CF_LOG)?;
         self.db
             .delete_range_cf(cf, 0u64.to_be_bytes(), (log_id.index + 1).to_be_bytes())
@@ -477,8 +486,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         let sm = cf(&self.db, CF_SM)?;
         batch.put_cf(sm, KEY_SM, encode(&self.state)?);
+        // not synced: see the module documentation
         self.db
-            .write_opt(batch, &synced())
+            .write(batch)
             .map_err(|e| StorageIOError::write_state_machine(any(e)))?;
         self.progress.send_replace(self.state.log.clone());
         Ok(out)

@@ -50,6 +50,16 @@ pub struct Args {
     /// Threads serving calls (0: half the cores, at least 1).
     #[arg(long, env = "STRAIT_SERVE_THREADS")]
     pub serve_threads: Option<usize>,
+    /// Replicator nodes to ship the change log to (host:port, comma-separated).
+    #[arg(long, env = "STRAIT_REPLICATOR", value_delimiter = ',')]
+    pub replicator: Option<Vec<String>>,
+    /// When an operation returns: `local` (after the local commit) or `replicated` (after the
+    /// replicator committed it).
+    #[arg(long, env = "STRAIT_DURABILITY")]
+    pub durability: Option<String>,
+    /// This primary's epoch (the replicator refuses appends of any other).
+    #[arg(long, env = "STRAIT_EPOCH")]
+    pub epoch: Option<u64>,
 }
 
 impl Args {
@@ -110,6 +120,15 @@ impl Args {
         }
         if let Some(v) = self.serve_threads {
             c.serve_threads = v;
+        }
+        if let Some(v) = &self.replicator {
+            c.replicator = v.iter().filter(|a| !a.is_empty()).cloned().collect();
+        }
+        if let Some(v) = &self.durability {
+            c.durability = v.parse()?;
+        }
+        if let Some(v) = self.epoch {
+            c.epoch = v;
         }
         c.validate()?;
         Ok(c)

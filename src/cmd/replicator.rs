@@ -72,6 +72,18 @@ pub enum Action {
         #[arg(long)]
         addr: String,
     },
+    /// Set the retention caps: the log keeps at most this much for mirrors that fall behind
+    /// (a mirror past a cap must bootstrap again).
+    Retention {
+        #[arg(long)]
+        addr: String,
+        /// Most bytes of records kept, e.g. 64GiB, 500MiB, 1000000.
+        #[arg(long)]
+        max_bytes: String,
+        /// Oldest records kept, by the primary's clock, e.g. 7d, 12h, 30m, 90s.
+        #[arg(long)]
+        max_age: String,
+    },
     /// Benchmark a three-node cluster started here (loopback, RocksDB in a temporary
     /// directory): committed records/s with batching, then commit latency at half that rate;
     /// with --delay-ms, every link between nodes gets that one-way delay (fault proxy).
@@ -187,6 +199,68 @@ async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channe
     Ok(ReplicatorClient::new(ch))
 }
 
+/// `64GiB`, `500MiB`, `10kB`, `1000`: a byte count.
+fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size (e.g. 64GiB, 500MiB, 1000000)"))?;
+    let mul: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "k" | "kB" | "KB" => 1_000,
+        "KiB" => 1 << 10,
+        "M" | "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "G" | "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        "T" | "TB" => 1_000_000_000_000,
+        "TiB" => 1 << 40,
+        u => bail!("{s:?}: unknown unit {u:?} (B, kB, KiB, MB, MiB, GB, GiB, TB, TiB)"),
+    };
+    let v = n
+        .checked_mul(mul)
+        .with_context(|| format!("{s:?} is too large"))?;
+    if v == 0 {
+        bail!("{s:?}: the cap must be positive");
+    }
+    Ok(v)
+}
+
+/// `7d`, `12h`, `30m`, `90s`, `500ms`: a duration in milliseconds.
+fn parse_age_ms(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a duration (e.g. 7d, 12h, 30m, 90s)"))?;
+    let mul: u64 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "" => bail!("{s:?}: give a unit (ms, s, m, h, d)"),
+        u => bail!("{s:?}: unknown unit {u:?} (ms, s, m, h, d)"),
+    };
+    let v = n
+        .checked_mul(mul)
+        .with_context(|| format!("{s:?} is too long"))?;
+    if v == 0 {
+        bail!("{s:?}: the cap must be positive");
+    }
+    Ok(v)
+}
+
+/// A client for calls only the leader takes: it follows the leader named by `addr`'s node.
+fn leader_client(addr: &str) -> Result<strait_replicator::client::LogClient> {
+    strait_replicator::client::LogClient::new(&[addr.to_string()])
+        .map(|c| c.with_attempts(4))
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))
+}
+
 fn status_err(addr: &str, s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{addr}: {}", s.message())
 }
@@ -222,8 +296,7 @@ async fn admin(action: Action) -> Result<()> {
             node_addr,
             learner,
         } => {
-            connect(&addr)
-                .await?
+            leader_client(&addr)?
                 .add_node(pb::AddNodeRequest {
                     id,
                     addr: node_addr.clone(),
@@ -237,14 +310,29 @@ async fn admin(action: Action) -> Result<()> {
             );
         }
         Action::RemoveNode { addr, id } => {
-            connect(&addr)
-                .await?
-                .remove_node(pb::RemoveNodeRequest { id })
+            leader_client(&addr)?
+                .remove_node(id)
                 .await
                 .map_err(|s| status_err(&addr, s))?;
             println!("removed node {id}");
         }
         Action::Bench(b) => crate::cmd::replicator_bench::run(b).await?,
+        Action::Retention {
+            addr,
+            max_bytes,
+            max_age,
+        } => {
+            let max_bytes = parse_bytes(&max_bytes)?;
+            let max_age_ms = parse_age_ms(&max_age)?;
+            leader_client(&addr)?
+                .set_retention(pb::RetentionRequest {
+                    max_bytes,
+                    max_age_ms,
+                })
+                .await
+                .map_err(|s| status_err(&addr, s))?;
+            println!("retention set: at most {max_bytes} bytes, at most {max_age_ms} ms old");
+        }
         Action::Status { addr } => {
             let s = connect(&addr)
                 .await?
@@ -265,6 +353,14 @@ async fn admin(action: Action) -> Result<()> {
                 "change log  epoch {}, versions {}..={}",
                 s.epoch, s.earliest_version, s.last_version
             );
+            if let Some(r) = &s.retention {
+                println!(
+                    "retention   {} bytes held; caps {} bytes, {} s",
+                    s.held_bytes,
+                    r.max_bytes,
+                    r.max_age_ms / 1000
+                );
+            }
             if let Some(h) = &s.heartbeat {
                 println!(
                     "primary     clock {} ms, latest version {}",

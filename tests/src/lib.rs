@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod garage;
 pub mod mount;
 pub mod redis_server;
+pub mod replicator;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,107 +3,15 @@
 //! every few seconds and a follower is partitioned and healed; a subscriber, itself restarted
 //! from its last ack now and then, must see every version exactly once and in order.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strait_chaos::{Faults, Link, Proxy};
+use strait_chaos::{Faults, Link};
 use strait_replicator::pb;
-use strait_replicator::pb::replicator_client::ReplicatorClient;
-use strait_tests::{free_port, strait_bin};
-
-struct Replica {
-    id: u64,
-    addr: SocketAddr,
-    dir: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-    starts: usize,
-}
-
-impl Replica {
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Start the node's process, its output appended to its log.
-    fn launch(&self) -> Child {
-        let logf = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        Command::new(strait_bin())
-            .args(["replicator", "--id", &self.id.to_string()])
-            .args(["--listen", &self.addr.to_string()])
-            .arg("--data-dir")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().unwrap())
-            .stderr(logf)
-            .spawn()
-            .expect("spawn strait replicator")
-    }
-
-    fn spawn(&mut self) {
-        self.child = Some(self.launch());
-        self.starts += 1;
-        let start = Instant::now();
-        while self.log_text().matches("strait replicator: node").count() < self.starts {
-            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
-                // the port of the killed incarnation may linger for a moment: try again
-                assert!(
-                    start.elapsed() < Duration::from_secs(20),
-                    "node {} exited ({st}): {}",
-                    self.id,
-                    self.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(200));
-                self.child = Some(self.launch());
-                continue;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "node {} did not start: {}",
-                self.id,
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-async fn client(addr: SocketAddr) -> ReplicatorClient<tonic::transport::Channel> {
-    ReplicatorClient::new(strait_replicator::network::channel(&addr.to_string()).unwrap())
-}
-
-async fn leader(addrs: &[SocketAddr]) -> Option<u64> {
-    for a in addrs {
-        if let Ok(s) = client(*a).await.status(pb::Empty {}).await {
-            if let Some(l) = s.into_inner().leader {
-                return Some(l);
-            }
-        }
-    }
-    None
-}
+use strait_tests::replicator::{client, leader, Cluster};
+use strait_tests::strait_bin;
 
 #[test]
 fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_restarts() {
@@ -113,39 +21,9 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
         .enable_all()
         .build()
         .unwrap();
-    let mut nodes: BTreeMap<u64, Replica> = BTreeMap::new();
-    let mut proxies: BTreeMap<u64, Proxy> = BTreeMap::new();
-    for id in 1..=3u64 {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut r = Replica {
-            id,
-            addr,
-            dir: work.path().join(format!("node{id}")),
-            log: work.path().join(format!("node{id}.log")),
-            child: None,
-            starts: 0,
-        };
-        r.spawn();
-        // the other nodes reach this one through its proxy
-        proxies.insert(
-            id,
-            Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), addr).unwrap(),
-        );
-        nodes.insert(id, r);
-    }
-    let direct: Vec<SocketAddr> = nodes.values().map(|n| n.addr).collect();
-    // form the cluster with the CLI
-    let mut init = Command::new(strait_bin());
-    init.args(["replicator", "init", "--addr", &direct[0].to_string()]);
-    for (id, p) in &proxies {
-        init.args(["--member", &format!("{id}={}", p.addr())]);
-    }
-    let out = init.output().unwrap();
-    assert!(
-        out.status.success(),
-        "init: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cluster = Cluster::start(work.path(), 3);
+    let direct = cluster.direct();
+    let Cluster { nodes, proxies } = &mut cluster;
 
     const BATCH: u64 = 25;
     // the last version written; set once the writer stops
@@ -349,4 +227,83 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     assert!(text.contains(&format!("..={total}")), "{text}");
     assert_eq!(text.matches("voter").count(), 3, "{text}");
     assert!(text.contains("test-mirror"), "{text}");
+
+    // retention through the CLI: a cap of 1 KiB purges all but the newest batch, and a reader
+    // from the start is told where the log now begins
+    let out = Command::new(strait_bin())
+        .args(["replicator", "retention", "--addr", &direct[1].to_string()])
+        .args(["--max-bytes", "1KiB", "--max-age", "7d"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad = Command::new(strait_bin())
+        .args(["replicator", "retention", "--addr", &direct[1].to_string()])
+        .args(["--max-bytes", "0", "--max-age", "7d"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    // the log is tracked at points set under the old caps: the new cap is met fully once
+    // appends made under it follow
+    rt.block_on(async {
+        let lc = strait_replicator::client::LogClient::new(&[direct[0].to_string()]).unwrap();
+        for b in 0..4u64 {
+            let first = total + 1 + b * 25;
+            lc.append(pb::AppendRequest {
+                epoch: 0,
+                first_version: first,
+                records: (first..first + 25)
+                    .map(|v| v.to_string().into_bytes())
+                    .collect(),
+            })
+            .await
+            .unwrap();
+        }
+    });
+    let total = total + 100;
+    let earliest = rt.block_on(async {
+        let s = client(direct[0])
+            .await
+            .status(pb::Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(s.held_bytes <= 1024, "{} bytes held", s.held_bytes);
+        assert_eq!(s.last_version, total);
+        assert!(s
+            .cursors
+            .iter()
+            .all(|c| c.needs_bootstrap || c.applied_version + 1 >= s.earliest_version));
+        s.earliest_version
+    });
+    assert!(earliest > total - 200, "the log still starts at {earliest}");
+    rt.block_on(async {
+        let mut st = client(direct[2])
+            .await
+            .subscribe(pb::SubscribeRequest { after_version: 0 })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(10), st.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match first.kind {
+            Some(pb::subscribe_reply::Kind::TruncatedEarliest(e)) => assert!(e > 1),
+            k => panic!("a reader from the start got {k:?}"),
+        }
+    });
+    let text = String::from_utf8_lossy(
+        &Command::new(strait_bin())
+            .args(["replicator", "status", "--addr", &direct[0].to_string()])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(text.contains("caps 1024 bytes"), "{text}");
 }

@@ -1,0 +1,493 @@
+//! The shipper: tails the primary's outbox and appends it to the replicator, in order and
+//! idempotently; trims the outbox once the replicator has committed; appends the primary's
+//! clock and latest version as a heartbeat several times a second (DESIGN.md §3).
+//!
+//! # To ensure correctness
+//! - A batch always starts at the version after the replicator's last one, so a retried or
+//!   repeated append is acknowledged as a duplicate (or extends the log by its new records
+//!   only), never applied twice.
+//! - The outbox is trimmed only up to a version the replicator has acknowledged as committed.
+//! - The shipper never skips a version: when the outbox no longer holds the version after the
+//!   replicator's last one, or the replicator holds versions this primary never wrote, or a
+//!   newer epoch fenced this primary, it stops shipping and says why (log, status, and every
+//!   operation waiting in `replicated` mode fails at once).
+//! - [`TappedKv`] records the version of each transaction on the thread that ran it, so an
+//!   operation in `replicated` mode waits for its own version, not a later one.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use strait_fs_core::changelog::{read_log_raw, trim_log};
+use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
+use strait_replicator::client::{refusal, LogClient};
+use strait_replicator::log::APPEND_RECORDS_MAX;
+use strait_replicator::pb;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Most records in one append.
+pub const BATCH_RECORDS: usize = 16_384;
+/// Most bytes in one append (a batch holds at least one record).
+pub const BATCH_BYTES: usize = 16 << 20;
+/// Most records deleted from the outbox in one transaction.
+const TRIM_RECORDS: usize = 4096;
+/// How often the outbox is polled when no commit was signalled (commits by other processes
+/// sharing the engine are seen this way).
+const POLL: Duration = Duration::from_millis(50);
+/// Wait before trying again after the replicator could not be reached or refused.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+const STALL_PAUSE: Duration = Duration::from_secs(2);
+
+const _: () = assert!(BATCH_RECORDS <= APPEND_RECORDS_MAX);
+
+thread_local! {
+    /// The highest version committed by a transaction on this thread since the last take.
+    static TXN_VERSION: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The highest version committed on this thread since the last call, and reset it (0: none).
+pub fn take_txn_version() -> u64 {
+    TXN_VERSION.with(|c| c.replace(0))
+}
+
+/// Tells the shipper about commits as they happen.
+#[derive(Default)]
+pub struct CommitSignal {
+    latest: AtomicU64,
+    notify: Notify,
+}
+
+impl CommitSignal {
+    pub fn latest(&self) -> u64 {
+        self.latest.load(Ordering::Acquire)
+    }
+}
+
+/// A metadata engine that reports each committed version to [`take_txn_version`] and to the
+/// shipper.
+pub struct TappedKv {
+    inner: DynKv,
+    signal: Arc<CommitSignal>,
+}
+
+impl TappedKv {
+    pub fn wrap(inner: DynKv) -> (DynKv, Arc<CommitSignal>) {
+        let signal = Arc::new(CommitSignal::default());
+        if let Ok(v) = inner.last_version() {
+            signal.latest.store(v, Ordering::Release);
+        }
+        let kv = Arc::new(TappedKv {
+            inner,
+            signal: signal.clone(),
+        });
+        (kv, signal)
+    }
+}
+
+impl KvEngine for TappedKv {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn txn(
+        &self,
+        f: &mut dyn FnMut(&mut dyn KvTxn) -> strait_fs_core::Result<()>,
+    ) -> strait_fs_core::Result<Option<u64>> {
+        let v = self.inner.txn(f)?;
+        if let Some(v) = v {
+            TXN_VERSION.with(|c| c.set(c.get().max(v)));
+            self.signal.latest.fetch_max(v, Ordering::AcqRel);
+            self.signal.notify.notify_one();
+        }
+        Ok(v)
+    }
+    fn read(
+        &self,
+        f: &mut dyn FnMut(&mut dyn KvTxn) -> strait_fs_core::Result<()>,
+    ) -> strait_fs_core::Result<()> {
+        self.inner.read(f)
+    }
+    fn incr(&self, key: &[u8], delta: i64) -> strait_fs_core::Result<i64> {
+        self.inner.incr(key, delta)
+    }
+    fn sync(&self) -> strait_fs_core::Result<()> {
+        self.inner.sync()
+    }
+    fn last_version(&self) -> strait_fs_core::Result<u64> {
+        self.inner.last_version()
+    }
+    fn wipe(&self) -> strait_fs_core::Result<()> {
+        self.inner.wipe()
+    }
+}
+
+/// What the replicator has committed, as the shipper knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shipped {
+    /// Every version up to this one is committed by the replicator.
+    pub version: u64,
+    /// Why shipping stopped, when it cannot go on by itself.
+    pub stalled: Option<String>,
+}
+
+pub struct ShipperConfig {
+    pub replicator: Vec<String>,
+    pub epoch: u64,
+    pub heartbeat: Duration,
+}
+
+pub struct Shipper {
+    kv: DynKv,
+    client: LogClient,
+    cfg: ShipperConfig,
+    signal: Arc<CommitSignal>,
+    shipped: watch::Sender<Shipped>,
+    metrics: Arc<Metrics>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("the engine call failed: {e}")),
+    }
+}
+
+enum Step {
+    /// Start again from the replicator's status.
+    Resync,
+    /// The replicator (or the engine) could not be reached: try again.
+    Unreachable(String),
+    /// Shipping must not go on as things are: say so, then look again from time to time.
+    Stall(String),
+}
+
+impl Shipper {
+    pub fn new(
+        kv: DynKv,
+        signal: Arc<CommitSignal>,
+        cfg: ShipperConfig,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let client =
+            LogClient::new(&cfg.replicator).map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+        Ok(Arc::new(Shipper {
+            kv,
+            client,
+            cfg,
+            signal,
+            shipped: watch::channel(Shipped::default()).0,
+            metrics,
+        }))
+    }
+
+    pub fn watch(&self) -> watch::Receiver<Shipped> {
+        self.shipped.subscribe()
+    }
+
+    /// Ship, trim and beat until `stop` fires.
+    pub fn spawn(self: &Arc<Self>, stop: CancellationToken) {
+        let s = self.clone();
+        let st = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = s.ship(st.clone()) => {}
+                _ = st.cancelled() => {}
+            }
+        });
+        let s = self.clone();
+        let st = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = s.trim() => {}
+                _ = st.cancelled() => {}
+            }
+        });
+        let s = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = s.beat() => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+
+    fn stall(&self, why: String) {
+        tracing::error!("shipping the change log stopped: {why}");
+        self.shipped.send_modify(|s| s.stalled = Some(why));
+    }
+
+    /// The replicator has committed everything up to `version`; `progress` when this
+    /// process's own append did it (which ends a stall).
+    fn committed(&self, version: u64, progress: bool) {
+        self.shipped.send_if_modified(|s| {
+            let before = s.clone();
+            s.version = s.version.max(version);
+            if progress {
+                s.stalled = None;
+            }
+            *s != before
+        });
+        self.metrics
+            .shipped_version
+            .set(self.shipped.borrow().version as i64);
+    }
+
+    async fn ship(&self, stop: CancellationToken) {
+        let mut failures = 0u32;
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            let step = match self.resync().await {
+                Ok(shipped) => self.stream(shipped).await,
+                Err(s) => s,
+            };
+            match step {
+                Step::Resync => {
+                    failures = 0;
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Step::Unreachable(why) => {
+                    failures += 1;
+                    self.metrics.ship_errors.inc();
+                    // say it once, then now and then while it lasts
+                    if failures.is_power_of_two() {
+                        tracing::warn!(
+                            "shipping the change log: {why} (attempt {failures}); trying again"
+                        );
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Step::Stall(why) => {
+                    failures += 1;
+                    self.metrics.ship_errors.inc();
+                    self.stall(why);
+                    tokio::time::sleep(STALL_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// Where the replicator's log ends, once it is known to continue this primary's log.
+    async fn resync(&self) -> Result<u64, Step> {
+        let status = self
+            .client
+            .status()
+            .await
+            .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
+        if status.epoch > self.cfg.epoch {
+            return Err(Step::Stall(format!(
+                "fenced: the replicator is at epoch {}, this primary's epoch is {} (another \
+                 primary was promoted; this one must not write)",
+                status.epoch, self.cfg.epoch
+            )));
+        }
+        if status.epoch < self.cfg.epoch {
+            let r =
+                self.client
+                    .bump_epoch(self.cfg.epoch)
+                    .await
+                    .map_err(|s| match refusal(&s) {
+                        Some(_) => Step::Stall(format!("raise the epoch: {}", s.message())),
+                        None => Step::Unreachable(format!("raise the epoch: {}", s.message())),
+                    })?;
+            tracing::info!(
+                "raised the replicator's epoch from {} to {} (its log ends at version {})",
+                status.epoch,
+                r.epoch,
+                r.last_version
+            );
+            return Err(Step::Resync);
+        }
+        let kv = self.kv.clone();
+        let local = blocking(move || kv.last_version())
+            .await
+            .map_err(|e| Step::Unreachable(format!("read the latest version: {e}")))?;
+        // a follower's status may lag the leader: an append from there is a duplicate or an
+        // overlap the replicator checks record by record, never a loss
+        let replicated = status.last_version;
+        if replicated > local {
+            return Err(Step::Stall(format!(
+                "the replicator holds versions up to {replicated} but this primary's change log \
+                 ends at {local}: it follows another primary's log (or this primary's metadata \
+                 was restored from an older copy)"
+            )));
+        }
+        self.committed(replicated, false);
+        Ok(replicated)
+    }
+
+    /// Append everything after `shipped`, then whatever is committed next, until a failure.
+    async fn stream(&self, mut shipped: u64) -> Step {
+        loop {
+            let kv = self.kv.clone();
+            let after = shipped;
+            let batch =
+                match blocking(move || read_log_raw(kv.as_ref(), after, BATCH_RECORDS)).await {
+                    Ok(b) => b,
+                    Err(e) => return Step::Unreachable(format!("read the outbox: {e}")),
+                };
+            if batch.is_empty() {
+                // nothing new: wait for a commit (or poll for commits made elsewhere)
+                let _ = tokio::time::timeout(POLL, self.signal.notify.notified()).await;
+                continue;
+            }
+            if batch[0].0 != shipped + 1 {
+                return Step::Stall(format!(
+                    "the replicator's log ends at version {shipped} but the outbox starts at \
+                     {}: the versions between are neither in the outbox nor in the replicator \
+                     (was the replicator's data reset?)",
+                    batch[0].0
+                ));
+            }
+            let mut bytes = 0;
+            let mut records = Vec::with_capacity(batch.len());
+            for (_, r) in batch {
+                if !records.is_empty() && bytes + r.len() > BATCH_BYTES {
+                    break;
+                }
+                bytes += r.len();
+                records.push(r);
+            }
+            let last = shipped + records.len() as u64;
+            let start = Instant::now();
+            let res = self
+                .client
+                .append(pb::AppendRequest {
+                    epoch: self.cfg.epoch,
+                    first_version: shipped + 1,
+                    records,
+                })
+                .await;
+            self.metrics
+                .ship_seconds
+                .observe(start.elapsed().as_secs_f64());
+            match res {
+                Ok(_) => {
+                    shipped = last;
+                    self.committed(shipped, true);
+                }
+                Err(s) => {
+                    return match refusal(&s) {
+                        // the replicator's log ends elsewhere than believed: ask it again
+                        Some("gap") => Step::Resync,
+                        Some(_) => Step::Stall(format!(
+                            "the replicator refused an append: {}",
+                            s.message()
+                        )),
+                        None => {
+                            Step::Unreachable(format!("append to the replicator: {}", s.message()))
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// Delete committed records from the outbox.
+    async fn trim(&self) {
+        let mut rx = self.shipped.subscribe();
+        let mut trimmed = 0u64;
+        loop {
+            if rx.changed().await.is_err() {
+                return;
+            }
+            let upto = rx.borrow_and_update().version;
+            while trimmed < upto {
+                let kv = self.kv.clone();
+                let after = trimmed;
+                match blocking(move || trim_log(kv.as_ref(), after, upto, TRIM_RECORDS)).await {
+                    Ok(n) if n < TRIM_RECORDS => trimmed = upto,
+                    // the records before `upto` may be fewer than TRIM_RECORDS apart from
+                    // `after`; scanning again from `after` is correct, merely slower
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("trim the outbox up to version {upto}: {e}");
+                        break;
+                    }
+                }
+            }
+            // trimming is background work: let the outbox gather a batch
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn beat(&self) {
+        let mut tick = tokio::time::interval(self.cfg.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            let kv = self.kv.clone();
+            let latest = match blocking(move || kv.last_version()).await {
+                Ok(v) => v.max(self.signal.latest()),
+                Err(e) => {
+                    tracing::warn!("heartbeat: read the latest version: {e}");
+                    continue;
+                }
+            };
+            let res = self
+                .client
+                .heartbeat(pb::HeartbeatRequest {
+                    epoch: self.cfg.epoch,
+                    primary_clock_ms: now_ms(),
+                    latest_version: latest,
+                })
+                .await;
+            match res {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!("heartbeats reach the replicator again");
+                    }
+                    failing = false;
+                }
+                Err(s) => {
+                    self.metrics.ship_errors.inc();
+                    if !failing {
+                        tracing::warn!("heartbeat to the replicator: {}", s.message());
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+/// Wait until the replicator has committed `version`, at most `timeout`.
+pub async fn wait_committed(
+    rx: &mut watch::Receiver<Shipped>,
+    version: u64,
+    timeout: Duration,
+) -> Result<(), String> {
+    let res = tokio::time::timeout(
+        timeout,
+        rx.wait_for(|s| s.version >= version || s.stalled.is_some()),
+    )
+    .await;
+    match res {
+        Ok(Ok(s)) if s.version >= version => Ok(()),
+        Ok(Ok(s)) => Err(format!(
+            "committed locally as version {version}, but the replicator has not committed it: {}",
+            s.stalled.as_deref().unwrap_or("shipping stopped")
+        )),
+        Ok(Err(_)) => Err(format!(
+            "committed locally as version {version}; the shipper stopped before the replicator committed it"
+        )),
+        Err(_) => Err(format!(
+            "committed locally as version {version}, but the replicator did not commit it within {timeout:?}"
+        )),
+    }
+}

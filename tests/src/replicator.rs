@@ -1,0 +1,224 @@
+//! A cluster of `strait replicator` processes run by a test: each node is reached by the
+//! others through a fault proxy, so tests can partition it; nodes can be SIGKILLed and
+//! restarted on the same address and data directory.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use strait_chaos::Proxy;
+use strait_replicator::pb;
+use strait_replicator::pb::replicator_client::ReplicatorClient;
+
+use crate::{free_port, strait_bin};
+
+pub struct Replica {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+    starts: usize,
+}
+
+impl Replica {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Start the node's process, its output appended to its log.
+    fn launch(&self) -> Child {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        Command::new(strait_bin())
+            .args(["replicator", "--id", &self.id.to_string()])
+            .args(["--listen", &self.addr.to_string()])
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn strait replicator")
+    }
+
+    pub fn spawn(&mut self) {
+        self.child = Some(self.launch());
+        self.starts += 1;
+        let start = Instant::now();
+        while self.log_text().matches("strait replicator: node").count() < self.starts {
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                // the port of the killed incarnation may linger for a moment: try again
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "node {} exited ({st}): {}",
+                    self.id,
+                    self.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+                self.child = Some(self.launch());
+                continue;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "node {} did not start: {}",
+                self.id,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub async fn client(addr: SocketAddr) -> ReplicatorClient<tonic::transport::Channel> {
+    ReplicatorClient::new(strait_replicator::network::channel(&addr.to_string()).unwrap())
+}
+
+pub async fn leader(addrs: &[SocketAddr]) -> Option<u64> {
+    for a in addrs {
+        if let Ok(s) = client(*a).await.status(pb::Empty {}).await {
+            if let Some(l) = s.into_inner().leader {
+                return Some(l);
+            }
+        }
+    }
+    None
+}
+
+/// Three (or `n`) nodes on 127.0.0.1, each behind its own proxy, formed into a cluster with
+/// `strait replicator init`.
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, Replica>,
+    /// The proxy in front of each node, through which the other nodes reach it.
+    pub proxies: BTreeMap<u64, Proxy>,
+}
+
+impl Cluster {
+    pub fn start(work: &Path, n: u64) -> Cluster {
+        let mut nodes = BTreeMap::new();
+        let mut proxies = BTreeMap::new();
+        for id in 1..=n {
+            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let mut r = Replica {
+                id,
+                addr,
+                dir: work.join(format!("node{id}")),
+                log: work.join(format!("node{id}.log")),
+                child: None,
+                starts: 0,
+            };
+            r.spawn();
+            proxies.insert(
+                id,
+                Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), addr).unwrap(),
+            );
+            nodes.insert(id, r);
+        }
+        let direct: Vec<SocketAddr> = nodes.values().map(|n: &Replica| n.addr).collect();
+        let mut init = Command::new(strait_bin());
+        init.args(["replicator", "init", "--addr", &direct[0].to_string()]);
+        for (id, p) in &proxies {
+            init.args(["--member", &format!("{id}={}", p.addr())]);
+        }
+        let out = init.output().unwrap();
+        assert!(
+            out.status.success(),
+            "init: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Cluster { nodes, proxies }
+    }
+
+    /// The nodes' own addresses (not through their proxies).
+    pub fn direct(&self) -> Vec<SocketAddr> {
+        self.nodes.values().map(|n| n.addr).collect()
+    }
+
+    /// The leader's id, waiting up to `within` for one to be elected.
+    pub async fn wait_leader(&self, within: Duration) -> u64 {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = leader(&self.direct()).await {
+                return l;
+            }
+            assert!(start.elapsed() < within, "no leader within {within:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every record the cluster has committed after `after`, read from any node by a
+    /// subscription, in order, with their versions; checks that versions follow without gap.
+    pub async fn read_log(&self, after: u64, within: Duration) -> Vec<(u64, Vec<u8>)> {
+        let start = Instant::now();
+        let direct = self.direct();
+        let mut out: Vec<(u64, Vec<u8>)> = vec![];
+        let mut turn = 0;
+        loop {
+            assert!(
+                start.elapsed() < within,
+                "the log could not be read within {within:?}"
+            );
+            // the end: the leader's committed last version
+            let l = self.wait_leader(within).await;
+            let end = match client(self.nodes[&l].addr).await.status(pb::Empty {}).await {
+                Ok(s) => s.into_inner().last_version,
+                Err(_) => continue,
+            };
+            let have = out.last().map(|(v, _)| *v).unwrap_or(after);
+            if have >= end {
+                return out;
+            }
+            let a = direct[turn % direct.len()];
+            turn += 1;
+            let Ok(r) = client(a)
+                .await
+                .subscribe(pb::SubscribeRequest {
+                    after_version: have,
+                })
+                .await
+            else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let mut s = r.into_inner();
+            while let Ok(Ok(Some(m))) =
+                tokio::time::timeout(Duration::from_secs(2), s.message()).await
+            {
+                match m.kind {
+                    Some(pb::subscribe_reply::Kind::Records(r)) => {
+                        let have = out.last().map(|(v, _)| *v).unwrap_or(after);
+                        assert_eq!(r.first_version, have + 1, "a gap or a repeat");
+                        for (i, rec) in r.records.into_iter().enumerate() {
+                            out.push((r.first_version + i as u64, rec));
+                        }
+                        if out.last().map(|(v, _)| *v).unwrap_or(after) >= end {
+                            break;
+                        }
+                    }
+                    Some(pb::subscribe_reply::Kind::TruncatedEarliest(e)) => {
+                        panic!("the log was purged up to {e}; the reader wanted {have}")
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
