@@ -18,6 +18,35 @@ pub const RETENTION_AGE_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
 /// The log's size and age are tracked at about this many points across the retained window.
 const MARKS_PER_WINDOW: u64 = 64;
 
+/// Lists of byte strings, encoded as byte strings (serde's default visits each byte, which
+/// made encoding and decoding records the largest cost of a commit).
+pub mod byte_bufs {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|b| serde_bytes::Bytes::new(b)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        let v: Vec<serde_bytes::ByteBuf> = Deserialize::deserialize(d)?;
+        Ok(v.into_iter().map(serde_bytes::ByteBuf::into_vec).collect())
+    }
+}
+
+/// Versioned byte strings, encoded as byte strings.
+pub mod versioned_bufs {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[(u64, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|(n, b)| (n, serde_bytes::Bytes::new(b))))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(u64, Vec<u8>)>, D::Error> {
+        let v: Vec<(u64, serde_bytes::ByteBuf)> = Deserialize::deserialize(d)?;
+        Ok(v.into_iter().map(|(n, b)| (n, b.into_vec())).collect())
+    }
+}
+
 /// A change to the replicated state, proposed through Raft.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -25,6 +54,7 @@ pub enum Command {
     Append {
         epoch: u64,
         first_version: u64,
+        #[serde(with = "byte_bufs")]
         records: Vec<Vec<u8>>,
     },
     /// Fence every writer of an older epoch (a promotion).
