@@ -95,8 +95,9 @@ pub struct BenchArgs {
     /// One-way delay added to every link between nodes, in ms (0: plain loopback).
     #[arg(long, default_value_t = 0)]
     pub delay_ms: u64,
-    /// Records per append.
-    #[arg(long, default_value_t = 1000)]
+    /// Most records per append: the writer sends whatever has arrived, up to this many, with
+    /// one append in flight (as the primary's shipper does).
+    #[arg(long, default_value_t = 4096)]
     pub batch: u64,
     /// Bytes per record.
     #[arg(long, default_value_t = 128)]
