@@ -65,27 +65,41 @@ impl Primary {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn spawn(&mut self) {
+    fn launch(&self) -> std::process::Child {
         let logf = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .expect("primary log");
-        let child = Command::new(strait_bin())
+        Command::new(strait_bin())
             .args(&self.args)
             .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(logf.try_clone().expect("log"))
             .stderr(logf)
             .spawn()
-            .expect("spawn strait primary");
-        self.child = Some(child);
+            .expect("spawn strait primary")
+    }
+
+    fn spawn(&mut self) {
+        self.child = Some(self.launch());
         self.starts += 1;
         let start = Instant::now();
         while self.log_text().matches("strait primary: serving").count() < self.starts {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
-                    panic!("strait primary exited ({status}): {}", self.log_text());
+                    // on a restart, the port of the killed daemon may have been taken as the
+                    // local port of some outgoing connection meanwhile: try again for a while
+                    let text = self.log_text();
+                    if self.starts > 1
+                        && text.contains("Address already in use")
+                        && start.elapsed() < Duration::from_secs(20)
+                    {
+                        std::thread::sleep(Duration::from_millis(200));
+                        self.child = Some(self.launch());
+                        continue;
+                    }
+                    panic!("strait primary exited ({status}): {text}");
                 }
             }
             assert!(
