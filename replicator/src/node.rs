@@ -67,7 +67,7 @@ impl Node {
     /// Open the node's storage, start Raft and serve on `cfg.listen` (port 0 picks one).
     pub async fn start(cfg: NodeConfig) -> anyhow::Result<Node> {
         let db = open_db(&cfg.data_dir)?;
-        let log_store = LogStore::new(db.clone());
+        let log_store = LogStore::new(db.clone())?;
         let (sm, log) = StateMachine::open(db)?;
         let raft = Raft::new(cfg.id, Arc::new(cfg.raft_config()?), Network, log_store, sm)
             .await

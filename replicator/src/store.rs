@@ -98,15 +98,52 @@ fn decode<T: for<'de> Deserialize<'de>>(what: &str, b: &[u8]) -> Result<T, SErr>
 
 // ---- the Raft log -------------------------------------------------------------------------
 
+/// Appends waiting for their write-ahead log sync, in order.
+const FLUSH_QUEUE: usize = 4096;
+
+/// Syncs the write-ahead log on its own thread and reports appends durable, in their order.
+/// An append writes its entries at once (readable, as openraft requires) and leaves the fsync
+/// to this thread, so a Raft core never blocks in fsync and appends that arrive during one
+/// sync share the next (group commit).
+struct Flusher {
+    tx: std::sync::mpsc::SyncSender<LogFlushed<TypeConfig>>,
+}
+
+impl Flusher {
+    fn start(db: Arc<DB>) -> anyhow::Result<Flusher> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<LogFlushed<TypeConfig>>(FLUSH_QUEUE);
+        std::thread::Builder::new()
+            .name("strait-raft-fsync".into())
+            .spawn(move || {
+                // ends when every LogStore (every sender) is gone
+                while let Ok(first) = rx.recv() {
+                    let mut group = vec![first];
+                    group.extend(rx.try_iter());
+                    let res = db.flush_wal(true);
+                    for cb in group {
+                        cb.log_io_completed(
+                            res.as_ref()
+                                .map(|_| ())
+                                .map_err(|e| std::io::Error::other(e.to_string())),
+                        );
+                    }
+                }
+            })?;
+        Ok(Flusher { tx })
+    }
+}
+
 /// The Raft log. Cheap to clone: clones share the database.
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    flusher: Arc<Flusher>,
 }
 
 impl LogStore {
-    pub fn new(db: Arc<DB>) -> Self {
-        LogStore { db }
+    pub fn new(db: Arc<DB>) -> anyhow::Result<Self> {
+        let flusher = Arc::new(Flusher::start(db.clone())?);
+        Ok(LogStore { db, flusher })
     }
 
     fn get_meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>, SErr> {
@@ -221,14 +258,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         for e in entries {
             batch.put_cf(cf, e.log_id.index.to_be_bytes(), encode(&e)?);
         }
-        let res = self.db.write_opt(batch, &synced());
-        match res {
+        // readable now; durable when the flusher has synced the write-ahead log
+        if let Err(e) = self.db.write(batch) {
+            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(StorageIOError::write_logs(any(e)).into());
+        }
+        // in order: a full queue waits for room rather than syncing out of turn
+        let cb = match self.flusher.tx.try_send(callback) {
+            Ok(()) => return Ok(()),
+            Err(std::sync::mpsc::TrySendError::Full(cb)) => match self.flusher.tx.send(cb) {
+                Ok(()) => return Ok(()),
+                Err(std::sync::mpsc::SendError(cb)) => cb,
+            },
+            Err(std::sync::mpsc::TrySendError::Disconnected(cb)) => cb,
+        };
+        // the flusher thread is gone: sync here
+        match self.db.flush_wal(true) {
             Ok(()) => {
-                callback.log_io_completed(Ok(()));
+                cb.log_io_completed(Ok(()));
                 Ok(())
             }
             Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                cb.log_io_completed(Err(std::io::Error::other(e.to_string())));
                 Err(StorageIOError::write_logs(any(e)).into())
             }
         }
