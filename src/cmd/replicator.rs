@@ -105,6 +105,9 @@ pub struct BenchArgs {
     /// Seconds per phase.
     #[arg(long, default_value_t = 5)]
     pub seconds: u64,
+    /// Records/s offered in phase 2 (default: half the rate measured in phase 1).
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Scratch directory (default: a new one under /tmp, removed after).
     #[arg(long)]
     pub dir: Option<PathBuf>,

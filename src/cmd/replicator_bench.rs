@@ -104,10 +104,17 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     // phase 1: records arrive faster than they can be committed
     let max = run_phase(&mut lc, &record, a.batch, None, phase, &mut next).await?;
     max.print("max rate (always a full batch)");
-    // phase 2: records arrive at half that rate; each waits for the append that takes it
-    let half = max.rate / 2.0;
-    let r = run_phase(&mut lc, &record, a.batch, Some(half), phase, &mut next).await?;
-    r.print(&format!("half rate ({half:.0} records/s offered)"));
+    // phase 2: records arrive at half that rate (or --rate); each waits for the append that
+    // takes it
+    let (offered, name) = match a.rate {
+        Some(r) => (r, "given rate"),
+        None => (max.rate / 2.0, "half rate"),
+    };
+    if !(offered.is_finite() && offered > 0.0) {
+        bail!("--rate must be a positive number of records per second");
+    }
+    let r = run_phase(&mut lc, &record, a.batch, Some(offered), phase, &mut next).await?;
+    r.print(&format!("{name} ({offered:.0} records/s offered)"));
     drop(proxies);
     for n in nodes {
         n.shutdown().await;
