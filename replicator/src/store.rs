@@ -64,6 +64,10 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    // write files out as they grow: without it, flushes and compactions leave gigabytes of
+    // dirty pages that the next fsync of the Raft log waits for (stalls of 0.2-0.5 s seen)
+    opts.set_bytes_per_sync(1 << 20);
+    opts.set_wal_bytes_per_sync(1 << 20);
     // the Raft log and the records are written once, read soon and deleted in ranges: large
     // memtables mean fewer flushes on the commit path, and the Raft log is not compressed
     // (its entries are purged after the next snapshot)
