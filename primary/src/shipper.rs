@@ -30,9 +30,11 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 
 /// Most records in one append.
-pub const BATCH_RECORDS: usize = 16_384;
-/// Most bytes in one append (a batch holds at least one record).
-pub const BATCH_BYTES: usize = 16 << 20;
+pub const BATCH_RECORDS: usize = 8192;
+/// Most bytes in one append (a batch holds at least one record). One append is one Raft
+/// entry: it must cross the slowest link between replicator nodes well within their
+/// heartbeat interval, which is also the timeout of each replication call.
+pub const BATCH_BYTES: usize = 1 << 20;
 /// Most records deleted from the outbox in one transaction.
 const TRIM_RECORDS: usize = 4096;
 /// How often the outbox is polled when no commit was signalled (commits by other processes

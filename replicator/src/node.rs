@@ -16,6 +16,14 @@ use crate::store::{open_db, ChangeLog, LogStore, StateMachine};
 use crate::{NodeId, Raft};
 
 /// A node's settings.
+/// The default heartbeat interval, in ms.
+pub const HEARTBEAT_MS_DEFAULT: u64 = 250;
+/// Most entries in one replication call. An entry is one append (at most 1 MiB from strait's
+/// shipper), so a call carries at most about 16 MiB and finishes within a heartbeat interval
+/// over a 100 MB/s link; openraft's default (300) could make calls that never finish in
+/// time, so a lagging follower would never catch up.
+pub const PAYLOAD_ENTRIES_MAX: u64 = 16;
+
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub id: NodeId,
@@ -23,7 +31,9 @@ pub struct NodeConfig {
     pub listen: SocketAddr,
     /// The RocksDB directory of the Raft log and the change log.
     pub data_dir: PathBuf,
-    /// Raft heartbeat interval; elections start after 3 to 6 intervals without one.
+    /// Raft heartbeat interval; elections start after 3 to 6 intervals without one. It is also
+    /// openraft's timeout for each replication call, so it must exceed the round trip between
+    /// nodes plus the time to send [`PAYLOAD_ENTRIES_MAX`] entries over the slowest link.
     pub heartbeat_ms: u64,
     /// Build a snapshot (and purge the Raft log below it) after this many entries.
     pub snapshot_every: u64,
@@ -35,7 +45,7 @@ impl NodeConfig {
             id,
             listen,
             data_dir,
-            heartbeat_ms: 100,
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
             snapshot_every: 20_000,
         }
     }
@@ -48,6 +58,7 @@ impl NodeConfig {
             election_timeout_max: self.heartbeat_ms * 6,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
             max_in_snapshot_log_to_keep: 1000,
+            max_payload_entries: PAYLOAD_ENTRIES_MAX,
             ..Default::default()
         };
         c.validate().context("the Raft settings")

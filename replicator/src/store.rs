@@ -102,6 +102,9 @@ fn decode<T: for<'de> Deserialize<'de>>(what: &str, b: &[u8]) -> Result<T, SErr>
 
 // ---- the Raft log -------------------------------------------------------------------------
 
+/// A storage call slower than this is logged: it delays every commit.
+const SLOW_IO: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Appends waiting for their write-ahead log sync, in order.
 const FLUSH_QUEUE: usize = 4096;
 
@@ -123,7 +126,16 @@ impl Flusher {
                 while let Ok(first) = rx.recv() {
                     let mut group = vec![first];
                     group.extend(rx.try_iter());
+                    let start = std::time::Instant::now();
                     let res = db.flush_wal(true);
+                    let took = start.elapsed();
+                    if took > SLOW_IO {
+                        tracing::warn!(
+                            "syncing the Raft log took {} ms ({} appends waited)",
+                            took.as_millis(),
+                            group.len()
+                        );
+                    }
                     for cb in group {
                         cb.log_io_completed(
                             res.as_ref()
@@ -263,9 +275,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(cf, e.log_id.index.to_be_bytes(), encode(&e)?);
         }
         // readable now; durable when the flusher has synced the write-ahead log
+        let start = std::time::Instant::now();
         if let Err(e) = self.db.write(batch) {
             callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
             return Err(StorageIOError::write_logs(any(e)).into());
+        }
+        if start.elapsed() > SLOW_IO {
+            tracing::warn!(
+                "writing Raft log entries took {} ms",
+                start.elapsed().as_millis()
+            );
         }
         // in order: a full queue waits for room rather than syncing out of turn
         let cb = match self.flusher.tx.try_send(callback) {
@@ -554,9 +573,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let sm = cf(&self.db, CF_SM)?;
         batch.put_cf(sm, KEY_SM, encode(&self.state)?);
         // not synced: see the module documentation
+        let start = std::time::Instant::now();
         self.db
             .write(batch)
             .map_err(|e| StorageIOError::write_state_machine(any(e)))?;
+        if start.elapsed() > SLOW_IO {
+            tracing::warn!(
+                "applying committed entries took {} ms",
+                start.elapsed().as_millis()
+            );
+        }
         self.progress.send_replace(self.state.log.clone());
         Ok(out)
     }
