@@ -226,8 +226,11 @@ impl Shipper {
         });
     }
 
+    /// Shipping cannot go on: say why (once per reason) and fail the operations waiting.
     fn stall(&self, why: String) {
-        tracing::error!("shipping the change log stopped: {why}");
+        if self.shipped.borrow().stalled.as_deref() != Some(why.as_str()) {
+            tracing::error!("shipping the change log stopped: {why}");
+        }
         self.shipped.send_modify(|s| s.stalled = Some(why));
     }
 
@@ -253,10 +256,15 @@ impl Shipper {
             if stop.is_cancelled() {
                 return;
             }
+            let before = self.shipped.borrow().version;
             let step = match self.resync().await {
                 Ok(shipped) => self.stream(shipped).await,
                 Err(s) => s,
             };
+            if self.shipped.borrow().version > before {
+                // it worked for a while: a new failure is news again
+                failures = 0;
+            }
             match step {
                 Step::Resync => {
                     failures = 0;
@@ -384,8 +392,9 @@ impl Shipper {
                 }
                 Err(s) => {
                     return match refusal(&s) {
-                        // the replicator's log ends elsewhere than believed: ask it again
-                        Some("gap") => Step::Resync,
+                        // the replicator's log ends elsewhere than believed, or its epoch
+                        // moved: ask it again (its status says what to do)
+                        Some("gap") | Some("stale-epoch") | Some("future-epoch") => Step::Resync,
                         Some(_) => Step::Stall(format!(
                             "the replicator refused an append: {}",
                             s.message()

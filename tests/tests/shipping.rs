@@ -345,3 +345,64 @@ fn local_mode_ships_everything_after_a_restart_and_reports_what_was_at_risk() {
         o.versions_in_log_after_crash
     );
 }
+
+#[test]
+fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
+    let work = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fs = TestFs::rocks_local(&[]);
+    let cluster = Cluster::start(work.path(), 3);
+    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
+    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
+    let primary = Primary::start(
+        &fs.meta_url,
+        &[],
+        &[
+            "--replicator",
+            &addrs.join(","),
+            "--durability",
+            "replicated",
+            "--gc-interval-s",
+            "0",
+        ],
+    );
+    let token = primary.token.clone();
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &token).await;
+        mkdir(&mut c, &token, sid, "before")
+            .await
+            .expect("a write before the fence");
+        // another primary is promoted: the replicator's epoch moves past this one's (0)
+        let lc = strait_replicator::client::LogClient::new(&addrs).unwrap();
+        lc.bump_epoch(5).await.expect("bump the epoch");
+        let start = Instant::now();
+        let err = mkdir(&mut c, &token, sid, "after")
+            .await
+            .expect_err("a fenced primary must not acknowledge a replicated write");
+        assert_eq!(strait_proto::status_errno(&err), Some(libc::EIO), "{err:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the write waited {:?} instead of failing at once",
+            start.elapsed()
+        );
+        assert!(err.message().contains("fenced"), "{err:?}");
+    });
+    // said once in the log, and nothing of the fenced primary reached the replicator
+    std::thread::sleep(Duration::from_secs(3));
+    let text = primary.log_text();
+    assert_eq!(
+        text.matches("shipping the change log stopped: fenced")
+            .count(),
+        1,
+        "{text}"
+    );
+    let log = rt.block_on(cluster.read_log(0, Duration::from_secs(30)));
+    let names = created_names(&log);
+    assert!(names.contains("before"));
+    assert!(!names.contains("after"));
+}
