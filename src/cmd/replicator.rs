@@ -77,7 +77,7 @@ pub enum Action {
     Retention {
         #[arg(long)]
         addr: String,
-        /// Most bytes of records kept, e.g. 64GiB, 500MiB, 1000000.
+        /// Most bytes of records kept, e.g. 64G, 500M, 1000000 (K, M, G, T are powers of 1024).
         #[arg(long)]
         max_bytes: String,
         /// Oldest records kept, by the primary's clock, e.g. 7d, 12h, 30m, 90s.
@@ -203,35 +203,6 @@ async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channe
     Ok(ReplicatorClient::new(ch))
 }
 
-/// `64GiB`, `500MiB`, `10kB`, `1000`: a byte count.
-fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a size (e.g. 64GiB, 500MiB, 1000000)"))?;
-    let mul: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "k" | "kB" | "KB" => 1_000,
-        "KiB" => 1 << 10,
-        "M" | "MB" => 1_000_000,
-        "MiB" => 1 << 20,
-        "G" | "GB" => 1_000_000_000,
-        "GiB" => 1 << 30,
-        "T" | "TB" => 1_000_000_000_000,
-        "TiB" => 1 << 40,
-        u => bail!("{s:?}: unknown unit {u:?} (B, kB, KiB, MB, MiB, GB, GiB, TB, TiB)"),
-    };
-    let v = n
-        .checked_mul(mul)
-        .with_context(|| format!("{s:?} is too large"))?;
-    if v == 0 {
-        bail!("{s:?}: the cap must be positive");
-    }
-    Ok(v)
-}
-
 /// `7d`, `12h`, `30m`, `90s`, `500ms`: a duration in milliseconds.
 fn parse_age_ms(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -326,7 +297,10 @@ async fn admin(action: Action) -> Result<()> {
             max_bytes,
             max_age,
         } => {
-            let max_bytes = parse_bytes(&max_bytes)?;
+            let max_bytes = super::parse_size(&max_bytes)?;
+            if max_bytes == 0 {
+                bail!("--max-bytes must be positive");
+            }
             let max_age_ms = parse_age_ms(&max_age)?;
             leader_client(&addr)?
                 .set_retention(pb::RetentionRequest {

@@ -51,6 +51,15 @@ pub fn require_fuse() -> bool {
     ok
 }
 
+/// A multi-threaded runtime of two workers for a test's async parts (clients, proxies).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for test servers).
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");

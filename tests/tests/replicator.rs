@@ -16,11 +16,7 @@ use strait_tests::strait_bin;
 #[test]
 fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_restarts() {
     let work = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = strait_tests::runtime();
     let mut cluster = Cluster::start(work.path(), 3);
     let direct = cluster.direct();
     let Cluster { nodes, proxies } = &mut cluster;

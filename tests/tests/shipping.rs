@@ -151,25 +151,9 @@ fn metric(p: &Primary, name: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-struct Outcome {
-    acknowledged: BTreeSet<String>,
-    /// Acknowledged operations missing from the log after the cluster recovered.
-    missing_after_crash: usize,
-    versions_in_log_after_crash: u64,
-}
-
-fn storm(durability: &str) -> Outcome {
-    let work = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fs = TestFs::rocks_local(&[]);
-    let mut cluster = Cluster::start(work.path(), 3);
-    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let mut primary = Primary::start(
+/// A primary on `fs` shipping to the replicator nodes `addrs` in `durability` mode.
+fn shipping_primary(fs: &TestFs, addrs: &[String], durability: &str) -> Primary {
+    Primary::start(
         &fs.meta_url,
         &[],
         &[
@@ -180,7 +164,24 @@ fn storm(durability: &str) -> Outcome {
             "--gc-interval-s",
             "0",
         ],
-    );
+    )
+}
+
+struct Outcome {
+    acknowledged: BTreeSet<String>,
+    /// Acknowledged operations missing from the log after the cluster recovered.
+    missing_after_crash: usize,
+    versions_in_log_after_crash: u64,
+}
+
+fn storm(durability: &str) -> Outcome {
+    let work = tempfile::tempdir().unwrap();
+    let rt = strait_tests::runtime();
+    let fs = TestFs::rocks_local(&[]);
+    let mut cluster = Cluster::start(work.path(), 3);
+    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
+    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
+    let mut primary = shipping_primary(&fs, &addrs, durability);
     let token = primary.token.clone();
     let paddr = primary.addr.clone();
 
@@ -349,27 +350,12 @@ fn local_mode_ships_everything_after_a_restart_and_reports_what_was_at_risk() {
 #[test]
 fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
     let work = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = strait_tests::runtime();
     let fs = TestFs::rocks_local(&[]);
     let cluster = Cluster::start(work.path(), 3);
     let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
     rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let primary = Primary::start(
-        &fs.meta_url,
-        &[],
-        &[
-            "--replicator",
-            &addrs.join(","),
-            "--durability",
-            "replicated",
-            "--gc-interval-s",
-            "0",
-        ],
-    );
+    let primary = shipping_primary(&fs, &addrs, "replicated");
     let token = primary.token.clone();
     rt.block_on(async {
         let mut c = connect(&primary.addr).await;
