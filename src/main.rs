@@ -32,6 +32,15 @@ enum Command {
     Primary(cmd::primary::Args),
     /// Run a replicator node (Raft over the change log), or manage the replicator cluster.
     Replicator(cmd::replicator::Args),
+    /// Run a mirror site daemon (it follows the primary through the replicator), or show
+    /// mirrors' state and lag (`strait mirror status`).
+    Mirror(cmd::mirror::Args),
+    /// Write a consistent snapshot of a file system's metadata to a file.
+    Dump(cmd::dump::DumpArgs),
+    /// Load a dump into an empty metadata engine.
+    Load(cmd::dump::LoadArgs),
+    /// Two regions on this machine (primary, replicator, mirror, fault proxies), mounted.
+    Dev(cmd::dev::Args),
     /// Unmount a strait mount and wait for its process to finish.
     Umount(cmd::mount::UmountArgs),
     /// Show a file system's settings, usage, sessions and change-log position.
@@ -54,6 +63,7 @@ fn main() {
     let service = match &cli.command {
         Command::Primary(_) => "strait-primary",
         Command::Replicator(_) => "strait-replicator",
+        Command::Mirror(_) => "strait-mirror",
         Command::Mount(_) => "strait-mount",
         _ => "strait",
     };
@@ -75,6 +85,10 @@ fn main() {
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Primary(a) => cmd::primary::run(a),
         Command::Replicator(a) => cmd::replicator::run(a),
+        Command::Mirror(a) => cmd::mirror::run(a),
+        Command::Dump(a) => cmd::dump::dump(a),
+        Command::Load(a) => cmd::dump::load(a),
+        Command::Dev(a) => cmd::dev::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),

@@ -652,3 +652,63 @@ pub fn replay(kv: &dyn crate::kv::KvEngine, records: &[(u64, ChangeRecord)]) -> 
     }
     Ok(())
 }
+
+/// Why a replica could not apply a batch of records.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// The batch does not start right after the replica's version: applying it would skip
+    /// or repeat records.
+    #[error("version gap: the replica is at version {at}, the batch starts at {first}")]
+    Gap { at: u64, first: u64 },
+    /// Record `version` is invalid against the replica's state (or the store failed).
+    #[error("record {version}: {source}")]
+    Record {
+        version: u64,
+        #[source]
+        source: Error,
+    },
+}
+
+/// Apply records `first_version, first_version + 1, ...` at a replica, in one transaction
+/// that also moves the replica's version (the same counter [`crate::kv::KvEngine::last_version`]
+/// reads) to the last of them. A crash leaves the replica at the version before or after the
+/// whole batch, never in between; nothing is applied twice because the transaction checks
+/// that the replica is at `first_version - 1`.
+///
+/// On an invalid record the whole batch is rolled back and the error names the batch's first
+/// version: apply the records one by one to find the one at fault.
+pub fn apply_replica(
+    kv: &dyn crate::kv::KvEngine,
+    first_version: u64,
+    records: &[ChangeRecord],
+) -> std::result::Result<u64, ReplicaError> {
+    let n = records.len() as u64;
+    if n == 0 {
+        return Ok(first_version.saturating_sub(1));
+    }
+    let mut gap = None;
+    let r = kv.txn(&mut |t| {
+        gap = None;
+        let at = crate::snapshot::version_in(t)?;
+        if at + 1 != first_version {
+            gap = Some(at);
+            return Err(Error::Invalid("version gap".into()));
+        }
+        for rec in records {
+            apply(t, rec)?;
+        }
+        t.add(crate::kv::LAST_VERSION_KEY, n as i64);
+        Ok(())
+    });
+    match (r, gap) {
+        (Ok(_), _) => Ok(first_version + n - 1),
+        (Err(_), Some(at)) => Err(ReplicaError::Gap {
+            at,
+            first: first_version,
+        }),
+        (Err(e), None) => Err(ReplicaError::Record {
+            version: first_version,
+            source: e,
+        }),
+    }
+}

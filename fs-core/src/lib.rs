@@ -16,6 +16,7 @@ pub mod kv;
 pub mod layout;
 pub mod meta;
 pub mod object;
+pub mod snapshot;
 pub mod url;
 pub mod vfs;
 

@@ -119,6 +119,16 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         Auth::new(&token, metrics.clone()),
     );
 
+    let site = tonic::service::interceptor::InterceptedService::new(
+        strait_proto::site::site_service_server::SiteServiceServer::new(crate::site::PrimarySite {
+            engine: engine.clone(),
+            replicator: cfg.replicator.clone(),
+        })
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        Auth::new(&token, metrics.clone()),
+    );
+
     // sessions whose mounts went silent: close them (locks, unlinked open files)
     let timeout = Duration::from_millis(cfg.session_timeout_ms);
     tokio::spawn(expire_sessions(
@@ -180,6 +190,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let s2 = stop.clone();
     let serve = builder
         .add_service(svc)
+        .add_service(site)
         .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await });
     // after the stop signal, calls in flight get SHUTDOWN_GRACE to finish; idle mounts do not
     // answer the GOAWAY until their next call, so the server is not waited for beyond that
@@ -211,7 +222,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal(stop: CancellationToken) {
+pub async fn wait_for_signal(stop: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -228,7 +239,7 @@ async fn wait_for_signal(stop: CancellationToken) {
     stop.cancel();
 }
 
-async fn expire_sessions(
+pub async fn expire_sessions(
     server: Arc<MetaServer>,
     timeout: Duration,
     stop: CancellationToken,

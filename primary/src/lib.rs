@@ -8,5 +8,6 @@ pub mod daemon;
 pub mod metrics;
 pub mod service;
 pub mod shipper;
+pub mod site;
 
 pub use config::PrimaryConfig;

@@ -7,6 +7,12 @@ pub mod meta {
     tonic::include_proto!("strait.meta.v1");
 }
 
+pub mod site {
+    //! `strait.site.v1`: what a site daemon tells other sites and operators about itself.
+    #![allow(clippy::all)]
+    tonic::include_proto!("strait.site.v1");
+}
+
 mod convert;
 
 pub use convert::*;

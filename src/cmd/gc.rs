@@ -11,7 +11,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let kv = strait_fs_core::kv::open(&a.meta_url)?;
-    let format = Meta::load_format(&kv)?;
+    let format = Meta::load_format(kv.as_ref())?;
     let meta = Meta::open(kv, MetaOptions::default())?;
     let rt = super::runtime()?;
     let store = rt.block_on(strait_fs_core::object::open(&format.data_url))?;

@@ -2,9 +2,14 @@
 
 pub mod bench;
 pub mod changelog;
+pub mod dev;
+pub mod dump;
 pub mod format;
 pub mod fsck;
 pub mod gc;
+pub mod mirror;
+pub mod mirror_bench;
+pub mod mirror_watch;
 pub mod mount;
 pub mod primary;
 pub mod replicator;

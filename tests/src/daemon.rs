@@ -1,5 +1,6 @@
-//! A `strait primary` daemon run by a test: free ports, a random token, a log that survives
-//! restarts, and helpers to mount it, kill it and read its metrics.
+//! A site daemon (`strait primary`, or `strait mirror` via [`Primary::mirror`]) run by a
+//! test: free ports, a random token, a log that survives restarts, and helpers to mount it,
+//! kill it and read its metrics.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -20,7 +21,9 @@ pub struct Primary {
     env: Vec<(String, String)>,
     child: Option<Child>,
     starts: usize,
-    _dir: tempfile::TempDir,
+    /// The line the daemon prints on stdout once it serves.
+    ready: &'static str,
+    dir: tempfile::TempDir,
 }
 
 impl Primary {
@@ -51,10 +54,56 @@ impl Primary {
             env: env.to_vec(),
             child: None,
             starts: 0,
-            _dir: dir,
+            ready: "strait primary: serving",
+            dir,
         };
         p.spawn();
         p
+    }
+
+    /// Start a mirror of `primary` (same token) that follows the replicator nodes `replicator`,
+    /// with its own RocksDB in a directory of its own; `extra` are more flags.
+    pub fn mirror(primary: &Primary, id: &str, replicator: &[String], extra: &[&str]) -> Primary {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let mut args: Vec<String> = vec![
+            "mirror".into(),
+            "--id".into(),
+            id.into(),
+            "--meta-url".into(),
+            format!("rocksdb://{}", dir.path().join("meta").display()),
+            "--listen".into(),
+            addr.clone(),
+            "--metrics-listen".into(),
+            metrics_addr.clone(),
+            "--token".into(),
+            primary.token.clone(),
+            "--primary".into(),
+            primary.addr.clone(),
+            "--replicator".into(),
+            replicator.join(","),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut m = Primary {
+            addr,
+            metrics_addr,
+            token: primary.token.clone(),
+            log: dir.path().join("mirror.log"),
+            args,
+            env: vec![],
+            child: None,
+            starts: 0,
+            ready: "strait mirror: serving",
+            dir,
+        };
+        m.spawn();
+        m
+    }
+
+    /// The daemon's own directory (kept across restarts).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn url(&self) -> String {
@@ -85,7 +134,7 @@ impl Primary {
         self.child = Some(self.launch());
         self.starts += 1;
         let start = Instant::now();
-        while self.log_text().matches("strait primary: serving").count() < self.starts {
+        while self.log_text().matches(self.ready).count() < self.starts {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     // on a restart, the port of the killed daemon may have been taken as the
@@ -99,12 +148,13 @@ impl Primary {
                         self.child = Some(self.launch());
                         continue;
                     }
-                    panic!("strait primary exited ({status}): {text}");
+                    panic!("{} exited ({status}): {text}", self.args[0]);
                 }
             }
             assert!(
                 start.elapsed() < Duration::from_secs(30),
-                "strait primary did not start within 30 s: {}",
+                "strait {} did not start within 30 s: {}",
+                self.args[0],
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));

@@ -6,6 +6,7 @@ pub mod garage;
 pub mod mount;
 pub mod redis_server;
 pub mod replicator;
+pub mod site;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -166,20 +166,18 @@ impl Meta {
     }
 
     /// The settings of the file system in `kv`, or an error if it was never formatted.
-    pub fn load_format(kv: &DynKv) -> Result<Format> {
-        kv::read(kv.as_ref(), |t| {
-            match t.get(&keys::setting(keys::FORMAT))? {
-                Some(b) => decode(&b),
-                None => Err(Error::Invalid(format!(
-                    "the {} metadata engine holds no strait file system: run `strait format` first",
-                    kv.name()
-                ))),
-            }
+    pub fn load_format(kv: &dyn kv::KvEngine) -> Result<Format> {
+        kv::read(kv, |t| match t.get(&keys::setting(keys::FORMAT))? {
+            Some(b) => decode(&b),
+            None => Err(Error::Invalid(format!(
+                "the {} metadata engine holds no strait file system: run `strait format` first",
+                kv.name()
+            ))),
         })
     }
 
     pub fn open(kv: DynKv, opts: MetaOptions) -> Result<Arc<Self>> {
-        let format = Self::load_format(&kv)?;
+        let format = Self::load_format(kv.as_ref())?;
         Ok(Arc::new(Meta {
             kv,
             format,
@@ -1414,7 +1412,21 @@ impl Meta {
     /// and unlinked-but-open inodes). Two engines with the same content have the same digest,
     /// whatever their backend.
     pub fn digest(kv: &DynKv) -> Result<String> {
-        kv::read(kv.as_ref(), |t| {
+        kv::read(kv.as_ref(), |t| Self::digest_in(t))
+    }
+
+    /// The digest and the version it was taken at, read together (on RocksDB, from one
+    /// snapshot; on Redis, compare [`kv::KvEngine::last_version`] before and after).
+    pub fn digest_at(kv: &dyn kv::KvEngine) -> Result<(String, u64)> {
+        kv::read(kv, |t| {
+            let version = crate::snapshot::version_in(t)?;
+            Ok((Self::digest_in(t)?, version))
+        })
+    }
+
+    /// [`Meta::digest`] inside a transaction.
+    pub fn digest_in(t: &mut dyn KvTxn) -> Result<String> {
+        {
             let mut h = Sha256::new();
             let mut seen = HashSet::new();
             let mut stack = vec![ROOT_INO];
@@ -1467,7 +1479,7 @@ impl Meta {
                 }
             }
             Ok(hex::encode(h.finalize()))
-        })
+        }
     }
 }
 

@@ -1,0 +1,480 @@
+//! Consistent metadata snapshots: what a mirror bootstraps from (DESIGN.md §4), and what
+//! `strait dump` writes and `strait load` reads.
+//!
+//! A snapshot is every replicated key of the file system at one version `S`: the settings,
+//! the counters, the dead-slice and unlinked-file tables, and every inode reachable from the
+//! root (or kept by an open handle) with its attributes, entries, chunks, symlink target and
+//! xattrs. Sessions and locks are region-local runtime state and are left out; so is the
+//! change-log outbox. A replica that loads the snapshot and then applies the log from `S + 1`
+//! holds exactly the primary's metadata at every later version.
+//!
+//! # To ensure correctness
+//! - The walk runs in one read transaction. On RocksDB that is a snapshot, so the pairs and
+//!   the version belong together; on backends whose reads are not isolated (Redis),
+//!   [`collect`] compares the version before and after and tries again.
+//! - [`Loader`] refuses an engine that already holds a file system, and writes the version
+//!   last, in the final transaction: a load cut short leaves no version behind, so nothing
+//!   will ever apply the log on top of half a snapshot.
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::changelog::{decode_dentry, get_attr};
+use crate::error::{Error, Result};
+use crate::kv::{self, decode_counter, KvEngine, KvPairs, KvTxn, LAST_VERSION_KEY};
+use crate::meta::keys;
+use crate::meta::types::FileKind;
+use crate::meta::ROOT_INO;
+
+/// Pairs per batch of a streamed or written snapshot, and per transaction of a load.
+pub const BATCH_PAIRS_MAX: usize = 1024;
+/// How many times [`collect`] reads again when the engine changed during the walk.
+const WALK_RETRIES_MAX: usize = 5;
+/// First bytes of a dump file.
+pub const DUMP_MAGIC: &[u8; 12] = b"STRAITDUMP1\n";
+/// Largest frame of a dump file (a batch of pairs).
+const FRAME_BYTES_MAX: usize = 256 << 20;
+
+/// Groups owned by no inode (owner 0) that a snapshot copies whole.
+const GLOBAL_GROUPS: [u8; 4] = [keys::SETTING, keys::COUNTER, keys::DELFILE, keys::DEADSLICE];
+
+/// Call `visit` with every replicated pair reachable in `t`, settings and counters first.
+pub fn walk(
+    t: &mut dyn KvTxn,
+    visit: &mut dyn FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let mut roots = vec![ROOT_INO];
+    for tag in GLOBAL_GROUPS {
+        for (k, v) in t.scan(&keys::group(tag, 0), None, usize::MAX)? {
+            if tag == keys::DELFILE {
+                roots.push(keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("delfile key"))?);
+            }
+            visit(k, v)?;
+        }
+    }
+    let mut seen = HashSet::new();
+    let mut stack: Vec<u64> = roots.into_iter().rev().collect();
+    while let Some(ino) = stack.pop() {
+        if !seen.insert(ino) {
+            continue;
+        }
+        let Some(attr) = get_attr(t, ino)? else {
+            return Err(Error::corrupt(format!(
+                "inode {ino} is referenced but missing"
+            )));
+        };
+        if let Some(v) = t.get(&keys::attr(ino))? {
+            visit(keys::attr(ino), v)?;
+        }
+        for (k, v) in t.scan(&keys::group(keys::XATTR, ino), None, usize::MAX)? {
+            visit(k, v)?;
+        }
+        match attr.kind {
+            FileKind::Dir => {
+                let mut children = vec![];
+                for (k, v) in t.scan(&keys::group(keys::DENTRY, ino), None, usize::MAX)? {
+                    children.push(decode_dentry(&v)?.0);
+                    visit(k, v)?;
+                }
+                stack.extend(children.into_iter().rev());
+            }
+            FileKind::File => {
+                for (k, v) in t.scan(&keys::group(keys::CHUNK, ino), None, usize::MAX)? {
+                    visit(k, v)?;
+                }
+            }
+            FileKind::Symlink => {
+                if let Some(v) = t.get(&keys::symlink(ino))? {
+                    visit(keys::symlink(ino), v)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The version of the last change record, read inside `t`.
+pub fn version_in(t: &mut dyn KvTxn) -> Result<u64> {
+    Ok(decode_counter(t.get(LAST_VERSION_KEY)?)? as u64)
+}
+
+/// What [`collect`] walked: the version, the number of pairs and the digest, all of one view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collected {
+    pub version: u64,
+    pub pairs: u64,
+    pub digest: String,
+}
+
+/// Walk the whole snapshot in batches of at most [`BATCH_PAIRS_MAX`] pairs, giving each to
+/// `batch` (which may block, to stream with back-pressure). On a backend whose reads are not
+/// isolated (Redis) the walk is repeated while the version moves during it, and the caller
+/// sees each attempt from its start: `start` is called with the version before every attempt.
+pub fn collect(
+    kv: &dyn KvEngine,
+    start: &mut dyn FnMut(u64) -> Result<()>,
+    batch: &mut dyn FnMut(KvPairs) -> Result<()>,
+) -> Result<Collected> {
+    for _ in 0..WALK_RETRIES_MAX {
+        let got = kv::read(kv, |t| {
+            let version = version_in(t)?;
+            start(version)?;
+            let mut buf: KvPairs = Vec::with_capacity(BATCH_PAIRS_MAX);
+            let mut pairs = 0u64;
+            walk(t, &mut |k, v| {
+                buf.push((k, v));
+                pairs += 1;
+                if buf.len() >= BATCH_PAIRS_MAX {
+                    batch(std::mem::take(&mut buf))?;
+                }
+                Ok(())
+            })?;
+            if !buf.is_empty() {
+                batch(buf)?;
+            }
+            let digest = crate::meta::Meta::digest_in(t)?;
+            if version_in(t)? != version {
+                return Ok(None);
+            }
+            Ok(Some(Collected {
+                version,
+                pairs,
+                digest,
+            }))
+        })?;
+        if let Some(c) = got {
+            return Ok(c);
+        }
+    }
+    Err(Error::Meta(format!(
+        "the {} engine kept changing during {WALK_RETRIES_MAX} snapshot walks; stop writers \
+         or use RocksDB, whose reads are snapshots",
+        kv.name()
+    )))
+}
+
+/// Writes a snapshot into an empty engine, batch by batch; the version goes in last.
+pub struct Loader<'a> {
+    kv: &'a dyn KvEngine,
+    pairs: u64,
+}
+
+impl<'a> Loader<'a> {
+    /// Start loading into `kv`, which must hold no file system and no change record.
+    pub fn new(kv: &'a dyn KvEngine) -> Result<Self> {
+        let occupied = kv::read(kv, |t| {
+            Ok(t.get(&keys::setting(keys::FORMAT))?.is_some() || version_in(t)? != 0)
+        })?;
+        if occupied || kv.last_version()? != 0 {
+            return Err(Error::Invalid(format!(
+                "the {} engine already holds a file system: load needs an empty one",
+                kv.name()
+            )));
+        }
+        Ok(Loader { kv, pairs: 0 })
+    }
+
+    /// Write one batch of pairs (replicated keys only; anything else is refused).
+    pub fn batch(&mut self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (k, _) in pairs {
+            check_key(k)?;
+        }
+        self.kv.txn(&mut |t| {
+            for (k, v) in pairs {
+                t.put(k, v);
+            }
+            Ok(())
+        })?;
+        self.pairs += pairs.len() as u64;
+        Ok(())
+    }
+
+    /// Set the version the snapshot was taken at and check the result: the loaded tree must
+    /// walk without a dangling reference and hold `pairs` pairs. Returns the digest.
+    pub fn finish(self, version: u64, pairs: u64) -> Result<String> {
+        if pairs != self.pairs {
+            return Err(Error::corrupt(format!(
+                "the snapshot announced {pairs} pairs but carried {}",
+                self.pairs
+            )));
+        }
+        self.kv.txn(&mut |t| {
+            t.add(LAST_VERSION_KEY, version as i64);
+            Ok(())
+        })?;
+        let (got, digest) = kv::read(self.kv, |t| {
+            let mut n = 0u64;
+            walk(t, &mut |_, _| {
+                n += 1;
+                Ok(())
+            })?;
+            Ok((n, crate::meta::Meta::digest_in(t)?))
+        })?;
+        if got != pairs {
+            return Err(Error::corrupt(format!(
+                "the loaded tree holds {got} reachable pairs, the snapshot {pairs}"
+            )));
+        }
+        Ok(digest)
+    }
+}
+
+/// A snapshot may only carry replicated keys.
+fn check_key(k: &[u8]) -> Result<()> {
+    let ok = k.len() >= kv::GROUP_LEN
+        && matches!(
+            k[0],
+            keys::ATTR
+                | keys::DENTRY
+                | keys::CHUNK
+                | keys::SYMLINK
+                | keys::XATTR
+                | keys::DELFILE
+                | keys::DEADSLICE
+                | keys::SETTING
+                | keys::COUNTER
+        );
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::corrupt(format!(
+            "a snapshot carried key {:?}, which is not file system metadata",
+            String::from_utf8_lossy(k)
+        )))
+    }
+}
+
+/// The header of a dump file.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct DumpHeader {
+    pub name: String,
+    pub version: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+enum Frame {
+    Pairs(Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>),
+    End { pairs: u64, digest: String },
+}
+
+fn write_frame(w: &mut dyn Write, f: &Frame) -> Result<()> {
+    let b =
+        postcard::to_stdvec(f).map_err(|e| Error::corrupt(format!("encode dump frame: {e}")))?;
+    w.write_all(&(b.len() as u32).to_be_bytes())
+        .and_then(|_| w.write_all(&b))
+        .map_err(|e| Error::io("write the dump", e))
+}
+
+fn read_frame(r: &mut dyn Read) -> Result<Frame> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)
+        .map_err(|e| Error::io("read a dump frame (the file is cut short?)", e))?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_BYTES_MAX {
+        return Err(Error::corrupt(format!("dump frame of {len} bytes")));
+    }
+    let mut b = vec![0u8; len];
+    r.read_exact(&mut b)
+        .map_err(|e| Error::io("read a dump frame (the file is cut short?)", e))?;
+    postcard::from_bytes(&b).map_err(|e| Error::corrupt(format!("decode dump frame: {e}")))
+}
+
+/// Write a consistent dump of `kv` to `w`. Returns the header and the pair count.
+///
+/// The pairs are gathered in memory first, so that a walk repeated on a backend without
+/// snapshots (see [`collect`]) never reaches the file.
+pub fn dump(kv: &dyn KvEngine, w: &mut dyn Write) -> Result<(DumpHeader, u64)> {
+    let format = crate::meta::Meta::load_format(kv)?;
+    let frames: std::cell::RefCell<Vec<Frame>> = Default::default();
+    let c = collect(
+        kv,
+        &mut |_| {
+            frames.borrow_mut().clear();
+            Ok(())
+        },
+        &mut |batch| {
+            frames.borrow_mut().push(Frame::Pairs(
+                batch
+                    .into_iter()
+                    .map(|(k, v)| (k.into(), v.into()))
+                    .collect(),
+            ));
+            Ok(())
+        },
+    )?;
+    let header = DumpHeader {
+        name: format.name,
+        version: c.version,
+    };
+    w.write_all(DUMP_MAGIC)
+        .map_err(|e| Error::io("write the dump", e))?;
+    let hb = postcard::to_stdvec(&header).map_err(|e| Error::corrupt(format!("encode: {e}")))?;
+    w.write_all(&(hb.len() as u32).to_be_bytes())
+        .and_then(|_| w.write_all(&hb))
+        .map_err(|e| Error::io("write the dump", e))?;
+    for f in frames.borrow().iter() {
+        write_frame(w, f)?;
+    }
+    write_frame(
+        w,
+        &Frame::End {
+            pairs: c.pairs,
+            digest: c.digest,
+        },
+    )?;
+    w.flush().map_err(|e| Error::io("write the dump", e))?;
+    Ok((header, c.pairs))
+}
+
+/// Load a dump written by [`dump`] into the empty engine `kv`. Returns the header and the
+/// digest, checked against the one the dump carries.
+pub fn load(kv: &dyn KvEngine, r: &mut dyn Read) -> Result<(DumpHeader, String)> {
+    let mut magic = [0u8; 12];
+    r.read_exact(&mut magic)
+        .map_err(|e| Error::io("read the dump header", e))?;
+    if &magic != DUMP_MAGIC {
+        return Err(Error::Invalid("not a strait dump (bad magic bytes)".into()));
+    }
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)
+        .map_err(|e| Error::io("read the dump header", e))?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > 1 << 20 {
+        return Err(Error::corrupt(format!("dump header of {len} bytes")));
+    }
+    let mut hb = vec![0u8; len];
+    r.read_exact(&mut hb)
+        .map_err(|e| Error::io("read the dump header", e))?;
+    let header: DumpHeader = postcard::from_bytes(&hb)
+        .map_err(|e| Error::corrupt(format!("decode the dump header: {e}")))?;
+    let mut loader = Loader::new(kv)?;
+    loop {
+        match read_frame(r)? {
+            Frame::Pairs(p) => {
+                let p: Vec<(Vec<u8>, Vec<u8>)> = p
+                    .into_iter()
+                    .map(|(k, v)| (k.into_vec(), v.into_vec()))
+                    .collect();
+                loader.batch(&p)?;
+            }
+            Frame::End { pairs, digest } => {
+                let got = loader.finish(header.version, pairs)?;
+                if got != digest {
+                    return Err(Error::corrupt(format!(
+                        "the loaded metadata's digest {got} differs from the dump's {digest}"
+                    )));
+                }
+                return Ok((header, got));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::changelog::{apply_replica, read_log, ReplicaError};
+    use crate::kv::memory::MemoryKv;
+    use crate::kv::DynKv;
+    use crate::meta::conformance::fresh;
+    use crate::meta::{Ctx, Meta, SetAttr};
+
+    fn memory() -> DynKv {
+        Arc::new(MemoryKv::new())
+    }
+
+    #[test]
+    fn a_dump_plus_the_later_log_equals_the_primary() {
+        // a primary with a small tree, dumped at version S
+        let (kv, m) = fresh(&memory);
+        let root = Ctx::root();
+        let (d, _) = m.mkdir(&root, ROOT_INO, b"dir", 0o755, 0).unwrap();
+        let (f, _) = m.create(&root, d, b"file", 0o640, 0).unwrap();
+        m.symlink(&root, d, b"sym", b"file").unwrap();
+        m.setxattr(&root, f, b"user.k", b"v", 0).unwrap();
+        let mut buf = vec![];
+        let (header, pairs) = dump(kv.as_ref(), &mut buf).unwrap();
+        assert_eq!(header.version, kv.last_version().unwrap());
+        assert!(pairs > 5, "{pairs} pairs");
+
+        // loaded into an empty engine: same digest, same version
+        let replica = memory();
+        let (h2, digest) = load(replica.as_ref(), &mut buf.as_slice()).unwrap();
+        assert_eq!(h2, header);
+        assert_eq!(digest, Meta::digest(&kv).unwrap());
+        assert_eq!(replica.last_version().unwrap(), header.version);
+
+        // the primary goes on; the replica applies the log from S + 1 and converges
+        m.rename(&root, d, b"file", ROOT_INO, b"moved", 0).unwrap();
+        m.setattr(
+            &root,
+            f,
+            &SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        m.mkdir(&root, ROOT_INO, b"more", 0o700, 0).unwrap();
+        let later = read_log(kv.as_ref(), header.version, usize::MAX).unwrap();
+        let recs: Vec<_> = later.iter().map(|(_, r)| r.clone()).collect();
+        // a batch that does not start right after the replica's version is refused
+        let e = apply_replica(replica.as_ref(), header.version + 2, &recs).unwrap_err();
+        assert!(matches!(e, ReplicaError::Gap { .. }), "{e}");
+        let last = apply_replica(replica.as_ref(), header.version + 1, &recs).unwrap();
+        assert_eq!(last, kv.last_version().unwrap());
+        assert_eq!(
+            Meta::digest_at(replica.as_ref()).unwrap(),
+            Meta::digest_at(kv.as_ref()).unwrap()
+        );
+        // applying the same batch again is a gap, not a second apply
+        let e = apply_replica(replica.as_ref(), header.version + 1, &recs).unwrap_err();
+        assert!(matches!(e, ReplicaError::Gap { .. }), "{e}");
+    }
+
+    #[test]
+    fn an_invalid_record_is_refused_and_changes_nothing() {
+        let (kv, m) = fresh(&memory);
+        m.mkdir(&Ctx::root(), ROOT_INO, b"dir", 0o755, 0).unwrap();
+        let replica = memory();
+        let mut buf = vec![];
+        dump(kv.as_ref(), &mut buf).unwrap();
+        load(replica.as_ref(), &mut buf.as_slice()).unwrap();
+        let before = Meta::digest_at(replica.as_ref()).unwrap();
+        // a create under an inode the replica does not have
+        let rec = crate::changelog::ChangeRecord {
+            ts_ns: 1,
+            change: crate::changelog::Change::SetAttr {
+                ino: 999_999,
+                attr: kv::read(kv.as_ref(), |t| get_attr(t, ROOT_INO))
+                    .unwrap()
+                    .unwrap(),
+            },
+        };
+        let v = replica.last_version().unwrap() + 1;
+        let e = apply_replica(replica.as_ref(), v, &[rec]).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        assert_eq!(Meta::digest_at(replica.as_ref()).unwrap(), before);
+    }
+
+    #[test]
+    fn load_refuses_a_formatted_engine_and_a_bad_file() {
+        let (kv, _) = fresh(&memory);
+        let mut buf = vec![];
+        dump(kv.as_ref(), &mut buf).unwrap();
+        let e = load(kv.as_ref(), &mut buf.as_slice()).unwrap_err();
+        assert!(e.to_string().contains("already holds"), "{e}");
+        let e = load(memory().as_ref(), &mut &b"not a dump at all"[..]).unwrap_err();
+        assert!(e.to_string().contains("not a strait dump"), "{e}");
+        // cut short: no version is left behind
+        let replica = memory();
+        let e = load(replica.as_ref(), &mut &buf[..buf.len() - 3]).unwrap_err();
+        assert!(e.to_string().contains("cut short"), "{e}");
+        assert_eq!(replica.last_version().unwrap(), 0);
+    }
+}

@@ -1,0 +1,281 @@
+//! The mirror daemon's settings: one serde struct, every field documented and defaulted.
+//! Loaded from a TOML file; the CLI overrides fields with flags and `STRAIT_*` variables.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MirrorConfig {
+    /// This mirror's name: its cursor at the replicator (1 to 128 bytes, unique per mirror).
+    pub id: String,
+    /// Address of the metadata service (gRPC) for this region's mounts.
+    pub listen: String,
+    /// The mirror's own metadata engine (`rocksdb:///path`). Created and filled from the
+    /// primary's snapshot at the first start.
+    pub meta_url: String,
+    /// Token this region's mounts must send.
+    pub token: String,
+    /// A file whose first line is the token (takes precedence over `token`).
+    pub token_file: Option<PathBuf>,
+    /// The primary's metadata service (`host:port`): snapshots to bootstrap from, and reads
+    /// under the `forward` policy.
+    pub primary: String,
+    /// The token the primary expects; empty: the same as `token`.
+    pub primary_token: String,
+    /// Replicator nodes (`host:port`), the one in this region first: the mirror subscribes
+    /// to the first that answers and sends its acknowledgements to the leader.
+    pub replicator: Vec<String>,
+    /// Prometheus `/metrics` and `/health`; empty disables.
+    pub metrics_listen: String,
+    /// The staleness window W in ms: under `forward` and `wait`, no read misses a write
+    /// committed at the primary more than W earlier.
+    pub window_ms: u64,
+    pub policy: Policy,
+    /// Under `wait`, how long a read waits for the mirror to come back inside the window
+    /// before it fails with EAGAIN.
+    pub wait_timeout_ms: u64,
+    /// With no heartbeat from the primary for this long the mirror counts itself cut off:
+    /// its lag grows with the silence and its state is `disconnected`.
+    pub silence_ms: u64,
+    /// How often the applied version is acknowledged to the replicator.
+    pub ack_interval_ms: u64,
+    /// A mount silent for longer than this is dead (its session is closed).
+    pub session_timeout_ms: u64,
+}
+
+/// What a read does when the mirror's lag exceeds the window (DESIGN.md §4).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// The read is answered by the primary.
+    #[default]
+    Forward,
+    /// The read waits until the mirror is back inside the window.
+    Wait,
+    /// The read is answered from the mirror's stale metadata (and counted).
+    Serve,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "forward" => Ok(Policy::Forward),
+            "wait" => Ok(Policy::Wait),
+            "serve" => Ok(Policy::Serve),
+            o => bail!("policy {o:?}: expected `forward`, `wait` or `serve`"),
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Policy::Forward => "forward",
+            Policy::Wait => "wait",
+            Policy::Serve => "serve",
+        })
+    }
+}
+
+impl Default for MirrorConfig {
+    fn default() -> Self {
+        MirrorConfig {
+            id: String::new(),
+            listen: "127.0.0.1:7440".into(),
+            meta_url: "rocksdb:///var/lib/strait/mirror".into(),
+            token: String::new(),
+            token_file: None,
+            primary: String::new(),
+            primary_token: String::new(),
+            replicator: vec![],
+            metrics_listen: "127.0.0.1:7441".into(),
+            window_ms: 5_000,
+            policy: Policy::Forward,
+            wait_timeout_ms: 30_000,
+            silence_ms: 1_000,
+            ack_interval_ms: 500,
+            session_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Longest mirror name (the replicator's limit).
+pub const ID_LEN_MAX: usize = 128;
+
+fn host_port(what: &str, a: &str) -> Result<()> {
+    match a.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => bail!("{what} address {a:?}: expected host:port"),
+    }
+}
+
+impl MirrorConfig {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("read the configuration file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parse {}", path.display()))
+    }
+
+    pub fn resolved_token(&self) -> Result<String> {
+        let token = match &self.token_file {
+            Some(f) => std::fs::read_to_string(f)
+                .with_context(|| format!("read the token file {}", f.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string(),
+            None => self.token.clone(),
+        };
+        if token.is_empty() {
+            bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
+        }
+        if token.chars().any(|c| !c.is_ascii_graphic()) {
+            bail!("the token must be printable ASCII without spaces");
+        }
+        Ok(token)
+    }
+
+    pub fn resolved_primary_token(&self) -> Result<String> {
+        if self.primary_token.is_empty() {
+            self.resolved_token()
+        } else {
+            Ok(self.primary_token.clone())
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.id.is_empty() || self.id.len() > ID_LEN_MAX {
+            bail!("id (the mirror's name) must have 1 to {ID_LEN_MAX} bytes");
+        }
+        self.listen
+            .parse::<std::net::SocketAddr>()
+            .with_context(|| format!("listen address {:?}", self.listen))?;
+        if !self.metrics_listen.is_empty() {
+            self.metrics_listen
+                .parse::<std::net::SocketAddr>()
+                .with_context(|| format!("metrics listen address {:?}", self.metrics_listen))?;
+        }
+        if self.primary.is_empty() {
+            bail!("primary (the primary's address, host:port) is required");
+        }
+        host_port("primary", &self.primary)?;
+        if self.replicator.is_empty() {
+            bail!("replicator (the replicator nodes' addresses) is required");
+        }
+        for a in &self.replicator {
+            host_port("replicator", a)?;
+        }
+        if !self.meta_url.starts_with("rocksdb://") && !self.meta_url.starts_with("memory://") {
+            bail!(
+                "meta_url {:?}: a mirror keeps its metadata in RocksDB (rocksdb:///path)",
+                self.meta_url
+            );
+        }
+        for (name, v) in [
+            ("window_ms", self.window_ms),
+            ("wait_timeout_ms", self.wait_timeout_ms),
+            ("silence_ms", self.silence_ms),
+            ("ack_interval_ms", self.ack_interval_ms),
+        ] {
+            if v == 0 {
+                bail!("{name} must be positive");
+            }
+        }
+        if self.session_timeout_ms < 500 {
+            bail!("session_timeout_ms must be at least 500");
+        }
+        self.resolved_token()?;
+        Ok(())
+    }
+
+    pub fn example_toml() -> String {
+        EXAMPLE.to_string()
+    }
+}
+
+const EXAMPLE: &str = r#"# strait mirror daemon configuration. The values shown are the defaults; id, primary,
+# replicator and token are required. Flags and STRAIT_* environment variables override the file.
+
+# This mirror's name (its cursor at the replicator).
+id = ""
+# Metadata service (gRPC) for this region's mounts.
+listen = "127.0.0.1:7440"
+# The mirror's own metadata engine; filled from the primary's snapshot at the first start.
+meta_url = "rocksdb:///var/lib/strait/mirror"
+# Token this region's mounts must send (or token_file).
+token = ""
+# token_file = "/etc/strait/token"
+# The primary's metadata service: snapshots, and reads under the "forward" policy.
+primary = ""
+# The token the primary expects; "" = the same as token.
+primary_token = ""
+# Replicator nodes, this region's first.
+replicator = []
+# Prometheus /metrics and /health; "" disables.
+metrics_listen = "127.0.0.1:7441"
+# Staleness window W (ms) and what a read does when the lag exceeds it:
+# "forward" (answered by the primary), "wait" (blocks until back inside W), "serve" (stale).
+window_ms = 5000
+policy = "forward"
+# Under "wait", a read still outside the window after this long fails with EAGAIN.
+wait_timeout_ms = 30000
+# No heartbeat from the primary for this long: the mirror counts itself cut off.
+silence_ms = 1000
+# How often the applied version is acknowledged to the replicator.
+ack_interval_ms = 500
+# A mount silent for longer than this is dead.
+session_timeout_ms = 60000
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_is_the_defaults() {
+        let parsed: MirrorConfig = toml::from_str(EXAMPLE).expect("example parses");
+        assert_eq!(parsed, MirrorConfig::default());
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let ok = MirrorConfig {
+            id: "b".into(),
+            token: "t".into(),
+            primary: "127.0.0.1:7420".into(),
+            replicator: vec!["127.0.0.1:7430".into()],
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+        for bad in [
+            MirrorConfig {
+                id: String::new(),
+                ..ok.clone()
+            },
+            MirrorConfig {
+                primary: "nowhere".into(),
+                ..ok.clone()
+            },
+            MirrorConfig {
+                replicator: vec![],
+                ..ok.clone()
+            },
+            MirrorConfig {
+                meta_url: "redis://127.0.0.1:6379/1".into(),
+                ..ok.clone()
+            },
+            MirrorConfig {
+                window_ms: 0,
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        assert!(toml::from_str::<MirrorConfig>("policy = \"sometimes\"").is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! The mirror daemon: bootstraps, follows the log, serves its region's mounts and its status,
+//! until SIGTERM or SIGINT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use strait_fs_core::meta::{Meta, MetaOptions};
+use strait_primary::daemon::{expire_sessions, wait_for_signal, MESSAGE_BYTES_MAX};
+use strait_primary::service::{Auth, MetaServer};
+use strait_proto::meta::meta_service_server::MetaServiceServer;
+use strait_proto::site::site_service_server::SiteServiceServer;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+use crate::config::MirrorConfig;
+use crate::follower::{self, Primary};
+use crate::metrics::{self, Metrics};
+use crate::router::{ForwardSession, Router};
+use crate::site::MirrorSite;
+use crate::state::{Mirror, Phase};
+
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+pub async fn run(cfg: MirrorConfig) -> Result<()> {
+    cfg.validate()?;
+    let token = cfg.resolved_token()?;
+    let primary = Primary::new(&cfg.primary, &cfg.resolved_primary_token()?)?;
+    let meta_url = cfg.meta_url.clone();
+    let kv = tokio::task::spawn_blocking(move || strait_fs_core::kv::open(&meta_url))
+        .await
+        .context("open task")?
+        .with_context(|| format!("open the mirror's metadata engine {}", cfg.meta_url))?;
+    let kv2 = kv.clone();
+    let applied = tokio::task::spawn_blocking(move || kv2.last_version())
+        .await
+        .context("open task")??;
+    let metrics = Metrics::new();
+    let mirror = Mirror::new(cfg.clone(), kv.clone(), metrics.clone(), applied);
+    let stop = CancellationToken::new();
+    tokio::spawn(wait_for_signal(stop.clone()));
+
+    // the follower bootstraps when the engine is empty, then applies the log
+    let follower = tokio::spawn(follower::run(mirror.clone(), primary.clone(), stop.clone()));
+    if applied == 0 {
+        println!(
+            "strait mirror: bootstrapping from the primary at {}",
+            cfg.primary
+        );
+    }
+    let mut changed = mirror.changed.subscribe();
+    while mirror.applied() == 0 {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = changed.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        if mirror.phase() == Phase::Halted {
+            anyhow::bail!("the mirror halted before its first bootstrap finished");
+        }
+    }
+
+    let kv2 = kv.clone();
+    let engine =
+        tokio::task::spawn_blocking(move || Meta::open(kv2, MetaOptions { read_only: true }))
+            .await
+            .context("open task")?
+            .context("open the mirror's metadata")?;
+    let format = engine.settings().clone();
+    let server = Arc::new(MetaServer::new(
+        engine.clone(),
+        cfg.session_timeout_ms,
+        metrics.base.clone(),
+    ));
+    let forward = ForwardSession::new(primary.clone(), &cfg.id);
+    let router = Router::new(
+        MetaServiceServer::from_arc(server.clone())
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        Auth::new(&token, metrics.base.clone()),
+        mirror.clone(),
+        forward.clone(),
+    );
+    let site = tonic::service::interceptor::InterceptedService::new(
+        SiteServiceServer::new(MirrorSite::new(mirror.clone()))
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        Auth::new(&token, metrics.base.clone()),
+    );
+
+    tokio::spawn(expire_sessions(
+        server.clone(),
+        Duration::from_millis(cfg.session_timeout_ms),
+        stop.clone(),
+        metrics.base.clone(),
+    ));
+    tokio::spawn(follower::ack(mirror.clone(), stop.clone()));
+    tokio::spawn(forward.clone().heartbeat(stop.clone()));
+    {
+        let m = mirror.clone();
+        let s = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = s.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => m.tick(),
+                }
+            }
+        });
+    }
+    let mut metrics_addr = None;
+    if !cfg.metrics_listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
+            .await
+            .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
+        metrics_addr = l.local_addr().ok();
+        tokio::spawn(metrics::serve(l, mirror.clone(), stop.clone()));
+    }
+
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .with_context(|| format!("listen on {}", cfg.listen))?;
+    let addr = listener.local_addr().context("the listening address")?;
+    println!(
+        "strait mirror: serving {} ({}) on {addr}, following {} from version {}{}",
+        format.name,
+        cfg.meta_url,
+        cfg.replicator.join(", "),
+        mirror.applied(),
+        metrics_addr
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default()
+    );
+    tracing::info!(
+        "mirror {} serving {} on {addr}: window {} ms, policy {}",
+        cfg.id,
+        format.name,
+        cfg.window_ms,
+        cfg.policy
+    );
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let s2 = stop.clone();
+    let serve = Server::builder()
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .tcp_nodelay(true)
+        .add_service(router)
+        .add_service(site)
+        .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await });
+    tokio::select! {
+        r = serve => r.context("serve the mirror's services")?,
+        _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {}
+    }
+    stop.cancel();
+    let _ = follower.await;
+    let kv2 = kv.clone();
+    tokio::task::spawn_blocking(move || kv2.sync())
+        .await
+        .context("sync task")??;
+    tracing::info!("stopped at version {}", mirror.applied());
+    Ok(())
+}

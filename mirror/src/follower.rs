@@ -1,0 +1,501 @@
+//! The follower: bootstraps the mirror's metadata from the primary's snapshot, then
+//! subscribes to the replicator and applies the change log in order, exactly once.
+//!
+//! # To ensure correctness
+//! - Each batch of records is applied in one transaction that also moves the mirror's version
+//!   ([`changelog::apply_replica`]), which checks that the batch starts right after it. A crash
+//!   leaves the mirror at a version it really holds, and the subscription restarts from there.
+//! - Records are decoded and validated before anything is written; an invalid one halts the
+//!   applier (state `halted`, the reason in the status and the log) with the mirror at the
+//!   version before it. Nothing is ever half-applied.
+//! - A bootstrap loads into an empty engine and writes the version last, so a mirror killed
+//!   during one starts at version 0 and bootstraps again; at version 0 the engine is wiped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strait_fs_core::changelog::{self, ChangeRecord, ReplicaError};
+use strait_fs_core::snapshot::Loader;
+use strait_proto::site as s;
+use strait_proto::site::site_service_client::SiteServiceClient;
+use strait_replicator::pb;
+use strait_replicator::pb::replicator_client::ReplicatorClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::state::{Mirror, Phase};
+
+/// Records applied per transaction.
+pub const APPLY_BATCH_MAX_RECORDS: usize = 512;
+/// Backoff between attempts to subscribe or bootstrap.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// A subscription silent for this many `silence_ms` moves to the next replicator node.
+const SILENCE_SWITCH_FACTOR: u64 = 3;
+/// Largest message from the replicator or the primary.
+pub const MESSAGE_BYTES_MAX: usize = 96 << 20;
+
+/// Why following stopped.
+enum Stop {
+    /// Try again (reconnect, resubscribe) after a pause.
+    Retry(String),
+    /// The log no longer holds what the mirror needs: bootstrap again.
+    Truncated(u64),
+    /// An invalid record: stay halted.
+    Halt(String),
+    Cancelled,
+}
+
+/// An authorised channel to the primary.
+#[derive(Clone)]
+pub struct Primary {
+    pub channel: Channel,
+    pub token: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl Primary {
+    pub fn new(addr: &str, token: &str) -> anyhow::Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .connect_lazy();
+        let token = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| anyhow::anyhow!("the primary token is not valid in a header"))?;
+        Ok(Primary { channel, token })
+    }
+
+    pub fn site(
+        &self,
+    ) -> SiteServiceClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>> {
+        SiteServiceClient::with_interceptor(self.channel.clone(), Bearer(self.token.clone()))
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+    }
+}
+
+/// Adds the token to every call.
+#[derive(Clone)]
+pub struct Bearer(pub tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// Load the primary's snapshot into the (wiped) engine. Returns the version loaded.
+pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<u64> {
+    use anyhow::Context;
+    use tokio_stream::StreamExt;
+    let kv = mirror.kv.clone();
+    tokio::task::spawn_blocking(move || kv.wipe())
+        .await
+        .context("wipe task")?
+        .context("wipe the mirror's metadata before loading a snapshot")?;
+    let mut stream = primary
+        .site()
+        .snapshot(s::Empty {})
+        .await
+        .context("ask the primary for a metadata snapshot")?
+        .into_inner();
+    let first = stream
+        .next()
+        .await
+        .context("the snapshot stream ended before its header")?
+        .context("read the snapshot header")?;
+    let Some(s::snapshot_chunk::Kind::Header(header)) = first.kind else {
+        anyhow::bail!("the snapshot stream did not start with a header");
+    };
+    tracing::info!(
+        "bootstrapping from the primary's snapshot of {} at version {}",
+        header.name,
+        header.version
+    );
+    enum Msg {
+        Pairs(Vec<(Vec<u8>, Vec<u8>)>),
+        End(u64),
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(4);
+    let kv = mirror.kv.clone();
+    let version = header.version;
+    let loader = tokio::task::spawn_blocking(move || -> strait_fs_core::Result<Option<String>> {
+        let mut l = Loader::new(kv.as_ref())?;
+        while let Some(m) = rx.blocking_recv() {
+            match m {
+                Msg::Pairs(batch) => l.batch(&batch)?,
+                Msg::End(pairs) => return l.finish(version, pairs).map(Some),
+            }
+        }
+        Ok(None)
+    });
+    let mut end = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk.context("read the snapshot stream")?.kind {
+            Some(s::snapshot_chunk::Kind::Pairs(p)) => {
+                let pairs = p.pairs.into_iter().map(|kv| (kv.key, kv.value)).collect();
+                if tx.send(Msg::Pairs(pairs)).await.is_err() {
+                    break;
+                }
+            }
+            Some(s::snapshot_chunk::Kind::End(e)) => {
+                let _ = tx.send(Msg::End(e.pairs)).await;
+                end = Some(e);
+                break;
+            }
+            _ => anyhow::bail!("unexpected message in the snapshot stream"),
+        }
+    }
+    drop(tx);
+    let loaded = loader
+        .await
+        .context("load task")?
+        .context("load the snapshot")?;
+    let end = end.context("the snapshot stream ended without its end marker")?;
+    let digest = loaded.context("the snapshot load stopped before its end")?;
+    if digest != end.digest {
+        anyhow::bail!(
+            "the loaded snapshot's digest {digest} differs from the primary's {}",
+            end.digest
+        );
+    }
+    tracing::info!(
+        "bootstrapped at version {version}: {} pairs, digest {digest} (equal to the primary's)",
+        end.pairs
+    );
+    Ok(version)
+}
+
+/// Follow the log until `stop`: bootstrap when needed, subscribe, apply.
+pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
+    let mut pause = RETRY_MIN;
+    let mut source = 0usize;
+    loop {
+        if stop.is_cancelled() {
+            return;
+        }
+        let kv = mirror.kv.clone();
+        let applied = match tokio::task::spawn_blocking(move || kv.last_version()).await {
+            Ok(Ok(v)) => v,
+            other => {
+                tracing::error!("read the mirror's version: {other:?}");
+                mirror.set_error(&format!("read the mirror's version: {other:?}"));
+                tokio::time::sleep(RETRY_MAX).await;
+                continue;
+            }
+        };
+        if applied == 0 {
+            mirror.set_phase(Phase::Bootstrapping, "");
+            mirror.metrics.bootstraps.inc();
+            match bootstrap(&mirror, &primary).await {
+                Ok(v) => {
+                    mirror.on_applied(v, &[], None);
+                    pause = RETRY_MIN;
+                }
+                Err(e) => {
+                    tracing::warn!("bootstrap failed, trying again in {pause:?}: {e:#}");
+                    mirror.set_error(&format!("bootstrap: {e:#}"));
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+            continue;
+        }
+        let addr = mirror.cfg.replicator[source % mirror.cfg.replicator.len()].clone();
+        let outcome = follow(&mirror, &addr, applied, &stop).await;
+        match outcome {
+            Stop::Cancelled => return,
+            Stop::Halt(why) => {
+                tracing::error!(
+                    "the applier halted: {why}; the mirror stays at version {}",
+                    mirror.applied()
+                );
+                mirror.halt(&why);
+                stop.cancelled().await;
+                return;
+            }
+            Stop::Truncated(earliest) => {
+                tracing::warn!(
+                    "the replicator no longer holds version {} (its log starts at {earliest}): \
+                     bootstrapping again from the primary's snapshot",
+                    applied + 1
+                );
+                mirror.set_error(&format!(
+                    "re-bootstrapped: the log was purged up to {earliest} past version {applied}"
+                ));
+                let kv = mirror.kv.clone();
+                // version 0 means "bootstrap": the next turn wipes and loads
+                let _ = tokio::task::spawn_blocking(move || kv.wipe()).await;
+            }
+            Stop::Retry(why) => {
+                if mirror.phase() != Phase::Disconnected {
+                    tracing::warn!("lost the subscription at {addr}: {why}; retrying");
+                }
+                mirror.set_error(&why);
+                mirror.set_phase(Phase::Disconnected, "");
+                source += 1;
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(RETRY_MAX);
+                continue;
+            }
+        }
+        pause = RETRY_MIN;
+    }
+}
+
+/// Subscribe at `addr` from `applied + 1` and apply until the stream ends.
+async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &CancellationToken) -> Stop {
+    let channel = match strait_replicator::network::channel(addr) {
+        Ok(c) => c,
+        Err(e) => return Stop::Retry(format!("replicator address {addr}: {e}")),
+    };
+    let mut client = ReplicatorClient::new(channel).max_decoding_message_size(MESSAGE_BYTES_MAX);
+    let stream = tokio::select! {
+        _ = stop.cancelled() => return Stop::Cancelled,
+        r = client.subscribe(pb::SubscribeRequest { after_version: applied }) => r,
+    };
+    let mut stream = match stream {
+        Ok(s) => s.into_inner(),
+        Err(e) => return Stop::Retry(format!("subscribe at {addr}: {}", e.message())),
+    };
+    mirror.set_phase(Phase::Following, addr);
+    tracing::info!(
+        "following the change log at {addr} from version {}",
+        applied + 1
+    );
+    let mut at = applied;
+    // a node cut off from the leader keeps the stream open and sends nothing: after this long
+    // without a message, try the next node (when there is one)
+    let silent_limit = Duration::from_millis(mirror.cfg.silence_ms * SILENCE_SWITCH_FACTOR);
+    let switch = mirror.cfg.replicator.len() > 1;
+    loop {
+        let msg = tokio::select! {
+            _ = stop.cancelled() => return Stop::Cancelled,
+            m = stream.message() => m,
+            _ = tokio::time::sleep(silent_limit), if switch => {
+                return Stop::Retry(format!(
+                    "nothing from {addr} for {silent_limit:?}: trying another replicator node"
+                ))
+            }
+        };
+        let msg = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => return Stop::Retry(format!("{addr} ended the subscription")),
+            Err(e) => return Stop::Retry(format!("subscription at {addr}: {}", e.message())),
+        };
+        match msg.kind {
+            Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
+                mirror.on_heartbeat(h.primary_clock_ms, h.latest_version)
+            }
+            Some(pb::subscribe_reply::Kind::TruncatedEarliest(e)) => return Stop::Truncated(e),
+            Some(pb::subscribe_reply::Kind::Records(r)) => {
+                match apply_records(mirror, at, r.first_version, r.records, stop).await {
+                    Ok(v) => at = v,
+                    Err(stop) => return stop,
+                }
+            }
+            None => return Stop::Retry("an empty message from the replicator".into()),
+        }
+    }
+}
+
+/// Decode and apply one delivered batch; returns the new applied version.
+async fn apply_records(
+    mirror: &Arc<Mirror>,
+    at: u64,
+    first: u64,
+    raw: Vec<Vec<u8>>,
+    stop: &CancellationToken,
+) -> Result<u64, Stop> {
+    if raw.is_empty() {
+        return Ok(at);
+    }
+    let last = first + raw.len() as u64 - 1;
+    if last <= at {
+        return Ok(at); // delivered again: already applied
+    }
+    if first > at + 1 {
+        return Err(Stop::Retry(format!(
+            "the subscription skipped from version {at} to {first}"
+        )));
+    }
+    // decode first: a record that does not decode halts the applier after the ones before it
+    let mut recs = Vec::with_capacity(raw.len());
+    let mut undecodable = None;
+    for (i, b) in raw.iter().enumerate() {
+        let v = first + i as u64;
+        if v <= at {
+            continue;
+        }
+        match ChangeRecord::decode(b) {
+            Ok(r) => recs.push(r),
+            Err(e) => {
+                undecodable = Some(format!("record {v} is invalid: it does not decode: {e}"));
+                break;
+            }
+        }
+    }
+    if recs.is_empty() {
+        return match undecodable {
+            Some(why) => Err(Stop::Halt(why)),
+            None => Ok(at),
+        };
+    }
+    let mut next = at + 1;
+    let ts_ms = |r: &ChangeRecord| (r.ts_ns / 1_000_000).max(0) as u64;
+    mirror.on_received(next, last, ts_ms(&recs[0]));
+    let mut rest: &[ChangeRecord] = &recs;
+    while !rest.is_empty() {
+        // a digest being taken at version h: apply nothing past h until it is done
+        let (guard, limit) = wait_for_hold(mirror, next, stop).await?;
+        let n = rest
+            .len()
+            .min(APPLY_BATCH_MAX_RECORDS)
+            .min(limit.map(|h| (h + 1 - next) as usize).unwrap_or(usize::MAX));
+        let (batch, tail) = rest.split_at(n);
+        let kv = mirror.kv.clone();
+        let owned = batch.to_vec();
+        let from = next;
+        let r = tokio::task::spawn_blocking(move || {
+            let r = changelog::apply_replica(kv.as_ref(), from, &owned);
+            match r {
+                Err(ReplicaError::Record { .. }) => find_invalid(kv.as_ref(), from, &owned),
+                other => other.map(|v| (v, None)),
+            }
+            .map(|(v, bad)| (v, bad, owned))
+        })
+        .await;
+        drop(guard);
+        let (v, bad, owned) = match r {
+            Ok(Ok(x)) => x,
+            Ok(Err(ReplicaError::Gap { at, first })) => {
+                return Err(Stop::Retry(format!(
+                    "the mirror is at version {at}, not {} (a batch starting at {first})",
+                    first - 1
+                )))
+            }
+            Ok(Err(e)) => return Err(Stop::Retry(format!("apply: {e}"))),
+            Err(e) => return Err(Stop::Retry(format!("apply task: {e}"))),
+        };
+        let applied_ts: Vec<i64> = owned[..(v + 1 - from) as usize]
+            .iter()
+            .map(|r| r.ts_ns)
+            .collect();
+        let pending = tail.first().map(|r| (v + 1, ts_ms(r)));
+        mirror.on_applied(v, &applied_ts, pending);
+        if let Some(why) = bad {
+            return Err(Stop::Halt(why));
+        }
+        next = v + 1;
+        rest = tail;
+    }
+    match undecodable {
+        Some(why) => Err(Stop::Halt(why)),
+        None => Ok(next - 1),
+    }
+}
+
+/// After a batch failed on an invalid record: apply its records one by one, so that every
+/// valid one before the culprit lands, and name the culprit.
+fn find_invalid(
+    kv: &dyn strait_fs_core::kv::KvEngine,
+    from: u64,
+    recs: &[ChangeRecord],
+) -> Result<(u64, Option<String>), ReplicaError> {
+    let mut at = from - 1;
+    for (i, r) in recs.iter().enumerate() {
+        let v = from + i as u64;
+        match changelog::apply_replica(kv, v, std::slice::from_ref(r)) {
+            Ok(_) => at = v,
+            Err(ReplicaError::Record { source, .. }) => {
+                return Ok((at, Some(format!("record {v} is invalid: {source}"))))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // every record applied on its own: the batch failed for another reason, now gone
+    Ok((at, None))
+}
+
+/// Wait while a hold sits below `next`; returns the apply lock and the hold to respect.
+async fn wait_for_hold<'a>(
+    mirror: &'a Arc<Mirror>,
+    next: u64,
+    stop: &CancellationToken,
+) -> Result<(tokio::sync::MutexGuard<'a, ()>, Option<u64>), Stop> {
+    let mut changed = mirror.changed.subscribe();
+    loop {
+        let guard = tokio::select! {
+            _ = stop.cancelled() => return Err(Stop::Cancelled),
+            g = mirror.apply_lock.lock() => g,
+        };
+        let hold = *mirror.hold.lock();
+        match hold {
+            Some(h) if h < next => {
+                drop(guard);
+                tokio::select! {
+                    _ = stop.cancelled() => return Err(Stop::Cancelled),
+                    _ = changed.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+            other => return Ok((guard, other)),
+        }
+    }
+}
+
+/// Acknowledge the applied version to the replicator every `ack_interval_ms`.
+pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
+    let client = match strait_replicator::client::LogClient::new(&mirror.cfg.replicator) {
+        Ok(c) => c.with_attempts(2),
+        Err(e) => {
+            tracing::error!("no acknowledgements to the replicator: {}", e.message());
+            return;
+        }
+    };
+    let period = Duration::from_millis(mirror.cfg.ack_interval_ms);
+    let mut acked = 0;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let applied = mirror.applied();
+        if applied == acked || mirror.phase() == Phase::Bootstrapping {
+            continue;
+        }
+        let r = client
+            .ack(pb::AckRequest {
+                mirror: mirror.cfg.id.clone(),
+                applied_version: applied,
+            })
+            .await;
+        match r {
+            Ok(()) => {
+                acked = applied;
+                if failing {
+                    tracing::info!("acknowledging to the replicator again (version {applied})");
+                }
+                failing = false;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(
+                        "acknowledge version {applied} to the replicator: {}",
+                        e.message()
+                    );
+                }
+                failing = true;
+            }
+        }
+    }
+}

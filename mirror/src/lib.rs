@@ -1,0 +1,23 @@
+//! The mirror site daemon (`strait mirror`, DESIGN.md §4): a region of its own that follows
+//! the primary's metadata exactly and measurably.
+//!
+//! - [`follower`]: bootstrap from the primary's snapshot, then subscribe to the replicator
+//!   and apply the change log in order, exactly once, halting on an invalid record.
+//! - [`lag`]: lag on the primary's clock (plain functions).
+//! - [`state`]: what the mirror knows about itself, shared by every part.
+//! - [`router`]: the metadata service for the region's mounts, with the staleness window:
+//!   reads outside it are forwarded to the primary, wait, or are served stale, by policy.
+//! - [`site`]: digests at a chosen version and the mirror's status, for `fsck --compare`
+//!   and `mirror status`.
+//! - [`daemon`]: starting and stopping it all.
+
+pub mod config;
+pub mod daemon;
+pub mod follower;
+pub mod lag;
+pub mod metrics;
+pub mod router;
+pub mod site;
+pub mod state;
+
+pub use config::{MirrorConfig, Policy};

@@ -1,0 +1,336 @@
+//! The metadata service of a mirror, with the staleness window (DESIGN.md §4).
+//!
+//! Every call is checked for the region's token, then:
+//! - mutations are answered by the mirror's read-only engine: EROFS (writes at a mirror are
+//!   routed to the primary in a later stage);
+//! - reads, while the mirror is inside its window `W`, are answered from its own metadata;
+//! - reads outside the window follow the policy: `forward` sends the call as it is to the
+//!   primary (under the mirror's own session there and the primary's token), `wait` holds it
+//!   until the mirror is back inside the window (EAGAIN after `wait_timeout_ms`), `serve`
+//!   answers from the stale metadata and counts it.
+//!
+//! Forwarding works on the HTTP/2 request, below the generated code: the primary answers the
+//! same protobuf messages the mirror would, so the call needs no decoding.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use strait_primary::service::{Auth, MetaServer};
+use strait_proto::meta as w;
+use strait_proto::meta::meta_service_client::MetaServiceClient;
+use strait_proto::meta::meta_service_server::MetaServiceServer;
+use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER};
+use tokio_util::sync::CancellationToken;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::service::Interceptor;
+use tonic::Status;
+use tower::Service;
+
+use crate::config::Policy;
+use crate::follower::{Bearer, Primary};
+use crate::state::Mirror;
+
+/// The calls that only read metadata: the ones the window applies to.
+const READS: [&str; 9] = [
+    "Lookup",
+    "GetAttr",
+    "Access",
+    "ReadLink",
+    "ReadDir",
+    "StatFs",
+    "ReadChunk",
+    "GetXattr",
+    "ListXattr",
+];
+
+fn errno_status(errno: i32, msg: String) -> Status {
+    let code = if errno == libc::EAGAIN {
+        tonic::Code::Unavailable
+    } else {
+        tonic::Code::Internal
+    };
+    let mut s = Status::new(code, msg);
+    if let Ok(v) = errno.to_string().parse() {
+        s.metadata_mut().insert(ERRNO_HEADER, v);
+    }
+    s
+}
+
+/// The mirror's session at the primary, under which forwarded reads run.
+pub struct ForwardSession {
+    primary: Primary,
+    sid: AtomicU64,
+    info: String,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl ForwardSession {
+    pub fn new(primary: Primary, mirror_id: &str) -> Arc<Self> {
+        Arc::new(ForwardSession {
+            primary,
+            sid: AtomicU64::new(0),
+            info: format!("mirror {mirror_id}: reads forwarded outside its window"),
+            lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn client(
+        &self,
+    ) -> MetaServiceClient<
+        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
+    > {
+        MetaServiceClient::with_interceptor(
+            self.primary.channel.clone(),
+            Bearer(self.primary.token.clone()),
+        )
+    }
+
+    /// The session id, opening a session when there is none (or `stale` is the one refused).
+    async fn sid(&self, stale: u64) -> Result<u64, Status> {
+        let _g = self.lock.lock().await;
+        let cur = self.sid.load(Ordering::Relaxed);
+        if cur != 0 && cur != stale {
+            return Ok(cur);
+        }
+        let r = self
+            .client()
+            .open_session(w::OpenSessionRequest {
+                info: self.info.clone(),
+                resume_session: 0,
+                open_inodes: vec![],
+            })
+            .await?
+            .into_inner();
+        self.sid.store(r.session, Ordering::Relaxed);
+        tracing::info!(
+            "opened session {} at the primary for forwarded reads",
+            r.session
+        );
+        Ok(r.session)
+    }
+
+    /// Keep the session alive while it exists.
+    pub async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+            let sid = self.sid.load(Ordering::Relaxed);
+            if sid == 0 {
+                continue;
+            }
+            let mut req = tonic::Request::new(w::HeartbeatRequest {});
+            if let Ok(v) = sid.to_string().parse() {
+                req.metadata_mut().insert(SESSION_HEADER, v);
+            }
+            if let Err(e) = self.client().heartbeat(req).await {
+                if e.metadata().get(RESUME_HEADER).is_some() {
+                    // the primary forgot it: open another at the next forwarded read
+                    let _ = self
+                        .sid
+                        .compare_exchange(sid, 0, Ordering::Relaxed, Ordering::Relaxed);
+                }
+            }
+        }
+        let sid = self.sid.load(Ordering::Relaxed);
+        if sid != 0 {
+            let mut req = tonic::Request::new(w::Empty {});
+            if let Ok(v) = sid.to_string().parse() {
+                req.metadata_mut().insert(SESSION_HEADER, v);
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.client().close_session(req))
+                .await;
+        }
+    }
+}
+
+type Local = MetaServiceServer<MetaServer>;
+
+/// The mirror's `strait.meta.v1.MetaService`.
+#[derive(Clone)]
+pub struct Router {
+    local: Local,
+    auth: Auth,
+    mirror: Arc<Mirror>,
+    forward: Arc<ForwardSession>,
+}
+
+impl Router {
+    pub fn new(
+        local: Local,
+        auth: Auth,
+        mirror: Arc<Mirror>,
+        forward: Arc<ForwardSession>,
+    ) -> Self {
+        Router {
+            local,
+            auth,
+            mirror,
+            forward,
+        }
+    }
+}
+
+impl NamedService for Router {
+    const NAME: &'static str = <Local as NamedService>::NAME;
+}
+
+type Reply = http::Response<Body>;
+
+fn status_reply(s: Status) -> Reply {
+    s.into_http()
+}
+
+impl Router {
+    async fn local_call(mut local: Local, req: http::Request<Body>) -> Reply {
+        match local.call(req).await {
+            Ok(r) => r.map(Body::new),
+            Err(never) => match never {},
+        }
+    }
+
+    async fn forward_call(&self, req: http::Request<Body>) -> Reply {
+        self.mirror.metrics.forwarded_reads.inc();
+        // the body is a single gRPC message: keep it, to send the call again after a resume
+        let (mut parts, body) = req.into_parts();
+        let bytes = match http_body_util_collect(body).await {
+            Ok(b) => b,
+            Err(s) => return status_reply(s),
+        };
+        let mut stale = 0;
+        for _ in 0..2 {
+            let sid = match self.forward.sid(stale).await {
+                Ok(s) => s,
+                Err(s) => {
+                    return status_reply(errno_status(
+                        libc::EIO,
+                        format!(
+                            "the primary cannot be reached for a forwarded read: {}",
+                            s.message()
+                        ),
+                    ))
+                }
+            };
+            if let Ok(v) =
+                http::HeaderValue::from_bytes(self.forward.primary.token.as_encoded_bytes())
+            {
+                parts.headers.insert("authorization", v);
+            }
+            if let Ok(v) = sid.to_string().parse() {
+                parts.headers.insert(SESSION_HEADER, v);
+            }
+            let mut uri = http::Uri::builder().scheme("http").authority("primary");
+            if let Some(pq) = parts.uri.path_and_query() {
+                uri = uri.path_and_query(pq.clone());
+            }
+            let mut req = http::Request::new(Body::new(http_body_full(bytes.clone())));
+            *req.method_mut() = parts.method.clone();
+            *req.headers_mut() = parts.headers.clone();
+            *req.uri_mut() = match uri.build() {
+                Ok(u) => u,
+                Err(e) => return status_reply(Status::internal(format!("forward uri: {e}"))),
+            };
+            let mut ch = self.forward.primary.channel.clone();
+            let sent = match tower::ServiceExt::ready(&mut ch).await {
+                Ok(ch) => ch.call(req).await,
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(r) if r.headers().get(RESUME_HEADER).is_some() => {
+                    stale = sid;
+                    continue;
+                }
+                Ok(r) => return r,
+                Err(e) => {
+                    return status_reply(errno_status(
+                        libc::EIO,
+                        format!("forward a read to the primary: {e}"),
+                    ))
+                }
+            }
+        }
+        status_reply(errno_status(
+            libc::EIO,
+            "the primary refused the mirror's session twice".into(),
+        ))
+    }
+
+    async fn route(self, req: http::Request<Body>) -> Reply {
+        // the region's token, checked as the primary checks it
+        let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
+        let probe = tonic::Request::from_parts(md, tonic::Extensions::default(), ());
+        let mut auth = self.auth.clone();
+        if let Err(s) = auth.call(probe) {
+            return status_reply(s);
+        }
+        let method = req.uri().path().rsplit('/').next().unwrap_or("");
+        if !READS.contains(&method) || self.mirror.fresh() {
+            return Self::local_call(self.local.clone(), req).await;
+        }
+        match self.mirror.cfg.policy {
+            Policy::Serve => {
+                self.mirror.metrics.stale_reads.inc();
+                Self::local_call(self.local.clone(), req).await
+            }
+            Policy::Forward => self.forward_call(req).await,
+            Policy::Wait => {
+                self.mirror.metrics.waited_reads.inc();
+                let limit = Duration::from_millis(self.mirror.cfg.wait_timeout_ms);
+                let mut changed = self.mirror.changed.subscribe();
+                let waited = tokio::time::timeout(limit, async {
+                    while !self.mirror.fresh() {
+                        // the lag also moves with time alone: look again at least every 50 ms
+                        let _ = tokio::time::timeout(Duration::from_millis(50), changed.changed())
+                            .await;
+                    }
+                })
+                .await;
+                match waited {
+                    Ok(()) => Self::local_call(self.local.clone(), req).await,
+                    Err(_) => status_reply(errno_status(
+                        libc::EAGAIN,
+                        format!(
+                            "the mirror stayed outside its {} ms window for {limit:?} (policy wait)",
+                            self.mirror.cfg.window_ms
+                        ),
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Read a whole request body (one gRPC message, bounded by the server's message limit).
+async fn http_body_util_collect(body: Body) -> Result<bytes::Bytes, Status> {
+    use http_body_util::BodyExt;
+    body.collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| Status::internal(format!("read the request: {e}")))
+}
+
+fn http_body_full(b: bytes::Bytes) -> http_body_util::Full<bytes::Bytes> {
+    http_body_util::Full::new(b)
+}
+
+impl Service<http::Request<Body>> for Router {
+    type Response = Reply;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.route(req).await) })
+    }
+}

@@ -1,0 +1,163 @@
+//! The mirror's site service: its snapshot, its digest at a chosen version (what
+//! `fsck --compare` checks prefix consistency with), and its status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strait_primary::site::{digest_now, now_ms, snapshot_stream, SnapshotStream};
+use strait_proto::site as s;
+use strait_proto::site::site_service_server::SiteService;
+use tonic::{Request, Response, Status};
+
+use crate::state::Mirror;
+
+/// Longest wait for the mirror to reach a requested digest version.
+pub const DIGEST_TIMEOUT_MS_MAX: u64 = 600_000;
+
+/// Longest pause.
+pub const PAUSE_MS_MAX: u64 = 60_000;
+
+pub struct MirrorSite {
+    pub mirror: Arc<Mirror>,
+    /// One digest at a time.
+    pub holding: tokio::sync::Mutex<()>,
+    /// Bumped by every pause and digest, so that a pause's timer lifts only its own hold.
+    pub generation: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl MirrorSite {
+    pub fn new(mirror: Arc<Mirror>) -> Self {
+        MirrorSite {
+            mirror,
+            holding: tokio::sync::Mutex::new(()),
+            generation: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SiteService for MirrorSite {
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, _req: Request<s::Empty>) -> Result<Response<SnapshotStream>, Status> {
+        Ok(Response::new(snapshot_stream(self.mirror.kv.clone())))
+    }
+
+    async fn digest(
+        &self,
+        req: Request<s::DigestRequest>,
+    ) -> Result<Response<s::DigestReply>, Status> {
+        let r = req.into_inner();
+        let kv = self.mirror.kv.clone();
+        if r.at_version == 0 {
+            let (digest, version) = digest_now(kv).await?;
+            return Ok(Response::new(s::DigestReply { digest, version }));
+        }
+        let at = r.at_version;
+        let timeout = Duration::from_millis(match r.timeout_ms {
+            0 => 30_000,
+            t => t.min(DIGEST_TIMEOUT_MS_MAX),
+        });
+        let _one = self.holding.lock().await;
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // stop the applier at `at` (it may already be past it: then the version is gone)
+        {
+            let _g = self.mirror.apply_lock.lock().await;
+            *self.mirror.hold.lock() = Some(at);
+        }
+        let release = Release(&self.mirror);
+        let mut changed = self.mirror.changed.subscribe();
+        let reached = tokio::time::timeout(timeout, async {
+            loop {
+                let applied = self.mirror.applied();
+                if applied >= at {
+                    return applied;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(50), changed.changed()).await;
+            }
+        })
+        .await;
+        let applied = match reached {
+            Ok(a) => a,
+            Err(_) => {
+                return Err(Status::deadline_exceeded(format!(
+                    "the mirror did not reach version {at} within {timeout:?} (it is at {})",
+                    self.mirror.applied()
+                )))
+            }
+        };
+        if applied > at {
+            return Err(Status::failed_precondition(format!(
+                "the mirror is already at version {applied}, past {at}"
+            )));
+        }
+        let (digest, version) = digest_now(kv).await?;
+        drop(release);
+        if version != at {
+            return Err(Status::internal(format!(
+                "the digest was taken at version {version}, not {at}"
+            )));
+        }
+        Ok(Response::new(s::DigestReply { digest, version }))
+    }
+
+    async fn pause(
+        &self,
+        req: Request<s::PauseRequest>,
+    ) -> Result<Response<s::PauseReply>, Status> {
+        let hold_ms = req.into_inner().hold_ms.clamp(1, PAUSE_MS_MAX);
+        // under the apply lock no batch is in flight: the mirror stops exactly here
+        let (gen, applied) = {
+            let _g = self.mirror.apply_lock.lock().await;
+            let applied = self.mirror.applied();
+            *self.mirror.hold.lock() = Some(applied);
+            let gen = self
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1;
+            (gen, applied)
+        };
+        let mirror = self.mirror.clone();
+        let generation = self.generation.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+            if generation.load(std::sync::atomic::Ordering::SeqCst) == gen {
+                drop(Release(&mirror));
+            }
+        });
+        Ok(Response::new(s::PauseReply {
+            applied_version: applied,
+        }))
+    }
+
+    async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {
+        let m = self.mirror.status();
+        let name = tokio::task::spawn_blocking({
+            let kv = self.mirror.kv.clone();
+            move || strait_fs_core::meta::Meta::load_format(kv.as_ref()).map(|f| f.name)
+        })
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .unwrap_or_default();
+        Ok(Response::new(s::SiteStatus {
+            role: "mirror".into(),
+            name,
+            version: m.applied_version,
+            clock_ms: now_ms(),
+            replicator: self.mirror.cfg.replicator.clone(),
+            mirror: Some(m),
+        }))
+    }
+}
+
+/// Lifts the digest hold when dropped (also when the call is cancelled).
+struct Release<'a>(&'a Mirror);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        *self.0.hold.lock() = None;
+        self.0.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}

@@ -1,0 +1,312 @@
+//! What a mirror knows about itself, shared by the follower, the read guard, the site service
+//! and the metrics.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use strait_fs_core::kv::DynKv;
+use strait_proto::site as s;
+
+use crate::config::MirrorConfig;
+use crate::lag::{quantile, Beat, History, Lag, LagState};
+use crate::metrics::Metrics;
+
+/// Records whose apply lag is kept for the last-minute quantiles.
+pub const APPLY_LAG_SAMPLES_MAX: usize = 1 << 20;
+/// The window of the apply rate, in seconds.
+const RATE_WINDOW_S: u64 = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Loading a snapshot from the primary.
+    Bootstrapping,
+    /// Subscribed and applying.
+    Following,
+    /// Not subscribed (the replicator cannot be reached).
+    Disconnected,
+    /// An invalid record stopped the applier; only a restart (after a fix) goes on.
+    Halted,
+}
+
+/// The mirror's state as `mirror status` shows it.
+pub fn state_name(phase: Phase, lag: &Lag, window_ms: u64, silence_ms: u64) -> &'static str {
+    match phase {
+        Phase::Bootstrapping => "bootstrapping",
+        Phase::Halted => "halted",
+        Phase::Disconnected => "disconnected",
+        Phase::Following if lag.silence_ms.is_some_and(|s| s > silence_ms) => "disconnected",
+        Phase::Following if lag.ms > window_ms => "stale",
+        Phase::Following => "following",
+    }
+}
+
+struct Inner {
+    phase: Phase,
+    lag: LagState,
+    history: History,
+    error: String,
+    source: String,
+    bootstraps: u64,
+    /// (local wall clock ms at apply, commit-to-apply lag in µs by the local wall clock).
+    apply_lag: VecDeque<(u64, u64)>,
+    /// (monotonic ms, applied version) once a second, for the apply rate.
+    rate: VecDeque<(u64, u64)>,
+}
+
+/// Shared by every part of the mirror daemon.
+pub struct Mirror {
+    pub cfg: MirrorConfig,
+    pub kv: DynKv,
+    pub metrics: Arc<Metrics>,
+    started: Instant,
+    inner: Mutex<Inner>,
+    /// Bumped after every apply, heartbeat and phase change: what `wait` readers and the
+    /// digest hold wait on.
+    pub changed: tokio::sync::watch::Sender<u64>,
+    /// Apply nothing past this version while set (a digest at that version is being taken).
+    pub hold: Mutex<Option<u64>>,
+    /// Held by the applier while it applies a batch: whoever sets `hold` under it knows no
+    /// batch is in flight.
+    pub apply_lock: tokio::sync::Mutex<()>,
+}
+
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+impl Mirror {
+    pub fn new(cfg: MirrorConfig, kv: DynKv, metrics: Arc<Metrics>, applied: u64) -> Arc<Self> {
+        let lag = LagState {
+            applied,
+            received: applied,
+            ..Default::default()
+        };
+        Arc::new(Mirror {
+            cfg,
+            kv,
+            metrics,
+            started: Instant::now(),
+            inner: Mutex::new(Inner {
+                phase: Phase::Disconnected,
+                lag,
+                history: History::default(),
+                error: String::new(),
+                source: String::new(),
+                bootstraps: 0,
+                apply_lag: VecDeque::new(),
+                rate: VecDeque::new(),
+            }),
+            changed: tokio::sync::watch::channel(0).0,
+            hold: Mutex::new(None),
+            apply_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Milliseconds on the mirror's monotonic clock.
+    pub fn mono_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.inner.lock().phase
+    }
+
+    pub fn set_phase(&self, phase: Phase, source: &str) {
+        {
+            let mut i = self.inner.lock();
+            i.phase = phase;
+            if !source.is_empty() {
+                i.source = source.to_string();
+            }
+            if phase == Phase::Bootstrapping {
+                i.bootstraps += 1;
+            }
+        }
+        self.bump();
+    }
+
+    pub fn set_error(&self, e: &str) {
+        self.inner.lock().error = e.to_string();
+    }
+
+    pub fn halt(&self, why: &str) {
+        {
+            let mut i = self.inner.lock();
+            i.phase = Phase::Halted;
+            i.error = why.to_string();
+        }
+        self.metrics.halted.set(1);
+        self.bump();
+    }
+
+    pub fn on_heartbeat(&self, primary_clock_ms: u64, latest_version: u64) {
+        let arrived_ms = self.mono_ms();
+        {
+            let mut i = self.inner.lock();
+            // a repeated reading is no news: it must not reset the silence
+            if i.lag
+                .beats
+                .back()
+                .is_some_and(|b| b.primary_clock_ms >= primary_clock_ms)
+            {
+                return;
+            }
+            i.lag.on_heartbeat(Beat {
+                primary_clock_ms,
+                latest_version,
+                arrived_ms,
+            });
+        }
+        self.metrics.primary_version.set(latest_version as i64);
+        self.bump();
+    }
+
+    pub fn on_received(&self, first: u64, last: u64, first_ts_ms: u64) {
+        self.inner.lock().lag.on_received(first, last, first_ts_ms);
+    }
+
+    /// Records up to `applied` are applied; `ts_ns` are the commit times of those just applied;
+    /// `next` is the oldest record still pending (version, commit ms).
+    pub fn on_applied(&self, applied: u64, ts_ns: &[i64], next: Option<(u64, u64)>) {
+        let now_us = wall_us();
+        let now_ms = now_us / 1000;
+        {
+            let mut i = self.inner.lock();
+            i.lag.on_applied(applied, next);
+            for ts in ts_ns {
+                let lag_us = now_us.saturating_sub((*ts / 1000).max(0) as u64);
+                if i.apply_lag.len() >= APPLY_LAG_SAMPLES_MAX {
+                    i.apply_lag.pop_front();
+                }
+                i.apply_lag.push_back((now_ms, lag_us));
+                self.metrics.record_lag.observe(lag_us as f64 / 1e6);
+            }
+        }
+        self.metrics.applied_version.set(applied as i64);
+        self.metrics.applied_records.inc_by(ts_ns.len() as u64);
+        self.bump();
+    }
+
+    pub fn applied(&self) -> u64 {
+        self.inner.lock().lag.applied
+    }
+
+    /// The lag now.
+    pub fn lag(&self) -> Lag {
+        let now = self.mono_ms();
+        self.inner.lock().lag.lag(now, self.cfg.silence_ms)
+    }
+
+    /// Whether reads may be answered from the mirror's own metadata under the window.
+    pub fn fresh(&self) -> bool {
+        let (phase, lag) = {
+            let i = self.inner.lock();
+            (i.phase, i.lag.lag(self.mono_ms(), self.cfg.silence_ms))
+        };
+        matches!(phase, Phase::Following | Phase::Disconnected) && lag.ms <= self.cfg.window_ms
+    }
+
+    /// Once a second: the lag history and the rate, then the gauges.
+    pub fn tick(&self) {
+        let lag = self.lag();
+        let now_mono = self.mono_ms();
+        let now_wall = wall_ms();
+        {
+            let mut i = self.inner.lock();
+            i.history.push(now_wall, lag);
+            let applied = i.lag.applied;
+            i.rate.push_back((now_mono, applied));
+            while i.rate.len() > RATE_WINDOW_S as usize + 1 {
+                i.rate.pop_front();
+            }
+            let cutoff = now_wall.saturating_sub(60_000);
+            while i.apply_lag.front().is_some_and(|(at, _)| *at < cutoff) {
+                i.apply_lag.pop_front();
+            }
+        }
+        self.tick_gauges();
+    }
+
+    /// Set the lag and state gauges to the values now.
+    pub fn tick_gauges(&self) {
+        let lag = self.lag();
+        let state = state_name(self.phase(), &lag, self.cfg.window_ms, self.cfg.silence_ms);
+        self.metrics.lag_seconds.set(lag.ms as f64 / 1e3);
+        self.metrics.lag_versions.set(lag.versions as i64);
+        self.metrics.primary_version.set(lag.latest as i64);
+        for s in [
+            "bootstrapping",
+            "following",
+            "stale",
+            "disconnected",
+            "halted",
+        ] {
+            self.metrics
+                .state
+                .with_label_values(&[s])
+                .set((s == state) as i64);
+        }
+    }
+
+    /// The status as the site service reports it.
+    pub fn status(&self) -> s::MirrorState {
+        let lag = self.lag();
+        let i = self.inner.lock();
+        let rate = match (i.rate.front(), i.rate.back()) {
+            (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 * 1000.0 / (b.0 - a.0) as f64,
+            _ => 0.0,
+        };
+        let mut recent: Vec<u64> = i.apply_lag.iter().map(|(_, l)| *l).collect();
+        let p50 = quantile(&mut recent, 0.5);
+        let p99 = quantile(&mut recent, 0.99);
+        let max = recent.last().copied().unwrap_or(0);
+        s::MirrorState {
+            id: self.cfg.id.clone(),
+            state: state_name(i.phase, &lag, self.cfg.window_ms, self.cfg.silence_ms).into(),
+            applied_version: i.lag.applied,
+            latest_version: lag.latest,
+            lag_versions: lag.versions,
+            lag_ms: lag.ms,
+            lag_p50_ms: i.history.quantile_ms(0.5),
+            lag_p99_ms: i.history.quantile_ms(0.99),
+            lag_max_ms: i.history.quantile_ms(1.0),
+            apply_rate: rate,
+            policy: self.cfg.policy.to_string(),
+            window_ms: self.cfg.window_ms,
+            error: i.error.clone(),
+            source: i.source.clone(),
+            bootstraps: i.bootstraps,
+            silence_ms: lag.silence_ms.unwrap_or(0),
+            history: i
+                .history
+                .points
+                .iter()
+                .map(|&(at_ms, lag_ms, lag_versions)| s::LagPoint {
+                    at_ms,
+                    lag_ms,
+                    lag_versions,
+                })
+                .collect(),
+            apply_lag_p50_us: p50,
+            apply_lag_p99_us: p99,
+            apply_lag_max_us: max,
+            apply_lag_samples: recent.len() as u64,
+        }
+    }
+}

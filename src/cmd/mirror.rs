@@ -1,0 +1,358 @@
+//! `strait mirror`: run the mirror site daemon, or show mirrors' replication state
+//! (`strait mirror status`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use strait_mirror::MirrorConfig;
+use strait_proto::site as s;
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<Action>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (see --example-config).
+    #[arg(long, env = "STRAIT_MIRROR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print a configuration file documenting every field with its default, and exit.
+    #[arg(long)]
+    pub example_config: bool,
+    /// This mirror's name (its cursor at the replicator).
+    #[arg(long, env = "STRAIT_MIRROR_ID")]
+    pub id: Option<String>,
+    /// Address of the metadata service for this region's mounts.
+    #[arg(long, env = "STRAIT_LISTEN")]
+    pub listen: Option<String>,
+    /// The mirror's metadata engine (rocksdb:///path).
+    #[arg(long, env = "STRAIT_META_URL")]
+    pub meta_url: Option<String>,
+    /// Token this region's mounts must send.
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The primary's address (host:port).
+    #[arg(long, env = "STRAIT_PRIMARY")]
+    pub primary: Option<String>,
+    /// Replicator nodes (host:port, comma-separated, this region's first).
+    #[arg(long, env = "STRAIT_REPLICATOR", value_delimiter = ',')]
+    pub replicator: Option<Vec<String>>,
+    /// Address of /metrics and /health ("" disables).
+    #[arg(long, env = "STRAIT_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Staleness window in ms.
+    #[arg(long, env = "STRAIT_WINDOW_MS")]
+    pub window_ms: Option<u64>,
+    /// What a read does outside the window: forward, wait or serve.
+    #[arg(long, env = "STRAIT_POLICY")]
+    pub policy: Option<String>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// Show each mirror's state, versions, lag and apply rate.
+    Status(StatusArgs),
+    /// A create/rename/setattr storm at the primary, and the mirror's lag during it.
+    Bench(super::mirror_bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// A mirror's address (its metadata service), or a replicator node's, or the primary's:
+    /// a replicator or a primary lists every mirror with a cursor.
+    #[arg(long)]
+    pub addr: String,
+    /// Token of the site daemons (not needed for a replicator).
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
+    pub token: String,
+    /// Mirrors' addresses to query for details when --addr is a replicator or primary
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub mirror: Vec<String>,
+    /// Print JSON (stable field names, for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// A live dashboard, refreshed every second (q or Ctrl-C quits).
+    #[arg(long)]
+    pub watch: bool,
+}
+
+impl ServeArgs {
+    fn resolve(&self) -> Result<MirrorConfig> {
+        let mut c = match &self.config {
+            Some(p) => MirrorConfig::load(p)?,
+            None => MirrorConfig::default(),
+        };
+        if let Some(v) = &self.id {
+            c.id = v.clone();
+        }
+        if let Some(v) = &self.listen {
+            c.listen = v.clone();
+        }
+        if let Some(v) = &self.meta_url {
+            c.meta_url = v.clone();
+        }
+        if let Some(v) = &self.token {
+            c.token = v.clone();
+        }
+        if let Some(v) = &self.primary {
+            c.primary = v.clone();
+        }
+        if let Some(v) = &self.replicator {
+            c.replicator = v.iter().filter(|a| !a.is_empty()).cloned().collect();
+        }
+        if let Some(v) = &self.metrics_listen {
+            c.metrics_listen = v.clone();
+        }
+        if let Some(v) = self.window_ms {
+            c.window_ms = v;
+        }
+        if let Some(v) = &self.policy {
+            c.policy = v.parse()?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    match a.action {
+        Some(Action::Status(s)) => status(s),
+        Some(Action::Bench(b)) => super::mirror_bench::run(b),
+        None => {
+            if a.serve.example_config {
+                print!("{}", MirrorConfig::example_toml());
+                return Ok(());
+            }
+            let cfg = a.serve.resolve()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("strait-mirror")
+                .enable_all()
+                .build()?;
+            rt.block_on(strait_mirror::daemon::run(cfg))
+        }
+    }
+}
+
+/// One row of `mirror status`.
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Row {
+    pub mirror: String,
+    pub addr: String,
+    pub state: String,
+    pub applied_version: u64,
+    pub latest_version: u64,
+    pub lag_versions: u64,
+    pub lag_ms: u64,
+    pub lag_p50_ms: u64,
+    pub lag_p99_ms: u64,
+    pub lag_max_ms: u64,
+    pub apply_rate: f64,
+    pub policy: String,
+    pub window_ms: u64,
+    pub source: String,
+    pub bootstraps: u64,
+    pub error: String,
+    pub needs_bootstrap: bool,
+    pub apply_lag_p50_us: u64,
+    pub apply_lag_p99_us: u64,
+    pub apply_lag_max_us: u64,
+}
+
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Report {
+    /// The primary's latest version, as the replicator last heard it (0: unknown).
+    pub primary_version: u64,
+    pub mirrors: Vec<Row>,
+}
+
+fn row_of(addr: &str, m: s::MirrorState) -> Row {
+    Row {
+        mirror: m.id,
+        addr: addr.to_string(),
+        state: m.state,
+        applied_version: m.applied_version,
+        latest_version: m.latest_version,
+        lag_versions: m.lag_versions,
+        lag_ms: m.lag_ms,
+        lag_p50_ms: m.lag_p50_ms,
+        lag_p99_ms: m.lag_p99_ms,
+        lag_max_ms: m.lag_max_ms,
+        apply_rate: m.apply_rate,
+        policy: m.policy,
+        window_ms: m.window_ms,
+        source: m.source,
+        bootstraps: m.bootstraps,
+        error: m.error,
+        needs_bootstrap: false,
+        apply_lag_p50_us: m.apply_lag_p50_us,
+        apply_lag_p99_us: m.apply_lag_p99_us,
+        apply_lag_max_us: m.apply_lag_max_us,
+    }
+}
+
+/// Ask a site daemon for its status.
+pub async fn site_status(addr: &str, token: &str) -> Result<s::SiteStatus> {
+    let primary = strait_mirror::follower::Primary::new(addr, token)?;
+    let mut c = primary.site();
+    let r = tokio::time::timeout(Duration::from_secs(3), c.status(s::Empty {}))
+        .await
+        .with_context(|| format!("{addr} did not answer within 3 s"))?
+        .with_context(|| format!("ask {addr} for its status"))?;
+    Ok(r.into_inner())
+}
+
+/// Gather the report from `addr` (a mirror, a primary or a replicator node).
+pub async fn gather(a: &StatusArgs) -> Result<Report> {
+    let mut report = Report::default();
+    let mut replicators: Vec<String> = vec![];
+    match site_status(&a.addr, &a.token).await {
+        Ok(st) if st.role == "mirror" => {
+            if let Some(m) = st.mirror {
+                report.primary_version = m.latest_version;
+                report.mirrors.push(row_of(&a.addr, m));
+            }
+            return Ok(report);
+        }
+        Ok(st) => {
+            report.primary_version = st.version;
+            replicators = st.replicator;
+        }
+        Err(site_err) => {
+            // not a site daemon: a replicator node?
+            replicators.push(a.addr.clone());
+            if a.token.is_empty() {
+                tracing::debug!("{}: {site_err:#}", a.addr);
+            }
+        }
+    }
+    let mut cursors = vec![];
+    let mut heard = None;
+    for r in &replicators {
+        let Ok(ch) = strait_replicator::network::channel(r) else {
+            continue;
+        };
+        let mut c = strait_replicator::pb::replicator_client::ReplicatorClient::new(ch);
+        if let Ok(Ok(st)) = tokio::time::timeout(
+            Duration::from_secs(3),
+            c.status(strait_replicator::pb::Empty {}),
+        )
+        .await
+        {
+            let st = st.into_inner();
+            cursors = st.cursors;
+            heard = st.heartbeat.map(|h| h.latest_version);
+            break;
+        }
+    }
+    if replicators.is_empty() || (cursors.is_empty() && heard.is_none() && a.mirror.is_empty()) {
+        bail!(
+            "{} is neither a mirror nor a primary with a replicator, nor a replicator node that answers",
+            a.addr
+        );
+    }
+    if report.primary_version == 0 {
+        report.primary_version = heard.unwrap_or(0);
+    }
+    for cur in cursors {
+        report.mirrors.push(Row {
+            mirror: cur.mirror.clone(),
+            state: if cur.needs_bootstrap {
+                "needs-bootstrap".into()
+            } else {
+                "unknown".into()
+            },
+            applied_version: cur.applied_version,
+            latest_version: report.primary_version,
+            lag_versions: report.primary_version.saturating_sub(cur.applied_version),
+            needs_bootstrap: cur.needs_bootstrap,
+            ..Default::default()
+        });
+    }
+    // details from the mirrors themselves, where we know their addresses
+    for addr in &a.mirror {
+        match site_status(addr, &a.token).await {
+            Ok(st) => {
+                if let Some(m) = st.mirror {
+                    let row = row_of(addr, m);
+                    match report.mirrors.iter_mut().find(|r| r.mirror == row.mirror) {
+                        Some(r) => {
+                            let nb = r.needs_bootstrap;
+                            *r = row;
+                            r.needs_bootstrap = nb;
+                        }
+                        None => report.mirrors.push(row),
+                    }
+                }
+            }
+            Err(e) => report.mirrors.push(Row {
+                mirror: "?".into(),
+                addr: addr.clone(),
+                state: "disconnected".into(),
+                error: format!("{e:#}"),
+                ..Default::default()
+            }),
+        }
+    }
+    Ok(report)
+}
+
+fn print_table(r: &Report) {
+    println!("primary version {}", r.primary_version);
+    println!(
+        "{:<12} {:<14} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9}  {}",
+        "MIRROR",
+        "STATE",
+        "APPLIED",
+        "LATEST",
+        "LAG",
+        "LAG ms",
+        "p50 ms",
+        "p99 ms",
+        "rec/s",
+        "NOTE"
+    );
+    for m in &r.mirrors {
+        let note = if !m.error.is_empty() {
+            m.error.clone()
+        } else if !m.source.is_empty() {
+            format!("from {} ({} {} ms)", m.source, m.policy, m.window_ms)
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<12} {:<14} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9.0}  {}",
+            m.mirror,
+            m.state,
+            m.applied_version,
+            m.latest_version,
+            m.lag_versions,
+            m.lag_ms,
+            m.lag_p50_ms,
+            m.lag_p99_ms,
+            m.apply_rate,
+            note
+        );
+    }
+}
+
+fn status(a: StatusArgs) -> Result<()> {
+    let rt = super::runtime()?;
+    if a.watch {
+        return rt.block_on(super::mirror_watch::run(&a));
+    }
+    let report = rt.block_on(gather(&a))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}

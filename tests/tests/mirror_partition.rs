@@ -1,0 +1,152 @@
+//! The replication links into a mirror's region are cut for 10 s (the Raft link to the
+//! region's replicator node, and the mirror's own links to the other nodes); the mirror's path
+//! to the primary's metadata service stays up.
+//!
+//! Invariants checked:
+//! - bounded staleness (DESIGN.md §6.3): under `forward`, a read at the mirror sees a change
+//!   made at the primary during the partition (the primary answers it); under `wait`, the read
+//!   blocks and completes, with the change, after the heal;
+//! - the mirror knows it is cut off: its status leaves `following`, its lag grows;
+//! - convergence (§6.5): after the heal both mirrors return to `following` at the primary's
+//!   version with equal digests.
+
+use std::time::{Duration, Instant};
+
+use strait_chaos::Proxy;
+use strait_tests::daemon::Primary;
+use strait_tests::mount::TestFs;
+use strait_tests::replicator::Cluster;
+use strait_tests::site::{compare, mirror_row, primary_version, wait_applied, Site};
+
+const PARTITION: Duration = Duration::from_secs(10);
+
+#[test]
+fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
+    let work = tempfile::tempdir().unwrap();
+    let rt = strait_tests::runtime();
+    let fs = TestFs::rocks_local(&[]);
+    let cluster = Cluster::start(work.path(), 3);
+    let direct: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
+    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
+    let primary = Primary::start(
+        &fs.meta_url,
+        &[],
+        &["--replicator", &direct.join(","), "--gc-interval-s", "0"],
+    );
+    let token = primary.token.clone();
+
+    // region B: node 3, and the mirrors' links to nodes 1 and 2
+    let to1 = Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), cluster.direct()[0]).unwrap();
+    let to2 = Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), cluster.direct()[1]).unwrap();
+    let sources = vec![
+        direct[2].clone(),
+        to1.addr().to_string(),
+        to2.addr().to_string(),
+    ];
+    let flags = ["--window-ms", "1000"];
+    let fwd = Primary::mirror(
+        &primary,
+        "fwd",
+        &sources,
+        &[&flags[..], &["--policy", "forward"]].concat(),
+    );
+    let wait = Primary::mirror(
+        &primary,
+        "wait",
+        &sources,
+        &[&flags[..], &["--policy", "wait"]].concat(),
+    );
+    rt.block_on(async {
+        let mut s = Site::connect(&primary.addr, &token).await;
+        s.mkdir(1, "before").await.unwrap();
+    });
+    let v = primary_version(&primary);
+    for m in [&fwd, &wait] {
+        let row = wait_applied(m, v, Duration::from_secs(30));
+        assert_eq!(row["state"], "following", "{row}");
+    }
+
+    // cut region B off: node 3 hears nothing from the leader, the mirrors reach no other node
+    let cut = |on: bool| {
+        for p in [&cluster.proxies[&3], &to1, &to2] {
+            p.update(|f| {
+                f.up.blackhole = on;
+                f.down.blackhole = on;
+            });
+        }
+    };
+    cut(true);
+    let cut_at = Instant::now();
+    rt.block_on(async {
+        let mut s = Site::connect(&primary.addr, &token).await;
+        s.mkdir(1, "during").await.unwrap();
+    });
+
+    // the mirrors leave `following` and their lag grows
+    std::thread::sleep(Duration::from_secs(3));
+    let r1 = mirror_row(&fwd.addr, &token);
+    std::thread::sleep(Duration::from_secs(2));
+    let r2 = mirror_row(&fwd.addr, &token);
+    assert!(
+        r1["state"] == "disconnected" || r1["state"] == "stale",
+        "cut off but {r1}"
+    );
+    assert!(
+        r2["lag_ms"].as_u64() > r1["lag_ms"].as_u64() && r2["lag_ms"].as_u64() >= Some(4_000),
+        "the lag did not grow: {r1} then {r2}"
+    );
+
+    // forward: the primary answers, so the change made during the partition is seen
+    rt.block_on(async {
+        let mut m = Site::connect(&fwd.addr, &token).await;
+        m.lookup(1, "during")
+            .await
+            .expect("a forwarded read sees the primary's change");
+    });
+    // wait: the read blocks until the heal, then answers from the caught-up mirror
+    let waiter = {
+        let addr = wait.addr.clone();
+        let token = token.clone();
+        rt.spawn(async move {
+            let mut m = Site::connect(&addr, &token).await;
+            let r = m.lookup(1, "during").await;
+            (r, Instant::now())
+        })
+    };
+    std::thread::sleep(PARTITION.saturating_sub(cut_at.elapsed()));
+    assert!(
+        !waiter.is_finished(),
+        "a read under `wait` was answered while cut off"
+    );
+    cut(false);
+    let healed = Instant::now();
+    let (r, answered) = rt.block_on(waiter).unwrap();
+    r.expect("the waiting read sees the change after the heal");
+    assert!(answered >= healed, "answered before the heal");
+    println!(
+        "cut for {:?}; lag {} ms then {} ms while cut; the waiting read answered {:?} after the heal",
+        healed - cut_at,
+        r1["lag_ms"],
+        r2["lag_ms"],
+        answered - healed
+    );
+
+    // both converge: following, at the primary's version, same digest
+    let v = primary_version(&primary);
+    for m in [&fwd, &wait] {
+        let start = Instant::now();
+        loop {
+            let row = wait_applied(m, v, Duration::from_secs(60));
+            if row["state"] == "following" {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not following: {row}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (same, _, text) = compare(&primary, m);
+        assert!(same, "{text}");
+    }
+}
