@@ -121,23 +121,7 @@ impl MirrorConfig {
     }
 
     pub fn resolved_token(&self) -> Result<String> {
-        let token = match &self.token_file {
-            Some(f) => std::fs::read_to_string(f)
-                .with_context(|| format!("read the token file {}", f.display()))?
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string(),
-            None => self.token.clone(),
-        };
-        if token.is_empty() {
-            bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
-        }
-        if token.chars().any(|c| !c.is_ascii_graphic()) {
-            bail!("the token must be printable ASCII without spaces");
-        }
-        Ok(token)
+        strait_primary::config::resolve_token(&self.token, self.token_file.as_deref())
     }
 
     pub fn resolved_primary_token(&self) -> Result<String> {

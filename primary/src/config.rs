@@ -113,6 +113,28 @@ impl Default for PrimaryConfig {
     }
 }
 
+/// A site daemon's token: the first line of `token_file` when given, else `token`; it must be
+/// non-empty printable ASCII without spaces.
+pub fn resolve_token(token: &str, token_file: Option<&Path>) -> Result<String> {
+    let token = match token_file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("read the token file {}", f.display()))?
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string(),
+        None => token.to_string(),
+    };
+    if token.is_empty() {
+        bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
+    }
+    if token.chars().any(|c| !c.is_ascii_graphic()) {
+        bail!("the token must be printable ASCII without spaces");
+    }
+    Ok(token)
+}
+
 /// Most serving threads accepted.
 pub const SERVE_THREADS_MAX: usize = 1024;
 
@@ -133,23 +155,7 @@ impl PrimaryConfig {
 
     /// The token clients must present, from `token_file` or `token`.
     pub fn resolved_token(&self) -> Result<String> {
-        let token = match &self.token_file {
-            Some(f) => std::fs::read_to_string(f)
-                .with_context(|| format!("read the token file {}", f.display()))?
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string(),
-            None => self.token.clone(),
-        };
-        if token.is_empty() {
-            bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
-        }
-        if token.chars().any(|c| !c.is_ascii_graphic()) {
-            bail!("the token must be printable ASCII without spaces");
-        }
-        Ok(token)
+        resolve_token(&self.token, self.token_file.as_deref())
     }
 
     /// Check the settings that can be checked without opening anything.
