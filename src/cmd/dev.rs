@@ -308,7 +308,7 @@ fn up(a: UpArgs) -> Result<()> {
         let to_n1 = link(nodes[0])?;
         let to_n2 = link(nodes[1])?;
         proxies.extend([to_primary.clone(), to_n1.clone(), to_n2.clone()]);
-        let mut sources = vec![s(nodes[2]), s(to_n1.addr()), s(to_n2.addr())];
+        let mut sources = [s(nodes[2]), s(to_n1.addr()), s(to_n2.addr())];
         if a.source == "leader" {
             sources.rotate_left(1);
         }

@@ -307,7 +307,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
 fn print_table(r: &Report) {
     println!("primary version {}", r.primary_version);
     println!(
-        "{:<12} {:<14} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9}  {}",
+        "{:<12} {:<14} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9}  NOTE",
         "MIRROR",
         "STATE",
         "APPLIED",
@@ -317,7 +317,6 @@ fn print_table(r: &Report) {
         "p50 ms",
         "p99 ms",
         "rec/s",
-        "NOTE"
     );
     for m in &r.mirrors {
         let note = if !m.error.is_empty() {
