@@ -44,6 +44,8 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Resumptions of the session tried for one call before giving up.
 const RESUME_ATTEMPTS_MAX: u32 = 3;
+/// How long closing the session at unmount waits for an unreachable daemon.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 /// Closed handles waiting for the releaser; when the queue is full, closes are sent inline.
 const RELEASE_QUEUE: usize = 4096;
 /// How long the releaser gathers closes into one call: a few closes per call instead of one
@@ -324,6 +326,21 @@ impl RemoteMeta {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
     {
+        self.call_for(op, reads, self.opts.reconnect_timeout, f)
+    }
+
+    /// [`Self::call`], giving up on an unreachable daemon after `patience`.
+    fn call_for<T, F, Fut>(
+        &self,
+        op: &'static str,
+        reads: bool,
+        patience: Duration,
+        f: F,
+    ) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
         let span = tracing::info_span!("meta_rpc", op);
         let start = Instant::now();
         let mut backoff = BACKOFF_FIRST;
@@ -364,11 +381,11 @@ impl RemoteMeta {
                     return Err(e);
                 }
                 Failure::NotSent | Failure::Broken => {
-                    if start.elapsed() >= self.opts.reconnect_timeout {
+                    if start.elapsed() >= patience {
                         let e = Error::Meta(format!(
                             "{op}: the site daemon {} has been unreachable for {:?}: {}",
                             self.target,
-                            self.opts.reconnect_timeout,
+                            patience,
                             describe(&s)
                         ));
                         tracing::error!("{e}");
@@ -592,7 +609,9 @@ impl MetaClient for RemoteMeta {
 
     fn close_session(&self) -> Result<()> {
         self.stop_releaser();
-        self.call("close session", false, |mut c| async move {
+        // an unreachable daemon expires the session by itself: an unmount does not wait the
+        // whole reconnect timeout for it
+        self.call_for("close session", false, CLOSE_PATIENCE, |mut c| async move {
             c.close_session(w::Empty {}).await
         })?;
         self.session.store(0, Ordering::Relaxed);

@@ -37,9 +37,13 @@ pub struct MirrorConfig {
     /// Under `wait`, how long a read waits for the mirror to come back inside the window
     /// before it fails with EAGAIN.
     pub wait_timeout_ms: u64,
-    /// With no heartbeat from the primary for this long the mirror counts itself cut off:
-    /// its lag grows with the silence and its state is `disconnected`.
+    /// With no heartbeat from the primary, or no message on the subscription, for this long
+    /// the mirror counts itself cut off: its state is `disconnected` (and with no clock
+    /// reading from the primary, its lag grows with the silence).
     pub silence_ms: u64,
+    /// How often the mirror reads the primary's clock and latest version straight from the
+    /// primary (the change log's heartbeats arrive behind its records).
+    pub clock_poll_ms: u64,
     /// How often the applied version is acknowledged to the replicator.
     pub ack_interval_ms: u64,
     /// A mount silent for longer than this is dead (its session is closed).
@@ -97,6 +101,7 @@ impl Default for MirrorConfig {
             policy: Policy::Forward,
             wait_timeout_ms: 30_000,
             silence_ms: 1_000,
+            clock_poll_ms: 100,
             ack_interval_ms: 500,
             session_timeout_ms: 60_000,
         }
@@ -164,6 +169,7 @@ impl MirrorConfig {
             ("window_ms", self.window_ms),
             ("wait_timeout_ms", self.wait_timeout_ms),
             ("silence_ms", self.silence_ms),
+            ("clock_poll_ms", self.clock_poll_ms),
             ("ack_interval_ms", self.ack_interval_ms),
         ] {
             if v == 0 {
@@ -208,8 +214,11 @@ window_ms = 5000
 policy = "forward"
 # Under "wait", a read still outside the window after this long fails with EAGAIN.
 wait_timeout_ms = 30000
-# No heartbeat from the primary for this long: the mirror counts itself cut off.
+# No heartbeat from the primary, or nothing on the subscription, for this long: the mirror
+# counts itself cut off.
 silence_ms = 1000
+# How often the primary's clock and latest version are read straight from the primary.
+clock_poll_ms = 100
 # How often the applied version is acknowledged to the replicator.
 ack_interval_ms = 500
 # A mount silent for longer than this is dead.

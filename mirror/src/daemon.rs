@@ -95,6 +95,11 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         metrics.base.clone(),
     ));
     tokio::spawn(follower::ack(mirror.clone(), stop.clone()));
+    tokio::spawn(follower::poll_clock(
+        mirror.clone(),
+        primary.clone(),
+        stop.clone(),
+    ));
     tokio::spawn(forward.clone().heartbeat(stop.clone()));
     {
         let m = mirror.clone();

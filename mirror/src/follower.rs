@@ -30,6 +30,8 @@ pub const APPLY_BATCH_MAX_RECORDS: usize = 512;
 /// Backoff between attempts to subscribe or bootstrap.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long one reading of the primary's clock may take.
+const CLOCK_POLL_TIMEOUT: Duration = Duration::from_secs(2);
 /// A subscription silent for this many `silence_ms` moves to the next replicator node.
 const SILENCE_SWITCH_FACTOR: u64 = 3;
 /// Largest message from the replicator or the primary.
@@ -291,6 +293,7 @@ async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &Cancellat
             Ok(None) => return Stop::Retry(format!("{addr} ended the subscription")),
             Err(e) => return Stop::Retry(format!("subscription at {addr}: {}", e.message())),
         };
+        mirror.on_stream();
         match msg.kind {
             Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
                 mirror.on_heartbeat(h.primary_clock_ms, h.latest_version)
@@ -496,6 +499,39 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
                 }
                 failing = true;
             }
+        }
+    }
+}
+
+/// Read the primary's clock and latest version straight from the primary every
+/// `clock_poll_ms`. The heartbeats in the change log reach the mirror behind every record
+/// before them, so a mirror that falls behind would see old clock readings only and think
+/// itself current; a reading taken now, one link away, bounds the lag from below truthfully.
+pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
+    let every = Duration::from_millis(mirror.cfg.clock_poll_ms);
+    let mut warned = false;
+    let mut site = primary.site();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let call = site.status(strait_proto::site::Empty {});
+        match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
+            Ok(Ok(r)) => {
+                let s = r.into_inner();
+                mirror.on_heartbeat(s.clock_ms, s.version);
+                warned = false;
+            }
+            Ok(Err(e)) if !warned => {
+                tracing::warn!("read the primary's clock: {}", e.message());
+                warned = true;
+            }
+            Err(_) if !warned => {
+                tracing::warn!("read the primary's clock: no answer within {CLOCK_POLL_TIMEOUT:?}");
+                warned = true;
+            }
+            _ => {}
         }
     }
 }

@@ -53,6 +53,10 @@ struct Inner {
     apply_lag: VecDeque<(u64, u64)>,
     /// (monotonic ms, applied version) once a second, for the apply rate.
     rate: VecDeque<(u64, u64)>,
+    /// Monotonic ms of the subscription's last message (0: none yet). The primary's clock
+    /// also comes straight from the primary, so heartbeats alone cannot tell that the
+    /// replication stream went silent.
+    stream_ms: u64,
 }
 
 /// Shared by every part of the mirror daemon.
@@ -107,6 +111,7 @@ impl Mirror {
                 bootstraps: 0,
                 apply_lag: VecDeque::new(),
                 rate: VecDeque::new(),
+                stream_ms: 0,
             }),
             changed: tokio::sync::watch::channel(0).0,
             hold: Mutex::new(None),
@@ -210,14 +215,35 @@ impl Mirror {
     /// The lag now.
     pub fn lag(&self) -> Lag {
         let now = self.mono_ms();
-        self.inner.lock().lag.lag(now, self.cfg.silence_ms)
+        let i = self.inner.lock();
+        Self::lag_of(&i, now, self.cfg.silence_ms)
+    }
+
+    /// The lag, with `silence_ms` the longer of the primary's clock silence and the
+    /// subscription's.
+    fn lag_of(i: &Inner, now: u64, silence_limit_ms: u64) -> Lag {
+        let mut lag = i.lag.lag(now, silence_limit_ms);
+        if i.stream_ms > 0 {
+            let quiet = now.saturating_sub(i.stream_ms);
+            lag.silence_ms = Some(lag.silence_ms.map_or(quiet, |s| s.max(quiet)));
+        }
+        lag
+    }
+
+    /// A message arrived on the subscription.
+    pub fn on_stream(&self) {
+        let now = self.mono_ms();
+        self.inner.lock().stream_ms = now;
     }
 
     /// Whether reads may be answered from the mirror's own metadata under the window.
     pub fn fresh(&self) -> bool {
         let (phase, lag) = {
             let i = self.inner.lock();
-            (i.phase, i.lag.lag(self.mono_ms(), self.cfg.silence_ms))
+            (
+                i.phase,
+                Self::lag_of(&i, self.mono_ms(), self.cfg.silence_ms),
+            )
         };
         matches!(phase, Phase::Following | Phase::Disconnected) && lag.ms <= self.cfg.window_ms
     }

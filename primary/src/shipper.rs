@@ -33,8 +33,9 @@ use crate::metrics::Metrics;
 pub const BATCH_RECORDS: usize = 8192;
 /// Most bytes in one append (a batch holds at least one record). One append is one Raft
 /// entry: it must cross the slowest link between replicator nodes well within their
-/// heartbeat interval, which is also the timeout of each replication call.
-pub const BATCH_BYTES: usize = 1 << 20;
+/// heartbeat interval, which is also the timeout of each replication call; the replicator
+/// sends up to 64 entries per call (`PAYLOAD_ENTRIES_MAX`), so 16 MiB at most.
+pub const BATCH_BYTES: usize = 256 << 10;
 /// Most records deleted from the outbox in one transaction.
 const TRIM_RECORDS: usize = 4096;
 /// How often the outbox is polled when no commit was signalled (commits by other processes

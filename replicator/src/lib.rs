@@ -8,11 +8,13 @@
 //! - [`network`] and [`service`]: the nodes talk gRPC (tonic); the same service answers the
 //!   primary (append, heartbeat), the mirrors (subscribe, ack) and operators (status,
 //!   membership).
+//! - [`early`]: a follower serves records its leader has applied as soon as it holds them.
 //! - [`node`]: starting a node.
 
 use std::io::Cursor;
 
 pub mod client;
+pub mod early;
 pub mod log;
 pub mod network;
 pub mod node;

@@ -1,6 +1,8 @@
 //! Raft messages between nodes over gRPC: openraft's requests and replies, postcard-encoded,
 //! in the `Raft` call of the replicator service.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
@@ -37,22 +39,35 @@ pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
         .connect_lazy())
 }
 
+/// Addresses by which this node reaches some peers, instead of the addresses in the
+/// membership (which every node shares): a region that reaches the others through a gateway,
+/// or a test's fault proxy on the link out of a node.
+pub type PeerAddrs = Arc<BTreeMap<NodeId, String>>;
+
+/// The address this node uses for `id`, whose membership address is `member_addr`.
+pub fn peer_addr<'a>(peers: &'a PeerAddrs, id: NodeId, member_addr: &'a str) -> &'a str {
+    peers.get(&id).map(String::as_str).unwrap_or(member_addr)
+}
+
 /// Makes a connection per peer.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    pub peers: PeerAddrs,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        let addr = peer_addr(&self.peers, target, &node.addr).to_string();
         Peer {
             target,
-            client: channel(&node.addr).ok().map(|c| {
+            client: channel(&addr).ok().map(|c| {
                 ReplicatorClient::new(c)
                     .max_decoding_message_size(RAFT_MESSAGE_MAX)
                     .max_encoding_message_size(RAFT_MESSAGE_MAX)
             }),
-            addr: node.addr.clone(),
+            addr,
         }
     }
 }

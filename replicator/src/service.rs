@@ -10,6 +10,7 @@ use openraft::{BasicNode, ChangeMembers};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::early::Early;
 use crate::log::{Command, Outcome, Retention, MIRROR_NAME_MAX};
 use crate::network::{KIND_APPEND, KIND_SNAPSHOT, KIND_VOTE};
 use crate::pb;
@@ -27,11 +28,12 @@ const SUBSCRIBE_HEARTBEAT: Duration = Duration::from_millis(200);
 pub struct ReplicatorService {
     raft: Raft,
     log: ChangeLog,
+    early: Early,
 }
 
 impl ReplicatorService {
-    pub fn new(raft: Raft, log: ChangeLog) -> Self {
-        ReplicatorService { raft, log }
+    pub fn new(raft: Raft, log: ChangeLog, early: Early) -> Self {
+        ReplicatorService { raft, log, early }
     }
 
     /// Propose `cmd`; a refusal becomes FAILED_PRECONDITION with `x-strait-append`.
@@ -195,9 +197,10 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     ) -> Result<Response<SubscribeStream>, Status> {
         let after = req.into_inner().after_version;
         let log = self.log.clone();
+        let early = self.early.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIBE_QUEUE);
         tokio::spawn(async move {
-            if let Err(e) = feed(log, after, tx.clone()).await {
+            if let Err(e) = feed(log, early, after, tx.clone()).await {
                 let _ = tx.send(Err(e)).await;
             }
         });
@@ -253,6 +256,7 @@ impl pb::replicator_server::Replicator for ReplicatorService {
                 max_age_ms: log.retention.max_age_ms,
             }),
             held_bytes: log.held_bytes(),
+            served_version: self.early.served().max(log.last_version),
         }))
     }
 
@@ -328,20 +332,24 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     }
 }
 
-/// Stream the applied records after `after`, then follow the log as it grows. A subscriber
-/// behind the purge point gets `truncated_earliest` and the stream ends.
+/// Stream the applied records after `after`, then follow the log as it grows (on a follower,
+/// with the records its leader has applied as soon as this node holds them: [`Early`]). A
+/// subscriber behind the purge point gets `truncated_earliest` and the stream ends.
 async fn feed(
     log: ChangeLog,
+    early: Early,
     after: u64,
     tx: tokio::sync::mpsc::Sender<Result<pb::SubscribeReply, Status>>,
 ) -> Result<(), Status> {
     let mut watch = log.watch();
+    let mut early_watch = early.watch();
     let mut next = after
         .checked_add(1)
         .ok_or_else(|| Status::invalid_argument("after_version is the largest version"))?;
     let mut last_heartbeat = None;
     loop {
-        let state = watch.borrow_and_update().clone();
+        let state = watch.borrow_and_update().log.clone();
+        early_watch.borrow_and_update();
         if next < state.earliest_version {
             let _ = tx
                 .send(Ok(pb::SubscribeReply {
@@ -366,21 +374,32 @@ async fn feed(
                 break;
             }
             let n = records.len() as u64;
-            let batch = pb::SubscribeReply {
-                kind: Some(pb::subscribe_reply::Kind::Records(pb::Records {
-                    epoch: state.epoch,
-                    first_version: next,
-                    records,
-                })),
-            };
-            // waits while the subscriber is behind: flow control
-            if tx.send(Ok(batch)).await.is_err() {
+            if !send_records(&tx, state.epoch, next, records).await {
                 return Ok(());
             }
             next += n;
         }
-        if state.heartbeat != last_heartbeat {
-            if let Some((clock, latest)) = state.heartbeat {
+        // records committed at the leader that the state machine has not applied yet
+        if next > state.last_version {
+            loop {
+                let (epoch, records) =
+                    early.read(next, SUBSCRIBE_BATCH_RECORDS, SUBSCRIBE_BATCH_BYTES);
+                if records.is_empty() {
+                    break;
+                }
+                let n = records.len() as u64;
+                if !send_records(&tx, epoch, next, records).await {
+                    return Ok(());
+                }
+                next += n;
+            }
+        }
+        let heartbeat = match early.heartbeat() {
+            Some(h) if state.heartbeat.is_none_or(|s| h.0 >= s.0) => Some(h),
+            _ => state.heartbeat,
+        };
+        if heartbeat != last_heartbeat {
+            if let Some((clock, latest)) = heartbeat {
                 let hb = pb::SubscribeReply {
                     kind: Some(pb::subscribe_reply::Kind::Heartbeat(pb::PrimaryHeartbeat {
                         primary_clock_ms: clock,
@@ -391,9 +410,9 @@ async fn feed(
                     return Ok(());
                 }
             }
-            last_heartbeat = state.heartbeat;
+            last_heartbeat = heartbeat;
         }
-        if next <= watch.borrow().last_version {
+        if next <= watch.borrow().log.last_version || early.has(next) {
             continue;
         }
         tokio::select! {
@@ -402,8 +421,31 @@ async fn feed(
                     return Err(Status::unavailable("the node is shutting down"));
                 }
             }
+            r = early_watch.changed() => {
+                if r.is_err() {
+                    return Err(Status::unavailable("the node is shutting down"));
+                }
+            }
             _ = tokio::time::sleep(SUBSCRIBE_HEARTBEAT) => {}
             _ = tx.closed() => return Ok(()),
         }
     }
+}
+
+/// Send one batch; false when the subscriber is gone. Waits while the subscriber is behind:
+/// flow control.
+async fn send_records(
+    tx: &tokio::sync::mpsc::Sender<Result<pb::SubscribeReply, Status>>,
+    epoch: u64,
+    first_version: u64,
+    records: Vec<Vec<u8>>,
+) -> bool {
+    let batch = pb::SubscribeReply {
+        kind: Some(pb::subscribe_reply::Kind::Records(pb::Records {
+            epoch,
+            first_version,
+            records,
+        })),
+    };
+    tx.send(Ok(batch)).await.is_ok()
 }

@@ -359,23 +359,40 @@ pub struct StateMachine {
     db: Arc<DB>,
     state: SmState,
     snapshots_built: u64,
-    progress: watch::Sender<ChangeLogState>,
+    progress: watch::Sender<Progress>,
+}
+
+/// The state machine's position: the last Raft index it applied and the change log's state
+/// after it.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    pub applied_index: u64,
+    pub log: ChangeLogState,
+}
+
+impl SmState {
+    fn progress(&self) -> Progress {
+        Progress {
+            applied_index: self.applied.map(|l| l.index).unwrap_or(0),
+            log: self.log.clone(),
+        }
+    }
 }
 
 /// Read access to a node's applied change log, shared with the subscriptions.
 #[derive(Clone)]
 pub struct ChangeLog {
     db: Arc<DB>,
-    progress: watch::Receiver<ChangeLogState>,
+    progress: watch::Receiver<Progress>,
 }
 
 impl ChangeLog {
     /// The log's state after the last apply; changes wake [`ChangeLog::watch`]ers.
     pub fn state(&self) -> ChangeLogState {
-        self.progress.borrow().clone()
+        self.progress.borrow().log.clone()
     }
 
-    pub fn watch(&self) -> watch::Receiver<ChangeLogState> {
+    pub fn watch(&self) -> watch::Receiver<Progress> {
         self.progress.clone()
     }
 
@@ -428,7 +445,7 @@ impl StateMachine {
                 ..SmState::default()
             },
         };
-        let (tx, rx) = watch::channel(state.log.clone());
+        let (tx, rx) = watch::channel(state.progress());
         Ok((
             StateMachine {
                 db: db.clone(),
@@ -583,7 +600,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 start.elapsed().as_millis()
             );
         }
-        self.progress.send_replace(self.state.log.clone());
+        self.progress.send_replace(self.state.progress());
         Ok(out)
     }
 
@@ -627,7 +644,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .write_opt(batch, &synced())
             .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
         self.state = state;
-        self.progress.send_replace(self.state.log.clone());
+        self.progress.send_replace(self.state.progress());
         Ok(())
     }
 

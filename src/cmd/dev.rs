@@ -11,6 +11,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -101,13 +102,22 @@ struct Children {
 impl Children {
     fn spawn(&mut self, name: &str, log: &Path, args: &[String]) -> Result<()> {
         let f = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-        let child = Command::new(std::env::current_exe().context("this program's path")?)
-            .args(args)
+        let mut cmd = Command::new(std::env::current_exe().context("this program's path")?);
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(f.try_clone().context("log file")?)
             .stderr(f)
-            .spawn()
-            .with_context(|| format!("start {name}"))?;
+            // a Ctrl-C at the terminal reaches `dev up` alone, which unmounts before it stops
+            // the daemons; if `dev up` dies, the daemons get SIGTERM
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe and touches no memory of this process
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("start {name}"))?;
         self.list.push((name.to_string(), child));
         Ok(())
     }
@@ -224,23 +234,31 @@ fn up(a: UpArgs) -> Result<()> {
             Ok(Arc::new(p))
         };
         let p3 = link(nodes[2])?;
-        proxies.push(p3.clone());
+        // region B reaches nodes 1 and 2 through the link too (node 3, and the mirror)
+        let to_n1 = link(nodes[0])?;
+        let to_n2 = link(nodes[1])?;
+        proxies.extend([p3.clone(), to_n1.clone(), to_n2.clone()]);
         for (i, addr) in nodes.iter().enumerate() {
             let region = if i < 2 { &ra } else { &rb };
             let name = format!("replicator{}", i + 1);
-            kids.spawn(
-                &name,
-                &region.join(format!("{name}.log")),
-                &[
-                    s("replicator"),
-                    s("--id"),
-                    s(i + 1),
-                    s("--listen"),
-                    s(addr),
-                    s("--data-dir"),
-                    region.join(&name).to_string_lossy().into_owned(),
-                ],
-            )?;
+            let mut args = vec![
+                s("replicator"),
+                s("--id"),
+                s(i + 1),
+                s("--listen"),
+                s(addr),
+                s("--data-dir"),
+                region.join(&name).to_string_lossy().into_owned(),
+            ];
+            if i == 2 {
+                args.extend([
+                    s("--peer"),
+                    format!("1={}", to_n1.addr()),
+                    s("--peer"),
+                    format!("2={}", to_n2.addr()),
+                ]);
+            }
+            kids.spawn(&name, &region.join(format!("{name}.log")), &args)?;
         }
         let members = [
             format!("1={}", nodes[0]),
@@ -305,9 +323,7 @@ fn up(a: UpArgs) -> Result<()> {
 
         // the mirror (B) reaches region A through the link
         let to_primary = link(primary)?;
-        let to_n1 = link(nodes[0])?;
-        let to_n2 = link(nodes[1])?;
-        proxies.extend([to_primary.clone(), to_n1.clone(), to_n2.clone()]);
+        proxies.push(to_primary.clone());
         let mut sources = [s(nodes[2]), s(to_n1.addr()), s(to_n2.addr())];
         if a.source == "leader" {
             sources.rotate_left(1);

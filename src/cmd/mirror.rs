@@ -308,15 +308,7 @@ fn print_table(r: &Report) {
     println!("primary version {}", r.primary_version);
     println!(
         "{:<12} {:<14} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9}  NOTE",
-        "MIRROR",
-        "STATE",
-        "APPLIED",
-        "LATEST",
-        "LAG",
-        "LAG ms",
-        "p50 ms",
-        "p99 ms",
-        "rec/s",
+        "MIRROR", "STATE", "APPLIED", "LATEST", "LAG", "LAG ms", "p50 ms", "p99 ms", "rec/s",
     );
     for m in &r.mirrors {
         let note = if !m.error.is_empty() {

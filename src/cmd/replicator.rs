@@ -1,7 +1,7 @@
 //! `strait replicator`: run a replicator node, and manage the cluster (init, add-node,
 //! remove-node, status).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -22,7 +22,7 @@ pub struct Args {
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// TOML configuration file: id, listen, data_dir, heartbeat_ms, snapshot_every.
+    /// TOML configuration file: id, listen, data_dir, heartbeat_ms, snapshot_every, peers.
     #[arg(long, env = "STRAIT_REPLICATOR_CONFIG")]
     pub config: Option<PathBuf>,
     /// This node's id (unique in the cluster, not 0).
@@ -34,6 +34,9 @@ pub struct ServeArgs {
     /// Directory of the node's RocksDB.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Reach peer ID at HOST:PORT instead of its membership address (ID=HOST:PORT; repeat).
+    #[arg(long = "peer")]
+    pub peers: Vec<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -121,6 +124,9 @@ struct FileConfig {
     data_dir: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
     snapshot_every: Option<u64>,
+    /// `{ "1" = "host:port" }`: addresses this node uses for peers instead of their
+    /// membership addresses.
+    peers: BTreeMap<String, String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -168,6 +174,11 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(s) = file.snapshot_every {
         cfg.snapshot_every = s.max(1);
+    }
+    let from_file = file.peers.iter().map(|(k, v)| format!("{k}={v}"));
+    for p in from_file.chain(a.peers.iter().cloned()) {
+        let (id, addr) = parse_member(&p).with_context(|| format!("peer {p:?}"))?;
+        cfg.peers.insert(id, addr);
     }
     let node = Node::start(cfg).await?;
     // one line on stdout, for scripts and tests that wait for the node
@@ -240,21 +251,30 @@ fn status_err(addr: &str, s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{addr}: {}", s.message())
 }
 
+/// `ID=HOST:PORT`.
+fn parse_member(s: &str) -> Result<(u64, String)> {
+    let (id, a) = s.split_once('=').context("expected ID=HOST:PORT")?;
+    let id: u64 = id
+        .parse()
+        .with_context(|| format!("{id:?} is not a node id"))?;
+    if id == 0 {
+        bail!("node ids start at 1");
+    }
+    if a.rsplit_once(':')
+        .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+    {
+        bail!("{a:?} is not HOST:PORT");
+    }
+    Ok((id, a.to_string()))
+}
+
 async fn admin(action: Action) -> Result<()> {
     match action {
         Action::Init { addr, members } => {
             let mut m = HashMap::new();
             for s in &members {
-                let (id, a) = s
-                    .split_once('=')
-                    .with_context(|| format!("member {s:?}: expected ID=HOST:PORT"))?;
-                let id: u64 = id
-                    .parse()
-                    .with_context(|| format!("member {s:?}: {id:?} is not a node id"))?;
-                if id == 0 {
-                    bail!("member {s:?}: node ids start at 1");
-                }
-                if m.insert(id, a.to_string()).is_some() {
+                let (id, a) = parse_member(s).with_context(|| format!("member {s:?}"))?;
+                if m.insert(id, a).is_some() {
                     bail!("node {id} is named twice");
                 }
             }
@@ -331,6 +351,13 @@ async fn admin(action: Action) -> Result<()> {
                 "change log  epoch {}, versions {}..={}",
                 s.epoch, s.earliest_version, s.last_version
             );
+            if s.served_version > s.last_version {
+                println!(
+                    "early       versions up to {} are known committed at the leader and served \
+                     before this node applies them",
+                    s.served_version
+                );
+            }
             if let Some(r) = &s.retention {
                 println!(
                     "retention   {} bytes held; caps {} bytes, {} s",

@@ -19,6 +19,8 @@ pub struct Replica {
     pub addr: SocketAddr,
     pub dir: PathBuf,
     pub log: PathBuf,
+    /// `ID=HOST:PORT`: how this node reaches each peer (through its egress proxies).
+    pub peers: Vec<String>,
     child: Option<Child>,
     starts: usize,
 }
@@ -40,6 +42,7 @@ impl Replica {
             .args(["--listen", &self.addr.to_string()])
             .arg("--data-dir")
             .arg(&self.dir)
+            .args(self.peers.iter().flat_map(|p| ["--peer", p.as_str()]))
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
             .stderr(logf)
@@ -107,29 +110,46 @@ pub async fn leader(addrs: &[SocketAddr]) -> Option<u64> {
 /// `strait replicator init`.
 pub struct Cluster {
     pub nodes: BTreeMap<u64, Replica>,
-    /// The proxy in front of each node, through which the other nodes reach it.
+    /// The proxy in front of each node, through which the other nodes' Raft calls reach it
+    /// (its membership address).
     pub proxies: BTreeMap<u64, Proxy>,
+    /// (from, to): the proxy through which node `from` itself calls node `to` (`--peer`), so
+    /// that a node can be cut off in both directions.
+    pub egress: BTreeMap<(u64, u64), Proxy>,
 }
 
 impl Cluster {
     pub fn start(work: &Path, n: u64) -> Cluster {
+        let addrs: BTreeMap<u64, SocketAddr> = (1..=n)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port()).parse().unwrap()))
+            .collect();
+        let proxy = |to: SocketAddr| Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), to);
+        let mut egress = BTreeMap::new();
+        for from in 1..=n {
+            for (&to, &addr) in &addrs {
+                if to != from {
+                    egress.insert((from, to), proxy(addr).unwrap());
+                }
+            }
+        }
         let mut nodes = BTreeMap::new();
         let mut proxies = BTreeMap::new();
-        for id in 1..=n {
-            let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        for (&id, &addr) in &addrs {
             let mut r = Replica {
                 id,
                 addr,
                 dir: work.join(format!("node{id}")),
                 log: work.join(format!("node{id}.log")),
+                peers: egress
+                    .iter()
+                    .filter(|((f, _), _)| *f == id)
+                    .map(|((_, t), p): (&(u64, u64), &Proxy)| format!("{t}={}", p.addr()))
+                    .collect(),
                 child: None,
                 starts: 0,
             };
             r.spawn();
-            proxies.insert(
-                id,
-                Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), addr).unwrap(),
-            );
+            proxies.insert(id, proxy(addr).unwrap());
             nodes.insert(id, r);
         }
         let direct: Vec<SocketAddr> = nodes.values().map(|n: &Replica| n.addr).collect();
@@ -144,7 +164,31 @@ impl Cluster {
             "init: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Cluster { nodes, proxies }
+        Cluster {
+            nodes,
+            proxies,
+            egress,
+        }
+    }
+
+    /// Every proxy on a path into or out of node `id`.
+    pub fn links_of(&self, id: u64) -> Vec<&Proxy> {
+        let node = self
+            .egress
+            .iter()
+            .filter(|((f, t), _)| *f == id || *t == id)
+            .map(|(_, p)| p);
+        self.proxies.get(&id).into_iter().chain(node).collect()
+    }
+
+    /// Cut node `id` off from the others in both directions (`on`), or heal it.
+    pub fn isolate(&self, id: u64, on: bool) {
+        for p in self.links_of(id) {
+            p.update(|f| {
+                f.up.blackhole = on;
+                f.down.blackhole = on;
+            });
+        }
     }
 
     /// The nodes' own addresses (not through their proxies).

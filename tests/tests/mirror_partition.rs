@@ -66,9 +66,11 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
         assert_eq!(row["state"], "following", "{row}");
     }
 
-    // cut region B off: node 3 hears nothing from the leader, the mirrors reach no other node
+    // cut region B off: node 3 and the leader hear nothing from each other (Raft, and node 3's
+    // relay of the leader's records), the mirrors reach no other node
     let cut = |on: bool| {
-        for p in [&cluster.proxies[&3], &to1, &to2] {
+        cluster.isolate(3, on);
+        for p in [&to1, &to2] {
             p.update(|f| {
                 f.up.blackhole = on;
                 f.down.blackhole = on;

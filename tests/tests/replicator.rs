@@ -19,7 +19,11 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     let rt = strait_tests::runtime();
     let mut cluster = Cluster::start(work.path(), 3);
     let direct = cluster.direct();
-    let Cluster { nodes, proxies } = &mut cluster;
+    let Cluster {
+        nodes,
+        proxies,
+        egress,
+    } = &mut cluster;
 
     const BATCH: u64 = 25;
     // the last version written; set once the writer stops
@@ -184,13 +188,24 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
                 blackhole: true,
                 ..Link::default()
             };
-            proxies[&f].set(Faults {
-                up: cut,
-                down: cut,
-                refuse: false,
-            });
+            // both ways: the calls to it, and its own calls out (votes, its relay)
+            let links: Vec<&strait_chaos::Proxy> = egress
+                .iter()
+                .filter(|((from, to), _)| *from == f || *to == f)
+                .map(|(_, p)| p)
+                .chain([&proxies[&f]])
+                .collect();
+            for p in &links {
+                p.set(Faults {
+                    up: cut,
+                    down: cut,
+                    refuse: false,
+                });
+            }
             std::thread::sleep(Duration::from_millis(1500));
-            proxies[&f].heal();
+            for p in &links {
+                p.heal();
+            }
             partitions += 1;
         }
         assert!(chaos_start.elapsed() < Duration::from_secs(150));
