@@ -272,10 +272,14 @@ fn a_mount_at_the_mirror_lists_the_tree_and_reads_the_primarys_bytes() {
     }
     std::os::unix::fs::symlink("train/shard-0/big", a.path("data/link")).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(a.path("data/small"), std::fs::Permissions::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(a.path("data/small"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let written = tree(&a.path("data"));
-    assert_eq!(written.len(), 27, "{:?}", written.iter().map(|e| &e.0).collect::<Vec<_>>());
+    assert_eq!(
+        written.len(),
+        27,
+        "{:?}",
+        written.iter().map(|e| &e.0).collect::<Vec<_>>()
+    );
 
     let mirror = Primary::mirror(&primary, "region-b", &addrs, &[]);
     let v = primary_version(&primary);
