@@ -45,6 +45,18 @@ pub struct Early {
     log: ChangeLog,
     /// Bumped whenever there is something new to serve.
     changed: watch::Receiver<u64>,
+    /// Subscriptions being served: the relay runs only while there are some (a follower
+    /// nobody reads from spends nothing on it).
+    readers: Arc<watch::Sender<usize>>,
+}
+
+/// Counts one subscription while it lives.
+pub struct Reader(Arc<watch::Sender<usize>>);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 #[derive(Default)]
@@ -73,13 +85,29 @@ impl Early {
     /// Start relaying for `raft`'s node (nothing is relayed while it leads).
     pub fn start(raft: Raft, log: ChangeLog, peers: PeerAddrs, stop: CancellationToken) -> Early {
         let (tx, rx) = watch::channel(0);
+        let (readers, _) = watch::channel(0);
         let early = Early {
             buf: Arc::new(Mutex::new(Buffer::default())),
             log: log.clone(),
             changed: rx,
+            readers: Arc::new(readers),
         };
-        tokio::spawn(relay(raft, log, peers, early.buf.clone(), tx, stop));
+        let relay = Relay {
+            raft,
+            log,
+            peers,
+            buf: early.buf.clone(),
+            changed: tx,
+            readers: early.readers.subscribe(),
+        };
+        tokio::spawn(relay.run(stop));
         early
+    }
+
+    /// Register a subscription for as long as the returned value lives.
+    pub fn reader(&self) -> Reader {
+        self.readers.send_modify(|n| *n += 1);
+        Reader(self.readers.clone())
     }
 
     /// Wakes when there is more to serve.
@@ -145,111 +173,144 @@ fn leader_of(raft: &Raft, peers: &PeerAddrs) -> Option<(NodeId, String)> {
     }
 }
 
-async fn relay(
+struct Relay {
     raft: Raft,
     log: ChangeLog,
     peers: PeerAddrs,
     buf: Arc<Mutex<Buffer>>,
     changed: watch::Sender<u64>,
-    stop: CancellationToken,
-) {
-    let mut metrics = raft.metrics();
-    let mut progress = log.watch();
-    let mut wait = RETRY_FIRST;
-    let bump = || changed.send_modify(|n| *n = n.wrapping_add(1));
-    loop {
-        let applied = progress.borrow_and_update().log.last_version;
-        let after = {
-            let mut b = lock(&buf);
-            b.prune(applied);
-            b.last().unwrap_or(applied)
-        };
-        metrics.borrow_and_update();
-        let Some((leader, addr)) = leader_of(&raft, &peers) else {
-            // leading, or no leader known: serve from this node's own log
-            *lock(&buf) = Buffer::default();
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                r = metrics.changed() => if r.is_err() { return },
-            }
-            continue;
-        };
-        let stream = match crate::network::channel(&addr) {
-            Ok(ch) => {
-                let mut c = ReplicatorClient::new(ch).max_decoding_message_size(MESSAGE_BYTES_MAX);
+    readers: watch::Receiver<usize>,
+}
+
+impl Relay {
+    async fn run(self, stop: CancellationToken) {
+        let Relay {
+            raft,
+            log,
+            peers,
+            buf,
+            changed,
+            mut readers,
+        } = self;
+        let mut metrics = raft.metrics();
+        let mut progress = log.watch();
+        let mut wait = RETRY_FIRST;
+        let bump = || changed.send_modify(|n| *n = n.wrapping_add(1));
+        loop {
+            if *readers.borrow_and_update() == 0 {
+                // nobody reads from this node: relay nothing
+                *lock(&buf) = Buffer::default();
+                bump();
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    r = c.subscribe(pb::SubscribeRequest { after_version: after }) => r,
+                    r = readers.changed() => if r.is_err() { return },
+                }
+                continue;
+            }
+            let applied = progress.borrow_and_update().log.last_version;
+            let after = {
+                let mut b = lock(&buf);
+                b.prune(applied);
+                b.last().unwrap_or(applied)
+            };
+            metrics.borrow_and_update();
+            let Some((leader, addr)) = leader_of(&raft, &peers) else {
+                // leading, or no leader known: serve from this node's own log
+                *lock(&buf) = Buffer::default();
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    r = metrics.changed() => if r.is_err() { return },
+                }
+                continue;
+            };
+            let stream = match crate::network::channel(&addr) {
+                Ok(ch) => {
+                    let mut c =
+                        ReplicatorClient::new(ch).max_decoding_message_size(MESSAGE_BYTES_MAX);
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        r = c.subscribe(pb::SubscribeRequest { after_version: after }) => r,
+                    }
+                }
+                Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+            };
+            let mut stream = match stream {
+                Ok(s) => s.into_inner(),
+                Err(e) => {
+                    tracing::debug!("relay: subscribe at the leader {leader} ({addr}): {e}");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(RETRY_MAX);
+                    continue;
+                }
+            };
+            tracing::debug!("relay: following the leader {leader} ({addr}) from version {after}");
+            loop {
+                let room = lock(&buf).records.len() < AHEAD_RECORDS_MAX;
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    r = readers.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        if *readers.borrow_and_update() == 0 {
+                            break;
+                        }
+                    }
+                    r = metrics.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        if leader_of(&raft, &peers).map(|l| l.0) != Some(leader) {
+                            break;
+                        }
+                    }
+                    r = progress.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        let applied = progress.borrow_and_update().log.last_version;
+                        lock(&buf).prune(applied);
+                        bump();
+                    }
+                    m = stream.message(), if room => {
+                        let m = match m {
+                            Ok(Some(m)) => m,
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::debug!("relay: the leader's stream: {}", e.message());
+                                break;
+                            }
+                        };
+                        wait = RETRY_FIRST;
+                        match m.kind {
+                            Some(pb::subscribe_reply::Kind::Records(r)) => {
+                                let applied = progress.borrow().log.last_version;
+                                if !take(&mut lock(&buf), applied, r) {
+                                    // not contiguous with what is held: subscribe again
+                                    break;
+                                }
+                                bump();
+                            }
+                            Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
+                                lock(&buf).heartbeat = Some((h.primary_clock_ms, h.latest_version));
+                                bump();
+                            }
+                            // the leader purged past this node's position: this node's own log
+                            // serves it (or it installs a snapshot); nothing to relay from there
+                            Some(pb::subscribe_reply::Kind::TruncatedEarliest(_)) | None => break,
+                        }
+                    }
                 }
             }
-            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-        };
-        let mut stream = match stream {
-            Ok(s) => s.into_inner(),
-            Err(e) => {
-                tracing::debug!("relay: subscribe at the leader {leader} ({addr}): {e}");
+            if *readers.borrow() > 0 {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
                 }
-                wait = (wait * 2).min(RETRY_MAX);
-                continue;
             }
-        };
-        tracing::debug!("relay: following the leader {leader} ({addr}) from version {after}");
-        loop {
-            let room = lock(&buf).records.len() < AHEAD_RECORDS_MAX;
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                r = metrics.changed() => {
-                    if r.is_err() {
-                        return;
-                    }
-                    if leader_of(&raft, &peers).map(|l| l.0) != Some(leader) {
-                        break;
-                    }
-                }
-                r = progress.changed() => {
-                    if r.is_err() {
-                        return;
-                    }
-                    let applied = progress.borrow_and_update().log.last_version;
-                    lock(&buf).prune(applied);
-                    bump();
-                }
-                m = stream.message(), if room => {
-                    let m = match m {
-                        Ok(Some(m)) => m,
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::debug!("relay: the leader's stream: {}", e.message());
-                            break;
-                        }
-                    };
-                    wait = RETRY_FIRST;
-                    match m.kind {
-                        Some(pb::subscribe_reply::Kind::Records(r)) => {
-                            let applied = progress.borrow().log.last_version;
-                            if !take(&mut lock(&buf), applied, r) {
-                                // not contiguous with what is held: subscribe again
-                                break;
-                            }
-                            bump();
-                        }
-                        Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
-                            lock(&buf).heartbeat = Some((h.primary_clock_ms, h.latest_version));
-                            bump();
-                        }
-                        // the leader purged past this node's position: this node's own log
-                        // serves it (or it installs a snapshot); nothing to relay from there
-                        Some(pb::subscribe_reply::Kind::TruncatedEarliest(_)) | None => break,
-                    }
-                }
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
         }
     }
 }

@@ -341,6 +341,7 @@ async fn feed(
     after: u64,
     tx: tokio::sync::mpsc::Sender<Result<pb::SubscribeReply, Status>>,
 ) -> Result<(), Status> {
+    let _reader = early.reader();
     let mut watch = log.watch();
     let mut early_watch = early.watch();
     let mut next = after
