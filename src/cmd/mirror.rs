@@ -313,6 +313,8 @@ fn print_table(r: &Report) {
     for m in &r.mirrors {
         let note = if !m.error.is_empty() {
             m.error.clone()
+        } else if m.addr.is_empty() {
+            "from its cursor at the replicator; --mirror ADDR adds its own status".to_string()
         } else if !m.source.is_empty() {
             format!("from {} ({} {} ms)", m.source, m.policy, m.window_ms)
         } else {
