@@ -231,8 +231,20 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
                     "re-bootstrapped: the log was purged up to {earliest} past version {applied}"
                 ));
                 let kv = mirror.kv.clone();
-                // version 0 means "bootstrap": the next turn wipes and loads
-                let _ = tokio::task::spawn_blocking(move || kv.wipe()).await;
+                // version 0 means "bootstrap": the next turn loads the snapshot
+                match tokio::task::spawn_blocking(move || kv.wipe()).await {
+                    Ok(Ok(())) => {}
+                    other => {
+                        tracing::error!("empty the mirror's engine for a new bootstrap: {other:?}");
+                        mirror.set_error(&format!(
+                            "empty the mirror's engine for a new bootstrap: {other:?}"
+                        ));
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(RETRY_MAX) => {}
+                        }
+                    }
+                }
             }
             Stop::Retry(why) => {
                 if mirror.phase() != Phase::Disconnected {

@@ -31,10 +31,13 @@ use crate::{pb, NodeId, Raft};
 
 /// Waits between attempts to reach the leader.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_millis(500);
 /// Most records held ahead of the state machine; when full the relay stops reading (the
 /// leader's stream waits: flow control) until the state machine catches up.
 const AHEAD_RECORDS_MAX: usize = 100_000;
+/// The leader's stream carries the primary's heartbeats several times a second: silent this
+/// long, it is taken for dead (a link that drops everything keeps it open) and made again.
+const SILENCE_MAX: Duration = Duration::from_secs(1);
 /// Largest relayed message (the leader's subscription batches are at most 4 MiB).
 const MESSAGE_BYTES_MAX: usize = 64 << 20;
 
@@ -229,7 +232,12 @@ impl Relay {
                         ReplicatorClient::new(ch).max_decoding_message_size(MESSAGE_BYTES_MAX);
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        r = c.subscribe(pb::SubscribeRequest { after_version: after }) => r,
+                        r = tokio::time::timeout(
+                            SILENCE_MAX,
+                            c.subscribe(pb::SubscribeRequest { after_version: after }),
+                        ) => r.unwrap_or_else(|_| {
+                            Err(tonic::Status::deadline_exceeded("no answer"))
+                        }),
                     }
                 }
                 Err(e) => Err(tonic::Status::unavailable(e.to_string())),
@@ -247,6 +255,7 @@ impl Relay {
                 }
             };
             tracing::debug!("relay: following the leader {leader} ({addr}) from version {after}");
+            let mut heard = tokio::time::Instant::now();
             loop {
                 let room = lock(&buf).records.len() < AHEAD_RECORDS_MAX;
                 tokio::select! {
@@ -275,7 +284,12 @@ impl Relay {
                         lock(&buf).prune(applied);
                         bump();
                     }
+                    _ = tokio::time::sleep_until(heard + SILENCE_MAX), if room => {
+                        tracing::debug!("relay: nothing from the leader for {SILENCE_MAX:?}");
+                        break;
+                    }
                     m = stream.message(), if room => {
+                        heard = tokio::time::Instant::now();
                         let m = match m {
                             Ok(Some(m)) => m,
                             Ok(None) => break,

@@ -314,3 +314,101 @@ fn a_mount_at_the_mirror_lists_the_tree_and_reads_the_primarys_bytes() {
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     assert_eq!(tree(&b.path("data")).len(), written.len());
 }
+
+#[test]
+fn a_mirror_left_behind_by_the_logs_retention_bootstraps_again_by_itself() {
+    let work = tempfile::tempdir().unwrap();
+    let rt = strait_tests::runtime();
+    let fs = TestFs::rocks_local(&[]);
+    let cluster = Cluster::start(work.path(), 3);
+    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
+    let leader = rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
+    let primary = Primary::start(
+        &fs.meta_url,
+        &[],
+        &["--replicator", &addrs.join(","), "--gc-interval-s", "0"],
+    );
+    let token = primary.token.clone();
+    let mkdirs = |prefix: &str, n: usize| {
+        rt.block_on(async {
+            let mut s = Site::connect(&primary.addr, &token).await;
+            for i in 0..n {
+                s.mkdir(1, &format!("{prefix}-{i}")).await.unwrap();
+            }
+        })
+    };
+    mkdirs("first", 20);
+    let mut mirror = Primary::mirror(&primary, "region-b", &addrs, &[]);
+    let v = primary_version(&primary);
+    wait_applied(&mirror, v, Duration::from_secs(30));
+    // its cursor at the replicator (acknowledged every 500 ms) reaches v before it stops
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(mirror.terminate(), "{}", mirror.log_text());
+
+    // the log may hold only 1 KiB: what the stopped mirror needs next is purged
+    let leader_addr = &addrs[(leader - 1) as usize];
+    strait_tests::mount::strait(&[
+        "replicator",
+        "retention",
+        "--addr",
+        leader_addr,
+        "--max-bytes",
+        "1K",
+        "--max-age",
+        "7d",
+    ]);
+    mkdirs("while-away", 300);
+    let status = |a: &str| {
+        rt.block_on(async {
+            strait_tests::replicator::client(a.parse().unwrap())
+                .await
+                .status(strait_replicator::pb::Empty {})
+                .await
+                .unwrap()
+                .into_inner()
+        })
+    };
+    let st = status(leader_addr);
+    let cursor = st
+        .cursors
+        .iter()
+        .find(|c| c.mirror == "region-b")
+        .unwrap_or_else(|| panic!("no cursor for region-b: {st:?}"));
+    assert!(cursor.needs_bootstrap, "{st:?}");
+    assert!(st.earliest_version > v + 1, "nothing was purged: {st:?}");
+
+    // restarted, it finds its next version gone, says so, and bootstraps again on its own
+    mirror.restart();
+    let end = primary_version(&primary);
+    let row = wait_applied(&mirror, end, Duration::from_secs(60));
+    assert_eq!(row["bootstraps"].as_u64(), Some(1), "{row}");
+    assert!(
+        row["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("re-bootstrapped")),
+        "the status does not say why it bootstrapped again: {row}"
+    );
+    let log = mirror.log_text();
+    assert!(
+        log.contains("bootstrapping again from the primary's snapshot"),
+        "{log}"
+    );
+    assert_eq!(log.matches("bootstrapped at version").count(), 2, "{log}");
+    let (same, at, text) = compare(&primary, &mirror);
+    assert!(same && at >= end, "{text}");
+    // following again, and its cursor no longer needs a bootstrap
+    let start = Instant::now();
+    loop {
+        let st = status(leader_addr);
+        if st
+            .cursors
+            .iter()
+            .any(|c| c.mirror == "region-b" && !c.needs_bootstrap && c.applied_version >= end)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{st:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(mirror_row(&mirror.addr, &token)["state"], "following");
+}
