@@ -34,7 +34,7 @@ use tower::Service;
 
 use crate::config::Policy;
 use crate::follower::{Bearer, Primary};
-use crate::state::Mirror;
+use crate::state::{Mirror, Phase};
 
 /// The calls that only read metadata: the ones the window applies to.
 const READS: [&str; 9] = [
@@ -275,6 +275,14 @@ impl Router {
             return Self::local_call(self.local.clone(), req).await;
         }
         match self.mirror.cfg.policy {
+            // a mirror bootstrapping again has replaced its metadata with nothing yet: there
+            // is no stale answer to give
+            Policy::Serve if self.mirror.phase() == Phase::Bootstrapping => {
+                status_reply(errno_status(
+                    libc::EAGAIN,
+                    "the mirror is loading a new snapshot (policy serve): try again".into(),
+                ))
+            }
             Policy::Serve => {
                 self.mirror.metrics.stale_reads.inc();
                 Self::local_call(self.local.clone(), req).await

@@ -74,6 +74,9 @@ impl NodeConfig {
     }
 }
 
+/// How long a shutdown waits for the database to close.
+const DB_CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 /// A running node.
 pub struct Node {
     pub raft: Raft,
@@ -81,12 +84,15 @@ pub struct Node {
     pub addr: SocketAddr,
     stop: CancellationToken,
     server: tokio::task::JoinHandle<()>,
+    /// The database, to see it closed at shutdown.
+    db: std::sync::Weak<rocksdb::DB>,
 }
 
 impl Node {
     /// Open the node's storage, start Raft and serve on `cfg.listen` (port 0 picks one).
     pub async fn start(cfg: NodeConfig) -> anyhow::Result<Node> {
         let db = open_db(&cfg.data_dir)?;
+        let weak_db = Arc::downgrade(&db);
         let log_store = LogStore::new(db.clone())?;
         let (sm, log) = StateMachine::open(db)?;
         let peers = Arc::new(cfg.peers.clone());
@@ -125,15 +131,38 @@ impl Node {
             addr,
             stop,
             server,
+            db: weak_db,
         })
     }
 
-    /// Stop serving and shut Raft down.
+    /// Stop serving, shut Raft down, and wait (a few seconds at most) for the database to be
+    /// closed: its last holders (Raft's tasks, the log sync thread, the relay) let go of it
+    /// shortly after, and a process that exits while RocksDB is closing aborts.
     pub async fn shutdown(self) {
-        self.stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
-        if let Err(e) = self.raft.shutdown().await {
+        let Node {
+            raft,
+            log,
+            stop,
+            server,
+            db,
+            ..
+        } = self;
+        stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+        if let Err(e) = raft.shutdown().await {
             tracing::warn!("shut Raft down: {e}");
+        }
+        drop(raft);
+        drop(log);
+        let start = std::time::Instant::now();
+        while db.strong_count() > 0 {
+            if start.elapsed() > DB_CLOSE_WAIT {
+                tracing::warn!(
+                    "the node's database is still open {DB_CLOSE_WAIT:?} after shutdown"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }

@@ -69,6 +69,15 @@ impl Cluster {
         self.nodes.insert(id, Some(node));
     }
 
+    /// Shut every node down, their databases closed (a test process that exits while
+    /// RocksDB is closing aborts).
+    async fn stop(mut self) {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.down(id).await;
+        }
+    }
+
     async fn down(&mut self, id: u64) {
         if let Some(Some(n)) = self.nodes.insert(id, None) {
             n.shutdown().await;
@@ -210,6 +219,7 @@ async fn appends_follow_the_log_rules_through_raft() {
         }
     }
     assert_eq!(got, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+    c.stop().await;
 }
 
 /// Append through whichever node leads, following redirections, until it is taken.
@@ -306,4 +316,5 @@ async fn a_subscriber_gets_every_version_once_in_order_while_leaders_restart() {
     assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>());
     assert!(restarts >= 3, "only {restarts} leader restarts");
     eprintln!("{TOTAL} versions, {restarts} leader restarts, {resubscribed} subscriptions");
+    c.stop().await;
 }
