@@ -120,7 +120,7 @@ impl Early {
 
     /// The last version that can be served, relayed ones included.
     pub fn served(&self) -> u64 {
-        let applied = self.log.watch().borrow().log.last_version;
+        let applied = self.log.watch().borrow().last_version;
         lock(&self.buf).last().unwrap_or(0).max(applied)
     }
 
@@ -210,7 +210,7 @@ impl Relay {
                 }
                 continue;
             }
-            let applied = progress.borrow_and_update().log.last_version;
+            let applied = progress.borrow_and_update().last_version;
             let after = {
                 let mut b = lock(&buf);
                 b.prune(applied);
@@ -280,7 +280,7 @@ impl Relay {
                         if r.is_err() {
                             return;
                         }
-                        let applied = progress.borrow_and_update().log.last_version;
+                        let applied = progress.borrow_and_update().last_version;
                         lock(&buf).prune(applied);
                         bump();
                     }
@@ -301,7 +301,7 @@ impl Relay {
                         wait = RETRY_FIRST;
                         match m.kind {
                             Some(pb::subscribe_reply::Kind::Records(r)) => {
-                                let applied = progress.borrow().log.last_version;
+                                let applied = progress.borrow().last_version;
                                 if !take(&mut lock(&buf), applied, r) {
                                     // not contiguous with what is held: subscribe again
                                     break;

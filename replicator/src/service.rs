@@ -349,7 +349,7 @@ async fn feed(
         .ok_or_else(|| Status::invalid_argument("after_version is the largest version"))?;
     let mut last_heartbeat = None;
     loop {
-        let state = watch.borrow_and_update().log.clone();
+        let state = watch.borrow_and_update().clone();
         early_watch.borrow_and_update();
         if next < state.earliest_version {
             let _ = tx
@@ -413,7 +413,7 @@ async fn feed(
             }
             last_heartbeat = heartbeat;
         }
-        if next <= watch.borrow().log.last_version || early.has(next) {
+        if next <= watch.borrow().last_version || early.has(next) {
             continue;
         }
         tokio::select! {

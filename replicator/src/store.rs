@@ -359,40 +359,23 @@ pub struct StateMachine {
     db: Arc<DB>,
     state: SmState,
     snapshots_built: u64,
-    progress: watch::Sender<Progress>,
-}
-
-/// The state machine's position: the last Raft index it applied and the change log's state
-/// after it.
-#[derive(Clone, Debug, Default)]
-pub struct Progress {
-    pub applied_index: u64,
-    pub log: ChangeLogState,
-}
-
-impl SmState {
-    fn progress(&self) -> Progress {
-        Progress {
-            applied_index: self.applied.map(|l| l.index).unwrap_or(0),
-            log: self.log.clone(),
-        }
-    }
+    progress: watch::Sender<ChangeLogState>,
 }
 
 /// Read access to a node's applied change log, shared with the subscriptions.
 #[derive(Clone)]
 pub struct ChangeLog {
     db: Arc<DB>,
-    progress: watch::Receiver<Progress>,
+    progress: watch::Receiver<ChangeLogState>,
 }
 
 impl ChangeLog {
     /// The log's state after the last apply; changes wake [`ChangeLog::watch`]ers.
     pub fn state(&self) -> ChangeLogState {
-        self.progress.borrow().log.clone()
+        self.progress.borrow().clone()
     }
 
-    pub fn watch(&self) -> watch::Receiver<Progress> {
+    pub fn watch(&self) -> watch::Receiver<ChangeLogState> {
         self.progress.clone()
     }
 
@@ -445,7 +428,7 @@ impl StateMachine {
                 ..SmState::default()
             },
         };
-        let (tx, rx) = watch::channel(state.progress());
+        let (tx, rx) = watch::channel(state.log.clone());
         Ok((
             StateMachine {
                 db: db.clone(),
@@ -600,7 +583,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 start.elapsed().as_millis()
             );
         }
-        self.progress.send_replace(self.state.progress());
+        self.progress.send_replace(self.state.log.clone());
         Ok(out)
     }
 
@@ -644,7 +627,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .write_opt(batch, &synced())
             .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
         self.state = state;
-        self.progress.send_replace(self.state.progress());
+        self.progress.send_replace(self.state.log.clone());
         Ok(())
     }
 

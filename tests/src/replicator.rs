@@ -266,3 +266,40 @@ impl Cluster {
         }
     }
 }
+
+/// Region A of a test: a three-node cluster with a leader elected, and a file system (RocksDB
+/// metadata, a local-directory object store) for a primary that ships to it.
+pub struct RegionA {
+    pub cluster: Cluster,
+    pub fs: crate::mount::TestFs,
+    /// The nodes' own addresses, as `--replicator` takes them.
+    pub addrs: Vec<String>,
+    pub leader: u64,
+    /// The nodes' directories (dropped last, after the nodes).
+    _work: tempfile::TempDir,
+}
+
+impl RegionA {
+    pub fn start(rt: &tokio::runtime::Runtime) -> RegionA {
+        let work = tempfile::tempdir().unwrap();
+        let fs = crate::mount::TestFs::rocks_local(&[]);
+        let cluster = Cluster::start(work.path(), 3);
+        let addrs = cluster.direct().iter().map(|a| a.to_string()).collect();
+        let leader = rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
+        RegionA {
+            cluster,
+            fs,
+            addrs,
+            leader,
+            _work: work,
+        }
+    }
+
+    /// A primary daemon on the file system, shipping to the cluster (no GC), with `extra` flags.
+    pub fn primary(&self, extra: &[&str]) -> crate::daemon::Primary {
+        let replicator = self.addrs.join(",");
+        let mut args = vec!["--replicator", &replicator, "--gc-interval-s", "0"];
+        args.extend_from_slice(extra);
+        crate::daemon::Primary::start(&self.fs.meta_url, &[], &args)
+    }
+}

@@ -15,8 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strait_tests::daemon::Primary;
-use strait_tests::mount::TestFs;
-use strait_tests::replicator::Cluster;
+use strait_tests::replicator::RegionA;
 use strait_tests::site::{compare, mirror_row, primary_version, status_json, wait_applied, Site};
 
 /// Writers making, renaming and chmod-ing entries at the primary until `stop`.
@@ -37,17 +36,10 @@ async fn storm(addr: String, token: String, writer: usize, stop: Arc<AtomicBool>
 
 #[test]
 fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
-    let work = tempfile::tempdir().unwrap();
     let rt = strait_tests::runtime();
-    let fs = TestFs::rocks_local(&[]);
-    let cluster = Cluster::start(work.path(), 3);
-    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let mut primary = Primary::start(
-        &fs.meta_url,
-        &[],
-        &["--replicator", &addrs.join(","), "--gc-interval-s", "0"],
-    );
+    let region = RegionA::start(&rt);
+    let addrs = region.addrs.clone();
+    let mut primary = region.primary(&[]);
     let token = primary.token.clone();
 
     // some history before the mirror exists: it bootstraps from a snapshot, not from version 1
@@ -236,17 +228,10 @@ fn tree(root: &std::path::Path) -> Vec<(String, String, Vec<u8>)> {
 
 #[test]
 fn a_mount_at_the_mirror_lists_the_tree_and_reads_the_primarys_bytes() {
-    let work = tempfile::tempdir().unwrap();
     let rt = strait_tests::runtime();
-    let fs = TestFs::rocks_local(&[]);
-    let cluster = Cluster::start(work.path(), 3);
-    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let primary = Primary::start(
-        &fs.meta_url,
-        &[],
-        &["--replicator", &addrs.join(","), "--gc-interval-s", "0"],
-    );
+    let region = RegionA::start(&rt);
+    let addrs = region.addrs.clone();
+    let primary = region.primary(&[]);
 
     // a tree written through a mount at the primary: empty, small and multi-block files (a
     // block is 4 MiB), nested directories, a symlink, a chmod
@@ -317,17 +302,10 @@ fn a_mount_at_the_mirror_lists_the_tree_and_reads_the_primarys_bytes() {
 
 #[test]
 fn a_mirror_left_behind_by_the_logs_retention_bootstraps_again_by_itself() {
-    let work = tempfile::tempdir().unwrap();
     let rt = strait_tests::runtime();
-    let fs = TestFs::rocks_local(&[]);
-    let cluster = Cluster::start(work.path(), 3);
-    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    let leader = rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let primary = Primary::start(
-        &fs.meta_url,
-        &[],
-        &["--replicator", &addrs.join(","), "--gc-interval-s", "0"],
-    );
+    let region = RegionA::start(&rt);
+    let (addrs, leader) = (region.addrs.clone(), region.leader);
+    let primary = region.primary(&[]);
     let token = primary.token.clone();
     let mkdirs = |prefix: &str, n: usize| {
         rt.block_on(async {

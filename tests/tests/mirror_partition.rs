@@ -14,25 +14,17 @@ use std::time::{Duration, Instant};
 
 use strait_chaos::Proxy;
 use strait_tests::daemon::Primary;
-use strait_tests::mount::TestFs;
-use strait_tests::replicator::Cluster;
+use strait_tests::replicator::RegionA;
 use strait_tests::site::{compare, mirror_row, primary_version, wait_applied, Site};
 
 const PARTITION: Duration = Duration::from_secs(10);
 
 #[test]
 fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
-    let work = tempfile::tempdir().unwrap();
     let rt = strait_tests::runtime();
-    let fs = TestFs::rocks_local(&[]);
-    let cluster = Cluster::start(work.path(), 3);
-    let direct: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let primary = Primary::start(
-        &fs.meta_url,
-        &[],
-        &["--replicator", &direct.join(","), "--gc-interval-s", "0"],
-    );
+    let region = RegionA::start(&rt);
+    let (cluster, direct) = (&region.cluster, &region.addrs);
+    let primary = region.primary(&[]);
     let token = primary.token.clone();
 
     // region B: node 3, and the mirrors' links to nodes 1 and 2

@@ -18,8 +18,7 @@ use strait_fs_core::changelog::{Change, ChangeRecord};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_tests::daemon::Primary;
-use strait_tests::mount::TestFs;
-use strait_tests::replicator::Cluster;
+use strait_tests::replicator::RegionA;
 use tonic::transport::Channel;
 use tonic::Request;
 
@@ -151,22 +150,6 @@ fn metric(p: &Primary, name: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-/// A primary on `fs` shipping to the replicator nodes `addrs` in `durability` mode.
-fn shipping_primary(fs: &TestFs, addrs: &[String], durability: &str) -> Primary {
-    Primary::start(
-        &fs.meta_url,
-        &[],
-        &[
-            "--replicator",
-            &addrs.join(","),
-            "--durability",
-            durability,
-            "--gc-interval-s",
-            "0",
-        ],
-    )
-}
-
 struct Outcome {
     acknowledged: BTreeSet<String>,
     /// Acknowledged operations missing from the log after the cluster recovered.
@@ -175,13 +158,10 @@ struct Outcome {
 }
 
 fn storm(durability: &str) -> Outcome {
-    let work = tempfile::tempdir().unwrap();
     let rt = strait_tests::runtime();
-    let fs = TestFs::rocks_local(&[]);
-    let mut cluster = Cluster::start(work.path(), 3);
-    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let mut primary = shipping_primary(&fs, &addrs, durability);
+    let mut region = RegionA::start(&rt);
+    let mut primary = region.primary(&["--durability", durability]);
+    let cluster = &mut region.cluster;
     let token = primary.token.clone();
     let paddr = primary.addr.clone();
 
@@ -349,13 +329,10 @@ fn local_mode_ships_everything_after_a_restart_and_reports_what_was_at_risk() {
 
 #[test]
 fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
-    let work = tempfile::tempdir().unwrap();
     let rt = strait_tests::runtime();
-    let fs = TestFs::rocks_local(&[]);
-    let cluster = Cluster::start(work.path(), 3);
-    let addrs: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
-    rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
-    let primary = shipping_primary(&fs, &addrs, "replicated");
+    let region = RegionA::start(&rt);
+    let primary = region.primary(&["--durability", "replicated"]);
+    let cluster = &region.cluster;
     let token = primary.token.clone();
     rt.block_on(async {
         let mut c = connect(&primary.addr).await;
@@ -364,7 +341,7 @@ fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
             .await
             .expect("a write before the fence");
         // another primary is promoted: the replicator's epoch moves past this one's (0)
-        let lc = strait_replicator::client::LogClient::new(&addrs).unwrap();
+        let lc = strait_replicator::client::LogClient::new(&region.addrs).unwrap();
         lc.bump_epoch(5).await.expect("bump the epoch");
         let start = Instant::now();
         let err = mkdir(&mut c, &token, sid, "after")
