@@ -682,6 +682,21 @@ pub fn apply_replica(
     first_version: u64,
     records: &[ChangeRecord],
 ) -> std::result::Result<u64, ReplicaError> {
+    apply_replica_with(kv, first_version, records, &|_, _, _| Ok(()))
+}
+
+/// What a replica does beside each record, in the same transaction, before the record is
+/// applied (it sees the state before): a mirror queues the blocks the record brings.
+pub type ReplicaHook<'a> = &'a (dyn Fn(&mut dyn KvTxn, u64, &ChangeRecord) -> Result<()> + Sync);
+
+/// [`apply_replica`] with `hook` called for each record (with its version) inside the
+/// transaction: what the hook writes commits or rolls back with the records.
+pub fn apply_replica_with(
+    kv: &dyn crate::kv::KvEngine,
+    first_version: u64,
+    records: &[ChangeRecord],
+    hook: ReplicaHook<'_>,
+) -> std::result::Result<u64, ReplicaError> {
     let n = records.len() as u64;
     if n == 0 {
         return Ok(first_version.saturating_sub(1));
@@ -694,7 +709,8 @@ pub fn apply_replica(
             gap = Some(at);
             return Err(Error::Invalid("version gap".into()));
         }
-        for rec in records {
+        for (i, rec) in records.iter().enumerate() {
+            hook(t, first_version + i as u64, rec)?;
             apply(t, rec)?;
         }
         t.add(crate::kv::LAST_VERSION_KEY, n as i64);

@@ -48,6 +48,107 @@ pub struct MirrorConfig {
     pub ack_interval_ms: u64,
     /// A mount silent for longer than this is dead (its session is closed).
     pub session_timeout_ms: u64,
+    /// This region's object store (`file:///dir`, `s3://bucket?endpoint=..`): blocks are
+    /// copied into it, and this region's mounts read it first. Empty: the region has no
+    /// store of its own and its mounts read the primary's.
+    pub data_url: String,
+    /// The primary's object store as this region reaches it; empty: the URL in the file
+    /// system's settings (the primary's own).
+    pub primary_data_url: String,
+    /// Which blocks are copied in the background: `eager` (every block), `lazy` (a block is
+    /// copied when first read). `sync_rules` override it per path.
+    pub sync: SyncPolicy,
+    /// Per-path policies; the longest matching prefix wins (a trailing `*` is ignored).
+    pub sync_rules: Vec<SyncRule>,
+    /// Blocks copied at once by the background sync.
+    pub sync_concurrency: usize,
+    /// Bandwidth of the background sync in MB/s (10^6 bytes); 0: unlimited. Reads that
+    /// wait for a block are not limited.
+    pub sync_bandwidth_mb_s: f64,
+    /// Mutations at this region's mounts: `forward` (to the primary; the call returns once
+    /// the primary committed it and this mirror applied it) or `refuse` (EROFS).
+    pub writes: Writes,
+    /// A forwarded mutation that does not complete within this fails with ETIMEDOUT.
+    pub write_timeout_ms: u64,
+}
+
+/// Which blocks the background sync copies.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncPolicy {
+    #[default]
+    Eager,
+    Lazy,
+}
+
+impl std::str::FromStr for SyncPolicy {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "eager" => Ok(SyncPolicy::Eager),
+            "lazy" => Ok(SyncPolicy::Lazy),
+            o => bail!("sync policy {o:?}: expected `eager` or `lazy`"),
+        }
+    }
+}
+
+impl std::fmt::Display for SyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SyncPolicy::Eager => "eager",
+            SyncPolicy::Lazy => "lazy",
+        })
+    }
+}
+
+/// A policy for the files under one path prefix.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SyncRule {
+    /// An absolute path prefix, e.g. `/datasets/` (or `/datasets/*`).
+    pub prefix: String,
+    pub policy: SyncPolicy,
+}
+
+impl std::str::FromStr for SyncRule {
+    type Err = anyhow::Error;
+    /// `PREFIX=POLICY`, e.g. `/datasets/*=eager`.
+    fn from_str(s: &str) -> Result<Self> {
+        let Some((prefix, policy)) = s.rsplit_once('=') else {
+            bail!("sync rule {s:?}: expected PREFIX=eager or PREFIX=lazy");
+        };
+        Ok(SyncRule {
+            prefix: prefix.to_string(),
+            policy: policy.parse()?,
+        })
+    }
+}
+
+impl SyncRule {
+    /// The prefix without a trailing `*`.
+    pub fn path(&self) -> &str {
+        self.prefix.strip_suffix('*').unwrap_or(&self.prefix)
+    }
+}
+
+/// What a mutation at a mirror's mount does.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Writes {
+    #[default]
+    Forward,
+    Refuse,
+}
+
+impl std::str::FromStr for Writes {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "forward" => Ok(Writes::Forward),
+            "refuse" => Ok(Writes::Refuse),
+            o => bail!("writes {o:?}: expected `forward` or `refuse`"),
+        }
+    }
 }
 
 /// What a read does when the mirror's lag exceeds the window (DESIGN.md §4).
@@ -104,6 +205,14 @@ impl Default for MirrorConfig {
             clock_poll_ms: 100,
             ack_interval_ms: 500,
             session_timeout_ms: 60_000,
+            data_url: "file:///var/lib/strait/mirror-data".into(),
+            primary_data_url: String::new(),
+            sync: SyncPolicy::Eager,
+            sync_rules: vec![],
+            sync_concurrency: 8,
+            sync_bandwidth_mb_s: 0.0,
+            writes: Writes::Forward,
+            write_timeout_ms: 30_000,
         }
     }
 }
@@ -179,6 +288,32 @@ impl MirrorConfig {
         if self.session_timeout_ms < 500 {
             bail!("session_timeout_ms must be at least 500");
         }
+        for (name, url) in [
+            ("data_url", &self.data_url),
+            ("primary_data_url", &self.primary_data_url),
+        ] {
+            if !url.is_empty() {
+                strait_fs_core::url::DataUrl::parse(url)
+                    .map_err(|e| anyhow::anyhow!("{name} {url:?}: {e}"))?;
+            }
+        }
+        for r in &self.sync_rules {
+            if !r.path().starts_with('/') {
+                bail!(
+                    "sync rule prefix {:?}: expected an absolute path such as /datasets/",
+                    r.prefix
+                );
+            }
+        }
+        if self.sync_concurrency == 0 || self.sync_concurrency > 1024 {
+            bail!("sync_concurrency must be 1 to 1024");
+        }
+        if !(self.sync_bandwidth_mb_s >= 0.0 && self.sync_bandwidth_mb_s.is_finite()) {
+            bail!("sync_bandwidth_mb_s must be 0 (unlimited) or a positive number");
+        }
+        if self.write_timeout_ms == 0 {
+            bail!("write_timeout_ms must be positive");
+        }
         self.resolved_token()?;
         Ok(())
     }
@@ -223,6 +358,25 @@ clock_poll_ms = 100
 ack_interval_ms = 500
 # A mount silent for longer than this is dead.
 session_timeout_ms = 60000
+# This region's object store: blocks are copied into it and this region's mounts read it
+# first ("" = none: the mounts read the primary's store).
+data_url = "file:///var/lib/strait/mirror-data"
+# The primary's object store as this region reaches it ("" = the URL in the file system's
+# settings).
+primary_data_url = ""
+# Background copy of blocks: "eager" (all) or "lazy" (a block is copied when first read),
+# and per-path rules (longest prefix wins), e.g.
+#   sync_rules = [{ prefix = "/datasets/*", policy = "eager" }]
+sync = "eager"
+sync_rules = []
+# Blocks copied at once, and the bandwidth of the background copy in MB/s (0 = unlimited;
+# reads waiting for a block are not limited).
+sync_concurrency = 8
+sync_bandwidth_mb_s = 0.0
+# Mutations at this region's mounts: "forward" (to the primary; each returns once this
+# mirror has applied it) or "refuse" (EROFS), and how long a forwarded one may take.
+writes = "forward"
+write_timeout_ms = 30000
 "#;
 
 #[cfg(test)]

@@ -7,13 +7,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
 use strait_primary::daemon::{expire_sessions, wait_for_signal, MESSAGE_BYTES_MAX};
-use strait_primary::service::{Auth, MetaServer};
+use strait_primary::service::{Auth, BlockSource, MetaServer};
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::site::site_service_server::SiteServiceServer;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
-use crate::config::MirrorConfig;
+use crate::config::{MirrorConfig, Writes};
 use crate::follower::{self, Primary};
 use crate::metrics::{self, Metrics};
 use crate::router::{ForwardSession, Router};
@@ -21,6 +21,24 @@ use crate::site::MirrorSite;
 use crate::state::{Mirror, Phase};
 
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// FetchBlock, served by the region's [`crate::blocks::Blocks`].
+struct Source(Arc<crate::blocks::Blocks>);
+
+impl BlockSource for Source {
+    fn fetch(
+        &self,
+        req: strait_proto::meta::FetchBlockRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, tonic::Status>> + Send>>
+    {
+        let b = self.0.clone();
+        Box::pin(async move {
+            b.fetch(&req.key, req.len, req.crc, &req.reason)
+                .await
+                .map(|d| d.to_vec())
+        })
+    }
+}
 
 pub async fn run(cfg: MirrorConfig) -> Result<()> {
     cfg.validate()?;
@@ -36,7 +54,14 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .await
         .context("open task")??;
     let metrics = Metrics::new();
-    let mirror = Mirror::new(cfg.clone(), kv.clone(), metrics.clone(), applied);
+    let blocks = crate::blocks::Blocks::open(&cfg, kv.clone()).await?;
+    let mirror = Mirror::new(
+        cfg.clone(),
+        kv.clone(),
+        metrics.clone(),
+        blocks.clone(),
+        applied,
+    );
     let stop = CancellationToken::new();
     tokio::spawn(wait_for_signal(stop.clone()));
 
@@ -61,17 +86,27 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     }
 
     let kv2 = kv.clone();
-    let engine =
-        tokio::task::spawn_blocking(move || Meta::open(kv2, MetaOptions { read_only: true }))
-            .await
-            .context("open task")?
-            .context("open the mirror's metadata")?;
+    let writes = cfg.writes == Writes::Forward;
+    let engine = tokio::task::spawn_blocking(move || {
+        Meta::open(
+            kv2,
+            MetaOptions {
+                read_only: true,
+                writes_elsewhere: writes,
+            },
+        )
+    })
+    .await
+    .context("open task")?
+    .context("open the mirror's metadata")?;
     let format = engine.settings().clone();
-    let server = Arc::new(MetaServer::new(
-        engine.clone(),
-        cfg.session_timeout_ms,
-        metrics.base.clone(),
-    ));
+    let mut server = MetaServer::new(engine.clone(), cfg.session_timeout_ms, metrics.base.clone());
+    if blocks.has_local() {
+        server = server.with_blocks(cfg.data_url.clone(), Arc::new(Source(blocks.clone())));
+    }
+    let server = Arc::new(server);
+    tokio::spawn(blocks.clone().run_copier(stop.clone()));
+    tokio::spawn(blocks.clone().run_deleter(stop.clone()));
     let forward = ForwardSession::new(primary.clone(), &cfg.id);
     let router = Router::new(
         MetaServiceServer::from_arc(server.clone())
@@ -80,6 +115,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         Auth::new(&token, metrics.base.clone()),
         mirror.clone(),
         forward.clone(),
+        format.block_size,
     );
     let site = tonic::service::interceptor::InterceptedService::new(
         SiteServiceServer::new(MirrorSite::new(mirror.clone()))
@@ -108,7 +144,11 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
             loop {
                 tokio::select! {
                     _ = s.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => m.tick(),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                        m.tick();
+                        let b = m.blocks.clone();
+                        let _ = tokio::task::spawn_blocking(move || b.tick()).await;
+                    }
                 }
             }
         });

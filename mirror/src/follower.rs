@@ -208,6 +208,31 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
             }
             continue;
         }
+        // after a snapshot load (or a crash in the middle of indexing one): queue its blocks
+        let blocks = mirror.blocks.clone();
+        match tokio::task::spawn_blocking(move || {
+            if blocks.indexed()? {
+                return Ok(None);
+            }
+            blocks.index_all(applied).map(Some)
+        })
+        .await
+        {
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some((slices, blocks)))) => tracing::info!(
+                "queued {blocks} blocks of {slices} slices of the snapshot for copying ({})",
+                mirror.blocks.stats().policy
+            ),
+            other => {
+                tracing::error!("queue the snapshot's blocks: {other:?}");
+                mirror.set_error(&format!("queue the snapshot's blocks: {other:?}"));
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(RETRY_MAX) => {}
+                }
+                continue;
+            }
+        }
         let addr = mirror.cfg.replicator[source % mirror.cfg.replicator.len()].clone();
         let outcome = follow(&mirror, &addr, applied, &stop).await;
         match outcome {
@@ -379,16 +404,21 @@ async fn apply_records(
         let kv = mirror.kv.clone();
         let owned = batch.to_vec();
         let from = next;
+        let blocks = mirror.blocks.clone();
         let r = tokio::task::spawn_blocking(move || {
-            let r = changelog::apply_replica(kv.as_ref(), from, &owned);
+            let hook = |t: &mut dyn strait_fs_core::kv::KvTxn, v: u64, r: &ChangeRecord| {
+                blocks.hook(t, v, r)
+            };
+            let r = changelog::apply_replica_with(kv.as_ref(), from, &owned, &hook);
             match r {
-                Err(ReplicaError::Record { .. }) => find_invalid(kv.as_ref(), from, &owned),
+                Err(ReplicaError::Record { .. }) => find_invalid(kv.as_ref(), from, &owned, &hook),
                 other => other.map(|v| (v, None)),
             }
             .map(|(v, bad)| (v, bad, owned))
         })
         .await;
         drop(guard);
+        mirror.blocks.queued();
         let (v, bad, owned) = match r {
             Ok(Ok(x)) => x,
             Ok(Err(ReplicaError::Gap { at, first })) => {
@@ -424,11 +454,12 @@ fn find_invalid(
     kv: &dyn strait_fs_core::kv::KvEngine,
     from: u64,
     recs: &[ChangeRecord],
+    hook: changelog::ReplicaHook<'_>,
 ) -> Result<(u64, Option<String>), ReplicaError> {
     let mut at = from - 1;
     for (i, r) in recs.iter().enumerate() {
         let v = from + i as u64;
-        match changelog::apply_replica(kv, v, std::slice::from_ref(r)) {
+        match changelog::apply_replica_with(kv, v, std::slice::from_ref(r), hook) {
             Ok(_) => at = v,
             Err(ReplicaError::Record { source, .. }) => {
                 return Ok((at, Some(format!("record {v} is invalid: {source}"))))

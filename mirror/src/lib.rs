@@ -11,6 +11,7 @@
 //!   and `mirror status`.
 //! - [`daemon`]: starting and stopping it all.
 
+pub mod blocks;
 pub mod config;
 pub mod daemon;
 pub mod follower;

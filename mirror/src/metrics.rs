@@ -21,6 +21,28 @@ pub struct Metrics {
     pub forwarded_reads: IntCounter,
     pub waited_reads: IntCounter,
     pub stale_reads: IntCounter,
+    pub forwarded_writes: IntCounter,
+    pub write_errors: IntCounter,
+    pub blocks_pending: IntGauge,
+    pub bytes_pending: IntGauge,
+    pub copied_blocks: IntCounter,
+    pub copied_bytes: IntCounter,
+    pub copy_rate: Gauge,
+    pub fallback_reads: IntCounter,
+    pub fallback_bytes: IntCounter,
+    pub fallback_rate: Gauge,
+    pub corrupt_blocks: IntCounter,
+    pub deleted_blocks: IntCounter,
+    pub uploaded_blocks: IntCounter,
+    pub block_errors: IntCounter,
+}
+
+/// Move a counter up to `v` (the value kept elsewhere).
+pub fn catch_up(c: &IntCounter, v: u64) {
+    let cur = c.get();
+    if v > cur {
+        c.inc_by(v - cur);
+    }
 }
 
 fn gauge(name: &str, help: &str) -> IntGauge {
@@ -89,6 +111,64 @@ impl Metrics {
                 "strait_mirror_stale_reads_total",
                 "Reads answered from metadata older than the window (policy serve)",
             ),
+            forwarded_writes: counter(
+                "strait_mirror_forwarded_writes_total",
+                "Mutations made at this region's mounts, committed at the primary",
+            ),
+            write_errors: counter(
+                "strait_mirror_write_errors_total",
+                "Mutations at this region's mounts that failed (primary unreachable, timeout)",
+            ),
+            blocks_pending: gauge(
+                "strait_mirror_blocks_pending",
+                "Blocks queued for the background copy",
+            ),
+            bytes_pending: gauge(
+                "strait_mirror_block_bytes_pending",
+                "Bytes of the blocks queued for the background copy",
+            ),
+            copied_blocks: counter(
+                "strait_mirror_copied_blocks_total",
+                "Blocks copied from the primary's store by the background copy",
+            ),
+            copied_bytes: counter(
+                "strait_mirror_copied_bytes_total",
+                "Bytes copied from the primary's store by the background copy",
+            ),
+            copy_rate: Gauge::with_opts(Opts::new(
+                "strait_mirror_copy_bytes_per_second",
+                "Background copy rate over the last 10 s",
+            ))
+            .expect("valid gauge"),
+            fallback_reads: counter(
+                "strait_mirror_fallback_reads_total",
+                "Blocks readers waited for, read from the primary's store across regions",
+            ),
+            fallback_bytes: counter(
+                "strait_mirror_cross_region_read_bytes_total",
+                "Bytes of the blocks read from the primary's store for waiting readers",
+            ),
+            fallback_rate: Gauge::with_opts(Opts::new(
+                "strait_mirror_fallback_reads_per_second",
+                "Cross-region reads for waiting readers over the last 10 s",
+            ))
+            .expect("valid gauge"),
+            corrupt_blocks: counter(
+                "strait_mirror_corrupt_blocks_total",
+                "Blocks in this region's store that failed their CRC check (fetched again)",
+            ),
+            deleted_blocks: counter(
+                "strait_mirror_deleted_blocks_total",
+                "Blocks deleted from this region's store after the primary purged their slices",
+            ),
+            uploaded_blocks: counter(
+                "strait_mirror_uploaded_blocks_total",
+                "Blocks written at this region uploaded to the primary's store",
+            ),
+            block_errors: counter(
+                "strait_mirror_block_errors_total",
+                "Failed block copies, fetches, uploads and deletions",
+            ),
             base,
         };
         for c in [
@@ -103,6 +183,20 @@ impl Metrics {
             Box::new(m.forwarded_reads.clone()),
             Box::new(m.waited_reads.clone()),
             Box::new(m.stale_reads.clone()),
+            Box::new(m.forwarded_writes.clone()),
+            Box::new(m.write_errors.clone()),
+            Box::new(m.blocks_pending.clone()),
+            Box::new(m.bytes_pending.clone()),
+            Box::new(m.copied_blocks.clone()),
+            Box::new(m.copied_bytes.clone()),
+            Box::new(m.copy_rate.clone()),
+            Box::new(m.fallback_reads.clone()),
+            Box::new(m.fallback_bytes.clone()),
+            Box::new(m.fallback_rate.clone()),
+            Box::new(m.corrupt_blocks.clone()),
+            Box::new(m.deleted_blocks.clone()),
+            Box::new(m.uploaded_blocks.clone()),
+            Box::new(m.block_errors.clone()),
         ] {
             m.base
                 .registry

@@ -1,8 +1,11 @@
 //! The metadata service of a mirror, with the staleness window (DESIGN.md §4).
 //!
 //! Every call is checked for the region's token, then:
-//! - mutations are answered by the mirror's read-only engine: EROFS (writes at a mirror are
-//!   routed to the primary in a later stage);
+//! - mutations (under `writes = "forward"`) are sent to the primary, under the mirror's own
+//!   session there. A written slice's blocks are first uploaded from this region's store to
+//!   the primary's. The answer goes back to the mount only once this mirror has applied the
+//!   version the primary committed the change as, so the writer reads its own writes here.
+//!   Under `writes = "refuse"` the mirror's read-only engine answers them: EROFS;
 //! - reads, while the mirror is inside its window `W`, are answered from its own metadata;
 //! - reads outside the window follow the policy: `forward` sends the call as it is to the
 //!   primary (under the mirror's own session there and the primary's token), `wait` holds it
@@ -24,7 +27,7 @@ use strait_primary::service::{Auth, MetaServer};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
-use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER};
+use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -32,7 +35,7 @@ use tonic::service::Interceptor;
 use tonic::Status;
 use tower::Service;
 
-use crate::config::Policy;
+use crate::config::{Policy, Writes};
 use crate::follower::{Bearer, Primary};
 use crate::state::{Mirror, Phase};
 
@@ -48,6 +51,44 @@ const READS: [&str; 9] = [
     "GetXattr",
     "ListXattr",
 ];
+
+/// The calls that change metadata: forwarded to the primary. Opening, releasing, locks and
+/// sync stay in the region (handles and locks are the region's own).
+const MUTATIONS: [&str; 14] = [
+    "SetAttr",
+    "MkNod",
+    "MkDir",
+    "Create",
+    "Symlink",
+    "Link",
+    "Unlink",
+    "RmDir",
+    "Rename",
+    "WriteSlice",
+    "CompactChunk",
+    "AllocSliceIds",
+    "SetXattr",
+    "RemoveXattr",
+];
+
+/// The message of a unary gRPC request or reply body (no compression).
+fn grpc_message(b: &[u8]) -> Result<&[u8], Status> {
+    match b {
+        [0, l0, l1, l2, l3, rest @ ..] => {
+            let n = u32::from_be_bytes([*l0, *l1, *l2, *l3]) as usize;
+            rest.get(..n)
+                .ok_or_else(|| Status::invalid_argument("a truncated gRPC message"))
+        }
+        [1, ..] => Err(Status::invalid_argument(
+            "compressed messages are not accepted",
+        )),
+        _ => Err(Status::invalid_argument("a malformed gRPC message")),
+    }
+}
+
+fn decode<M: prost::Message + Default>(b: &[u8]) -> Result<M, Status> {
+    M::decode(grpc_message(b)?).map_err(|e| Status::invalid_argument(format!("decode: {e}")))
+}
 
 fn errno_status(errno: i32, msg: String) -> Status {
     let code = if errno == libc::EAGAIN {
@@ -115,6 +156,23 @@ impl ForwardSession {
         Ok(r.session)
     }
 
+    /// Give back one handle on `ino` held by the mirror's session at the primary.
+    async fn release(&self, ino: u64) {
+        let sid = self.sid.load(Ordering::Relaxed);
+        if sid == 0 {
+            return;
+        }
+        let mut req = tonic::Request::new(w::ReleaseRequest { inos: vec![ino] });
+        if let Ok(v) = sid.to_string().parse() {
+            req.metadata_mut().insert(SESSION_HEADER, v);
+        }
+        if let Err(e) =
+            tokio::time::timeout(Duration::from_secs(10), self.client().release(req)).await
+        {
+            tracing::warn!("release inode {ino} at the primary: {e}");
+        }
+    }
+
     /// Keep the session alive while it exists.
     pub async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
         loop {
@@ -160,6 +218,7 @@ pub struct Router {
     auth: Auth,
     mirror: Arc<Mirror>,
     forward: Arc<ForwardSession>,
+    block_size: u32,
 }
 
 impl Router {
@@ -168,12 +227,14 @@ impl Router {
         auth: Auth,
         mirror: Arc<Mirror>,
         forward: Arc<ForwardSession>,
+        block_size: u32,
     ) -> Self {
         Router {
             local,
             auth,
             mirror,
             forward,
+            block_size,
         }
     }
 }
@@ -199,32 +260,42 @@ impl Router {
     async fn forward_call(&self, req: http::Request<Body>) -> Reply {
         self.mirror.metrics.forwarded_reads.inc();
         // the body is a single gRPC message: keep it, to send the call again after a resume
-        let (mut parts, body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let bytes = match http_body_util_collect(body).await {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
+        match self.send_to_primary(&parts, bytes).await {
+            Ok(r) => r,
+            Err(e) => status_reply(errno_status(
+                libc::EIO,
+                format!("forward a read to the primary: {e}"),
+            )),
+        }
+    }
+
+    /// Send a call to the primary under the mirror's session there (opening it, or opening
+    /// another when the primary forgot it).
+    async fn send_to_primary(
+        &self,
+        parts: &http::request::Parts,
+        bytes: bytes::Bytes,
+    ) -> Result<Reply, String> {
+        let mut headers = parts.headers.clone();
         let mut stale = 0;
         for _ in 0..2 {
-            let sid = match self.forward.sid(stale).await {
-                Ok(s) => s,
-                Err(s) => {
-                    return status_reply(errno_status(
-                        libc::EIO,
-                        format!(
-                            "the primary cannot be reached for a forwarded read: {}",
-                            s.message()
-                        ),
-                    ))
-                }
-            };
+            let sid = self
+                .forward
+                .sid(stale)
+                .await
+                .map_err(|s| format!("the primary cannot be reached: {}", s.message()))?;
             if let Ok(v) =
                 http::HeaderValue::from_bytes(self.forward.primary.token.as_encoded_bytes())
             {
-                parts.headers.insert("authorization", v);
+                headers.insert("authorization", v);
             }
             if let Ok(v) = sid.to_string().parse() {
-                parts.headers.insert(SESSION_HEADER, v);
+                headers.insert(SESSION_HEADER, v);
             }
             let mut uri = http::Uri::builder().scheme("http").authority("primary");
             if let Some(pq) = parts.uri.path_and_query() {
@@ -232,11 +303,8 @@ impl Router {
             }
             let mut req = http::Request::new(Body::new(http_body_full(bytes.clone())));
             *req.method_mut() = parts.method.clone();
-            *req.headers_mut() = parts.headers.clone();
-            *req.uri_mut() = match uri.build() {
-                Ok(u) => u,
-                Err(e) => return status_reply(Status::internal(format!("forward uri: {e}"))),
-            };
+            *req.headers_mut() = headers.clone();
+            *req.uri_mut() = uri.build().map_err(|e| format!("forward uri: {e}"))?;
             let mut ch = self.forward.primary.channel.clone();
             let sent = match tower::ServiceExt::ready(&mut ch).await {
                 Ok(ch) => ch.call(req).await,
@@ -247,19 +315,151 @@ impl Router {
                     stale = sid;
                     continue;
                 }
-                Ok(r) => return r,
-                Err(e) => {
-                    return status_reply(errno_status(
-                        libc::EIO,
-                        format!("forward a read to the primary: {e}"),
-                    ))
-                }
+                Ok(r) => return Ok(r),
+                Err(e) => return Err(e.to_string()),
             }
         }
-        status_reply(errno_status(
-            libc::EIO,
-            "the primary refused the mirror's session twice".into(),
-        ))
+        Err("the primary refused the mirror's session twice".into())
+    }
+
+    /// A mutation: blocks to the primary's store, the call to the primary, then wait until
+    /// this mirror has applied its version.
+    async fn forward_write(&self, method: &str, req: http::Request<Body>) -> Reply {
+        let limit = Duration::from_millis(self.mirror.cfg.write_timeout_ms);
+        let deadline = tokio::time::Instant::now() + limit;
+        let (parts, body) = req.into_parts();
+        let bytes = match http_body_util_collect(body).await {
+            Ok(b) => b,
+            Err(s) => return status_reply(s),
+        };
+        let slices = match method {
+            "WriteSlice" => decode::<w::WriteSliceRequest>(&bytes)
+                .map(|r| r.slice.into_iter().collect::<Vec<_>>()),
+            "CompactChunk" => decode::<w::CompactChunkRequest>(&bytes).map(|r| r.new),
+            _ => Ok(vec![]),
+        };
+        let slices: Vec<strait_fs_core::meta::SliceRef> = match slices {
+            Ok(s) => match strait_proto::slices_from_wire(s) {
+                Ok(s) => s,
+                Err(e) => return status_reply(Status::invalid_argument(e.0)),
+            },
+            Err(s) => return status_reply(s),
+        };
+        if !slices.is_empty() {
+            let bs = self.block_size;
+            let up =
+                tokio::time::timeout_at(deadline, self.mirror.blocks.upload(&slices, bs)).await;
+            let why = match up {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some((libc::EIO, e)),
+                Err(_) => Some((
+                    libc::ETIMEDOUT,
+                    format!(
+                        "the blocks of a write were not in the primary's store within {limit:?}"
+                    ),
+                )),
+            };
+            if let Some((errno, why)) = why {
+                tracing::error!("{method} at the mirror: {why}; nothing was changed");
+                self.mirror.metrics.write_errors.inc();
+                return status_reply(errno_status(errno, format!("{why}; nothing was changed")));
+            }
+        }
+        let sent = tokio::time::timeout_at(deadline, self.send_to_primary(&parts, bytes)).await;
+        let reply = match sent {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                tracing::error!("{method} at the mirror: the primary cannot be reached: {e}");
+                self.mirror.metrics.write_errors.inc();
+                return status_reply(errno_status(
+                    libc::EIO,
+                    format!("{method}: the primary cannot be reached: {e}; nothing was changed"),
+                ));
+            }
+            Err(_) => {
+                tracing::error!(
+                    "{method} at the mirror: no answer from the primary within {limit:?}"
+                );
+                self.mirror.metrics.write_errors.inc();
+                return status_reply(errno_status(
+                    libc::ETIMEDOUT,
+                    format!(
+                        "{method}: no answer from the primary within {limit:?} (write_timeout_ms); \
+                         the change was made there only if it arrived"
+                    ),
+                ));
+            }
+        };
+        let version = reply
+            .headers()
+            .get(VERSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        self.mirror.metrics.forwarded_writes.inc();
+        let reply = if method == "Create" {
+            self.release_at_primary(reply).await
+        } else {
+            reply
+        };
+        let Some(version) = version else {
+            return reply; // an error, or a call that changed nothing
+        };
+        // read-your-writes: answer once the change is applied here
+        let mut changed = self.mirror.changed.subscribe();
+        let applied = tokio::time::timeout_at(deadline, async {
+            while self.mirror.applied() < version {
+                let _ = tokio::time::timeout(Duration::from_millis(50), changed.changed()).await;
+            }
+        })
+        .await;
+        match applied {
+            Ok(()) => reply,
+            Err(_) => {
+                tracing::error!(
+                    "{method}: committed at the primary as version {version}, not applied here within {limit:?} (applied {})",
+                    self.mirror.applied()
+                );
+                self.mirror.metrics.write_errors.inc();
+                status_reply(errno_status(
+                    libc::ETIMEDOUT,
+                    format!(
+                        "{method}: committed at the primary as version {version}, but this mirror \
+                         has not applied it within {limit:?}: it is not visible here yet"
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// A file created through the mirror is held open at the primary by the mirror's session
+    /// there; the region counts its handles itself, so give that one back.
+    async fn release_at_primary(&self, reply: Reply) -> Reply {
+        use http_body_util::BodyExt;
+        let (parts, body) = reply.into_parts();
+        let collected = match body.collect().await {
+            Ok(c) => c,
+            Err(e) => {
+                return status_reply(errno_status(
+                    libc::EIO,
+                    format!("read the primary's answer: {e}"),
+                ))
+            }
+        };
+        let trailers = collected.trailers().cloned();
+        let data = collected.to_bytes();
+        if let Ok(r) = decode::<w::EntryReply>(&data) {
+            let me = self.forward.clone();
+            tokio::spawn(async move { me.release(r.ino).await });
+        }
+        let mut frames: Vec<Result<http_body::Frame<bytes::Bytes>, Status>> = vec![];
+        if !data.is_empty() {
+            frames.push(Ok(http_body::Frame::data(data)));
+        }
+        if let Some(t) = trailers {
+            frames.push(Ok(http_body::Frame::trailers(t)));
+        }
+        let body = http_body_util::StreamBody::new(tokio_stream::iter(frames));
+        http::Response::from_parts(parts, Body::new(body))
     }
 
     async fn route(self, req: http::Request<Body>) -> Reply {
@@ -270,7 +470,17 @@ impl Router {
         if let Err(s) = auth.call(probe) {
             return status_reply(s);
         }
-        let method = req.uri().path().rsplit('/').next().unwrap_or("");
+        let method = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let method = method.as_str();
+        if MUTATIONS.contains(&method) && self.mirror.cfg.writes == Writes::Forward {
+            return self.forward_write(method, req).await;
+        }
         if !READS.contains(&method) || self.mirror.fresh() {
             return Self::local_call(self.local.clone(), req).await;
         }

@@ -102,6 +102,12 @@ impl SiteService for MirrorSite {
         Ok(Response::new(s::DigestReply { digest, version }))
     }
 
+    async fn gc(&self, _req: Request<s::Empty>) -> Result<Response<s::GcReply>, Status> {
+        Err(Status::unimplemented(
+            "a mirror deletes its copies of a slice's blocks when it applies the primary's purge; run gc against the primary",
+        ))
+    }
+
     async fn pause(
         &self,
         req: Request<s::PauseRequest>,

@@ -64,6 +64,8 @@ pub struct Mirror {
     pub cfg: MirrorConfig,
     pub kv: DynKv,
     pub metrics: Arc<Metrics>,
+    /// The region's data blocks: copy queue, fallback reads, deletions, uploads.
+    pub blocks: Arc<crate::blocks::Blocks>,
     started: Instant,
     inner: Mutex<Inner>,
     /// Bumped after every apply, heartbeat and phase change: what `wait` readers and the
@@ -91,7 +93,13 @@ pub fn wall_us() -> u64 {
 }
 
 impl Mirror {
-    pub fn new(cfg: MirrorConfig, kv: DynKv, metrics: Arc<Metrics>, applied: u64) -> Arc<Self> {
+    pub fn new(
+        cfg: MirrorConfig,
+        kv: DynKv,
+        metrics: Arc<Metrics>,
+        blocks: Arc<crate::blocks::Blocks>,
+        applied: u64,
+    ) -> Arc<Self> {
         let lag = LagState {
             applied,
             received: applied,
@@ -101,6 +109,7 @@ impl Mirror {
             cfg,
             kv,
             metrics,
+            blocks,
             started: Instant::now(),
             inner: Mutex::new(Inner {
                 phase: Phase::Disconnected,
@@ -288,6 +297,21 @@ impl Mirror {
                 .with_label_values(&[s])
                 .set((s == state) as i64);
         }
+        let b = self.blocks.stats();
+        let m = &self.metrics;
+        use crate::metrics::catch_up;
+        m.blocks_pending.set(b.pending_blocks as i64);
+        m.bytes_pending.set(b.pending_bytes as i64);
+        catch_up(&m.copied_blocks, b.copied_blocks);
+        catch_up(&m.copied_bytes, b.copied_bytes);
+        m.copy_rate.set(b.copy_bytes_per_s);
+        catch_up(&m.fallback_reads, b.fallback_reads);
+        catch_up(&m.fallback_bytes, b.fallback_bytes);
+        m.fallback_rate.set(b.fallback_reads_per_s);
+        catch_up(&m.corrupt_blocks, b.corrupt_local);
+        catch_up(&m.deleted_blocks, b.deleted_blocks);
+        catch_up(&m.uploaded_blocks, b.uploaded_blocks);
+        catch_up(&m.block_errors, b.errors);
     }
 
     /// The status as the site service reports it.
@@ -333,6 +357,27 @@ impl Mirror {
             apply_lag_p99_us: p99,
             apply_lag_max_us: max,
             apply_lag_samples: recent.len() as u64,
+            blocks: Some(block_state(&self.blocks.stats())),
         }
+    }
+}
+
+fn block_state(b: &crate::blocks::BlockStats) -> s::BlockState {
+    s::BlockState {
+        store: b.store.clone(),
+        policy: b.policy.clone(),
+        pending_blocks: b.pending_blocks,
+        pending_bytes: b.pending_bytes,
+        copied_blocks: b.copied_blocks,
+        copied_bytes: b.copied_bytes,
+        copy_bytes_per_s: b.copy_bytes_per_s,
+        fallback_reads: b.fallback_reads,
+        fallback_bytes: b.fallback_bytes,
+        fallback_reads_per_s: b.fallback_reads_per_s,
+        corrupt_blocks: b.corrupt_local,
+        deleted_blocks: b.deleted_blocks,
+        uploaded_blocks: b.uploaded_blocks,
+        errors: b.errors,
+        last_error: b.last_error.clone(),
     }
 }

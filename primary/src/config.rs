@@ -35,6 +35,9 @@ pub struct PrimaryConfig {
     /// Seconds between passes that delete dead slices' blocks from the object store
     /// (0 disables; then run `strait gc`).
     pub gc_interval_s: u64,
+    /// With mirrors: after every mirror has applied past a slice's death, wait this long
+    /// before deleting its blocks (for reads its mounts started just before).
+    pub gc_mirror_grace_ms: u64,
     /// Serve the file system read-only: every mutation answers EROFS.
     pub read_only: bool,
     /// OTLP/gRPC endpoint to export traces to (for example `http://127.0.0.1:4317`); empty
@@ -101,6 +104,7 @@ impl Default for PrimaryConfig {
             metrics_listen: "127.0.0.1:7421".into(),
             session_timeout_ms: 60_000,
             gc_interval_s: 30,
+            gc_mirror_grace_ms: 60_000,
             read_only: false,
             otlp_endpoint: String::new(),
             serve_threads: 0,
@@ -255,6 +259,9 @@ metrics_listen = "127.0.0.1:7421"
 session_timeout_ms = 60000
 # Seconds between passes deleting dead slices' blocks (0 disables).
 gc_interval_s = 30
+# With mirrors: ms to wait after every mirror applied past a slice's death before deleting
+# its blocks.
+gc_mirror_grace_ms = 60000
 # Answer EROFS to every mutation.
 read_only = false
 # OTLP/gRPC endpoint for traces, e.g. "http://127.0.0.1:4317"; "" exports nothing.

@@ -43,7 +43,16 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         } else {
             (kv, None)
         };
-        Ok((Meta::open(kv, MetaOptions { read_only })?, signal))
+        Ok((
+            Meta::open(
+                kv,
+                MetaOptions {
+                    read_only,
+                    ..Default::default()
+                },
+            )?,
+            signal,
+        ))
     })
     .await
     .context("open the metadata engine")??;
@@ -81,6 +90,47 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         );
     }
     let server = Arc::new(server);
+
+    // dead slices' blocks: a pass every gc_interval_s, and on demand (`strait gc`)
+    let mut gc_handle = None;
+    if !cfg.read_only {
+        match strait_fs_core::object::open(&format.data_url).await {
+            Ok(store) => {
+                let horizon = crate::gc::MirrorHorizon::new(
+                    &cfg.replicator,
+                    Duration::from_millis(cfg.gc_mirror_grace_ms),
+                )?;
+                let gc = Arc::new(tokio::sync::Mutex::new(horizon));
+                gc_handle = Some(crate::site::Gc {
+                    horizon: gc.clone(),
+                    store: store.clone(),
+                    metrics: metrics.clone(),
+                });
+                if cfg.gc_interval_s > 0 {
+                    tokio::spawn(collect_garbage(
+                        engine.clone(),
+                        store,
+                        gc,
+                        Duration::from_secs(cfg.gc_interval_s),
+                        stop.clone(),
+                        metrics.clone(),
+                    ));
+                }
+            }
+            Err(e) if cfg.gc_interval_s == 0 => {
+                tracing::warn!(
+                    "open the object store {}: {e}; `strait gc` against this daemon will fail",
+                    format.data_url
+                );
+            }
+            Err(e) => {
+                return Err(anyhow::Error::from(e).context(format!(
+                    "open the object store {} to delete dead blocks (set gc_interval_s = 0 to leave that to `strait gc`)",
+                    format.data_url
+                )))
+            }
+        }
+    }
 
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
@@ -123,6 +173,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         strait_proto::site::site_service_server::SiteServiceServer::new(crate::site::PrimarySite {
             engine: engine.clone(),
             replicator: cfg.replicator.clone(),
+            gc: gc_handle,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX),
@@ -137,24 +188,6 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         stop.clone(),
         metrics.clone(),
     ));
-
-    if cfg.gc_interval_s > 0 && !cfg.read_only {
-        let store = strait_fs_core::object::open(&format.data_url)
-            .await
-            .with_context(|| {
-                format!(
-                    "open the object store {} to delete dead blocks (set gc_interval_s = 0 to leave that to `strait gc`)",
-                    format.data_url
-                )
-            })?;
-        tokio::spawn(collect_garbage(
-            engine.clone(),
-            store,
-            Duration::from_secs(cfg.gc_interval_s),
-            stop.clone(),
-            metrics.clone(),
-        ));
-    }
 
     let mut metrics_addr = None;
     if !cfg.metrics_listen.is_empty() {
@@ -276,6 +309,7 @@ pub async fn expire_sessions(
 async fn collect_garbage(
     engine: Arc<Meta>,
     store: strait_fs_core::object::DynStore,
+    gc: Arc<tokio::sync::Mutex<crate::gc::MirrorHorizon>>,
     period: Duration,
     stop: CancellationToken,
     metrics: Arc<Metrics>,
@@ -285,18 +319,15 @@ async fn collect_garbage(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        let e = engine.clone();
-        let s = store.clone();
-        let rt = tokio::runtime::Handle::current();
-        match tokio::task::spawn_blocking(move || strait_fs_core::vfs::gc::gc_once(&e, &s, &rt))
-            .await
-        {
-            Ok(Ok(0)) => {}
-            Ok(Ok(n)) => {
-                metrics.slices_collected.inc_by(n as u64);
-                tracing::info!("deleted the blocks of {n} dead slices");
+        let r = gc.lock().await.pass(&engine, &store).await;
+        match r {
+            Ok(p) => {
+                metrics.slices_collected.inc_by(p.purged as u64);
+                metrics.gc_held.set(p.held as i64);
+                if p.purged > 0 {
+                    tracing::info!("deleted the blocks of {} dead slices", p.purged);
+                }
             }
-            Ok(Err(e)) => tracing::warn!("delete dead slices: {e}"),
             Err(e) => tracing::warn!("delete dead slices: {e}"),
         }
     }

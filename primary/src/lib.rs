@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod gc;
 pub mod metrics;
 pub mod service;
 pub mod shipper;

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub sessions_expired: IntCounter,
     /// Dead slices whose blocks were deleted.
     pub slices_collected: IntCounter,
+    /// Dead slices kept in the last GC pass because a mirror still references them.
+    pub gc_held: IntGauge,
     /// The newest version the replicator has committed (shipped).
     pub shipped_version: IntGauge,
     /// Latency of the shipper's appends to the replicator.
@@ -67,6 +69,11 @@ impl Metrics {
             "Sessions closed because their heartbeat stopped",
         ))
         .expect("valid counter");
+        let gc_held = IntGauge::with_opts(Opts::new(
+            "strait_gc_held_for_mirrors",
+            "Dead slices the last GC pass kept because a mirror has not applied past their death",
+        ))
+        .expect("valid metric");
         let slices_collected = IntCounter::with_opts(Opts::new(
             "strait_gc_slices_total",
             "Dead slices whose blocks were deleted",
@@ -104,6 +111,7 @@ impl Metrics {
             Box::new(unauthenticated.clone()),
             Box::new(sessions_expired.clone()),
             Box::new(slices_collected.clone()),
+            Box::new(gc_held.clone()),
             Box::new(shipped_version.clone()),
             Box::new(ship_seconds.clone()),
             Box::new(ship_errors.clone()),
@@ -119,6 +127,7 @@ impl Metrics {
             unauthenticated,
             sessions_expired,
             slices_collected,
+            gc_held,
             shipped_version,
             ship_seconds,
             ship_errors,

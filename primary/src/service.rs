@@ -15,7 +15,7 @@ use strait_fs_core::error::Error;
 use strait_fs_core::meta::{Attr, Ctx, Ino, Meta};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
-use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER};
+use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -98,6 +98,17 @@ pub struct MetaServer {
     metrics: Arc<Metrics>,
     /// In `replicated` mode: what the replicator has committed, and how long to wait for it.
     replicated: Option<(tokio::sync::watch::Receiver<Shipped>, std::time::Duration)>,
+    /// At a mirror: the region's own object store (told to mounts instead of the primary's)
+    /// and what serves FetchBlock.
+    blocks: Option<(String, Arc<dyn BlockSource>)>,
+}
+
+/// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
+pub trait BlockSource: Send + Sync + 'static {
+    fn fetch(
+        &self,
+        req: w::FetchBlockRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, Status>> + Send>>;
 }
 
 fn invalid(e: WireError) -> Error {
@@ -160,7 +171,15 @@ impl MetaServer {
             session_timeout_ms,
             metrics,
             replicated: None,
+            blocks: None,
         }
+    }
+
+    /// At a mirror: mounts use `data_url` (the region's store) and ask `source` for blocks
+    /// not there yet.
+    pub fn with_blocks(mut self, data_url: String, source: Arc<dyn BlockSource>) -> Self {
+        self.blocks = Some((data_url, source));
+        self
     }
 
     /// Answer a mutation only once the replicator has committed its version.
@@ -214,6 +233,16 @@ impl MetaServer {
         T: Send + 'static,
         F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
     {
+        self.blocking_v(op, f).await.map(|(v, _)| v)
+    }
+
+    /// [`MetaServer::blocking`], also returning the highest change-log version the call's
+    /// transactions committed (0: it changed nothing).
+    async fn blocking_v<T, F>(&self, op: &'static str, f: F) -> Result<(T, u64), Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
+    {
         let start = Instant::now();
         // the call runs on one thread: the version its transactions committed is read there
         let f = move || {
@@ -229,8 +258,10 @@ impl MetaServer {
                 .await
                 .map_err(|_| "the engine call panicked")
         };
+        let committed;
         let res = match res {
             Ok((r, version)) => {
+                committed = version;
                 if let (Ok(_), Some((rx, timeout)), true) = (&r, &self.replicated, version > 0) {
                     let mut rx = rx.clone();
                     if let Err(why) = wait_committed(&mut rx, version, *timeout).await {
@@ -253,7 +284,7 @@ impl MetaServer {
         match res {
             Ok(v) => {
                 self.metrics.observe(op, "ok", start.elapsed());
-                Ok(v)
+                Ok((v, committed))
             }
             Err(e) => {
                 let errno = e.errno();
@@ -279,8 +310,14 @@ macro_rules! rpc {
         async {
             let $m = $self.session($req.metadata())?;
             let $r = $req.into_inner();
-            let out = $self.blocking($op, move || $body).await?;
-            Ok(Response::new(out))
+            let (out, version) = $self.blocking_v($op, move || $body).await?;
+            let mut resp = Response::new(out);
+            if version > 0 {
+                if let Ok(v) = version.to_string().parse() {
+                    resp.metadata_mut().insert(VERSION_HEADER, v);
+                }
+            }
+            Ok(resp)
         }
         .instrument(span)
         .await
@@ -332,12 +369,17 @@ impl MetaService for MetaServer {
         } else {
             tracing::info!("session {sid} opened by {peer}");
         }
+        let mut format: w::Format = self.engine.settings().into();
+        if let Some((url, _)) = &self.blocks {
+            format.data_url = url.clone();
+        }
         Ok(Response::new(w::OpenSessionReply {
             session: sid,
-            format: Some(self.engine.settings().into()),
-            read_only: self.engine.is_read_only(),
+            format: Some(format),
+            read_only: self.engine.is_read_only() && !self.engine.writes_elsewhere(),
             session_timeout_ms: self.session_timeout_ms,
             resumed,
+            block_fallback: self.blocks.is_some(),
         }))
     }
 
@@ -636,6 +678,22 @@ impl MetaService for MetaServer {
             m.setlk(r.ino, r.owner, r.pid, typ, r.start, r.end)?;
             Ok(w::Empty {})
         })
+    }
+
+    async fn fetch_block(&self, req: Request<w::FetchBlockRequest>) -> Reply<w::FetchBlockReply> {
+        let Some((_, source)) = &self.blocks else {
+            return Err(Status::unimplemented(
+                "FetchBlock is served by a mirror; this daemon's mounts read its object store directly",
+            ));
+        };
+        let start = Instant::now();
+        let r = source.fetch(req.into_inner()).await;
+        self.metrics.observe(
+            "fetch_block",
+            if r.is_ok() { "ok" } else { "EIO" },
+            start.elapsed(),
+        );
+        Ok(Response::new(w::FetchBlockReply { data: r? }))
     }
 
     async fn sync(&self, req: Request<w::Empty>) -> Reply<w::Empty> {

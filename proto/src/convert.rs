@@ -14,6 +14,8 @@ pub const ERRNO_HEADER: &str = "x-strait-errno";
 pub const SESSION_HEADER: &str = "x-strait-session";
 /// Metadata entry set on a status that asks the client to open its session again.
 pub const RESUME_HEADER: &str = "x-strait-resume";
+/// The change-log version a successful mutation committed as (set by a primary).
+pub const VERSION_HEADER: &str = "x-strait-version";
 
 /// A wire value that does not make a valid domain value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,13 +1,16 @@
 //! `strait dev up`: two regions on this machine, in one command. Region A runs the primary
 //! and replicator nodes 1 and 2; region B runs replicator node 3 and a mirror. Each region has
-//! its own RocksDB metadata (and region A a local-directory object store, which the mirror's
-//! mounts read from until blocks are copied). Traffic between the regions goes through fault
-//! proxies with a configurable one-way delay; `strait dev fault` changes them at run time
-//! (delay, partition, heal).
+//! its own RocksDB metadata and its own local-directory object store: the mirror copies
+//! blocks from A's store into B's, and B's mounts read B's first. Metadata traffic between
+//! the regions goes through fault proxies with a configurable one-way delay; `strait dev
+//! fault` changes them at run time (delay, partition, heal).
 //!
-//! Known simplification: a proxy sits in front of each cross-region *listener*, so a
-//! connection delays both ways whichever region opened it. Node 3's calls to nodes 1 and 2
-//! (only made when it campaigns or leads) go direct.
+//! Known simplifications:
+//! - a proxy sits in front of each cross-region *listener*, so a connection delays both ways
+//!   whichever region opened it;
+//! - the mirror reads region A's store as a directory, so block copies do not cross the
+//!   proxies (with an S3 store per region they would: set the mirror's `primary_data_url` to
+//!   an endpoint behind a proxy).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -55,6 +58,9 @@ pub struct UpArgs {
     /// or `leader` (node 1, across the link).
     #[arg(long, default_value = "local")]
     pub source: String,
+    /// The mirror's background block copy: eager or lazy.
+    #[arg(long, default_value = "eager")]
+    pub sync: String,
     /// Stop by itself after this many seconds (0: run until a signal).
     #[arg(long, default_value_t = 0)]
     pub seconds: u64,
@@ -201,6 +207,7 @@ fn s(v: impl ToString) -> String {
 
 fn up(a: UpArgs) -> Result<()> {
     let _: strait_mirror::Policy = a.policy.parse()?;
+    let _: strait_mirror::config::SyncPolicy = a.sync.parse()?;
     if a.source != "local" && a.source != "leader" {
         bail!("--source {:?}: expected `local` or `leader`", a.source);
     }
@@ -354,6 +361,10 @@ fn up(a: UpArgs) -> Result<()> {
                 s(a.window_ms),
                 s("--policy"),
                 a.policy.clone(),
+                s("--data-url"),
+                format!("file://{}", rb.join("data").display()),
+                s("--sync"),
+                a.sync.clone(),
             ],
         )?;
         kids.wait_for(

@@ -52,6 +52,30 @@ pub struct ServeArgs {
     /// What a read does outside the window: forward, wait or serve.
     #[arg(long, env = "STRAIT_POLICY")]
     pub policy: Option<String>,
+    /// This region's object store ("" for none: mounts read the primary's).
+    #[arg(long, env = "STRAIT_DATA_URL")]
+    pub data_url: Option<String>,
+    /// The primary's object store as this region reaches it (default: the primary's own URL).
+    #[arg(long, env = "STRAIT_PRIMARY_DATA_URL")]
+    pub primary_data_url: Option<String>,
+    /// Background block copy: eager or lazy.
+    #[arg(long, env = "STRAIT_SYNC")]
+    pub sync: Option<String>,
+    /// A per-path policy, PREFIX=eager|lazy (repeatable; replaces the file's rules).
+    #[arg(long = "sync-rule")]
+    pub sync_rules: Vec<String>,
+    /// Blocks copied at once.
+    #[arg(long)]
+    pub sync_concurrency: Option<usize>,
+    /// Background copy bandwidth in MB/s (0: unlimited).
+    #[arg(long)]
+    pub sync_bandwidth_mb_s: Option<f64>,
+    /// Mutations at this region's mounts: forward (to the primary) or refuse (EROFS).
+    #[arg(long, env = "STRAIT_WRITES")]
+    pub writes: Option<String>,
+    /// A forwarded mutation not done within this many ms fails with ETIMEDOUT.
+    #[arg(long)]
+    pub write_timeout_ms: Option<u64>,
 }
 
 #[derive(clap::Subcommand)]
@@ -116,6 +140,34 @@ impl ServeArgs {
         if let Some(v) = &self.policy {
             c.policy = v.parse()?;
         }
+        if let Some(v) = &self.data_url {
+            c.data_url = v.clone();
+        }
+        if let Some(v) = &self.primary_data_url {
+            c.primary_data_url = v.clone();
+        }
+        if let Some(v) = &self.sync {
+            c.sync = v.parse()?;
+        }
+        if !self.sync_rules.is_empty() {
+            c.sync_rules = self
+                .sync_rules
+                .iter()
+                .map(|r| r.parse())
+                .collect::<Result<_>>()?;
+        }
+        if let Some(v) = self.sync_concurrency {
+            c.sync_concurrency = v;
+        }
+        if let Some(v) = self.sync_bandwidth_mb_s {
+            c.sync_bandwidth_mb_s = v;
+        }
+        if let Some(v) = &self.writes {
+            c.writes = v.parse()?;
+        }
+        if let Some(v) = self.write_timeout_ms {
+            c.write_timeout_ms = v;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -164,6 +216,28 @@ pub struct Row {
     pub apply_lag_p50_us: u64,
     pub apply_lag_p99_us: u64,
     pub apply_lag_max_us: u64,
+    /// Data blocks (absent for a row known only from its cursor).
+    pub blocks: Option<Blocks>,
+}
+
+/// A mirror's data blocks, in `mirror status`.
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Blocks {
+    pub store: String,
+    pub sync_policy: String,
+    pub pending_blocks: u64,
+    pub pending_bytes: u64,
+    pub copied_blocks: u64,
+    pub copied_bytes: u64,
+    pub copy_bytes_per_s: f64,
+    pub fallback_reads: u64,
+    pub cross_region_read_bytes: u64,
+    pub fallback_reads_per_s: f64,
+    pub corrupt_blocks: u64,
+    pub deleted_blocks: u64,
+    pub uploaded_blocks: u64,
+    pub errors: u64,
+    pub last_error: String,
 }
 
 #[derive(serde::Serialize, Clone, Debug, Default)]
@@ -195,6 +269,39 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
         apply_lag_p50_us: m.apply_lag_p50_us,
         apply_lag_p99_us: m.apply_lag_p99_us,
         apply_lag_max_us: m.apply_lag_max_us,
+        blocks: m.blocks.map(|b| Blocks {
+            store: b.store,
+            sync_policy: b.policy,
+            pending_blocks: b.pending_blocks,
+            pending_bytes: b.pending_bytes,
+            copied_blocks: b.copied_blocks,
+            copied_bytes: b.copied_bytes,
+            copy_bytes_per_s: b.copy_bytes_per_s,
+            fallback_reads: b.fallback_reads,
+            cross_region_read_bytes: b.fallback_bytes,
+            fallback_reads_per_s: b.fallback_reads_per_s,
+            corrupt_blocks: b.corrupt_blocks,
+            deleted_blocks: b.deleted_blocks,
+            uploaded_blocks: b.uploaded_blocks,
+            errors: b.errors,
+            last_error: b.last_error,
+        }),
+    }
+}
+
+/// Bytes for people: 1.5 GiB, 300 MiB, 12 KiB.
+fn human(n: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0} {}", units[u])
+    } else {
+        format!("{v:.1} {}", units[u])
     }
 }
 
@@ -332,6 +439,51 @@ fn print_table(r: &Report) {
             m.lag_p99_ms,
             m.apply_rate,
             note
+        );
+    }
+    let with_blocks: Vec<_> = r
+        .mirrors
+        .iter()
+        .filter_map(|m| m.blocks.as_ref().map(|b| (m, b)))
+        .filter(|(_, b)| !b.store.is_empty())
+        .collect();
+    if with_blocks.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>8} {:>7} {:>6}  STORE (POLICY)",
+        "BLOCKS",
+        "PENDING",
+        "PENDING B",
+        "COPIED B",
+        "COPY/s",
+        "FALLBACKS",
+        "X-REGION B",
+        "FB/s",
+        "CORRUPT",
+        "ERRORS",
+    );
+    for (m, b) in with_blocks {
+        println!(
+            "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>8.1} {:>7} {:>6}  {} ({}){}",
+            m.mirror,
+            b.pending_blocks,
+            human(b.pending_bytes as f64),
+            human(b.copied_bytes as f64),
+            human(b.copy_bytes_per_s),
+            b.fallback_reads,
+            human(b.cross_region_read_bytes as f64),
+            b.fallback_reads_per_s,
+            b.corrupt_blocks,
+            b.errors,
+            b.store,
+            b.sync_policy,
+            if b.last_error.is_empty() {
+                String::new()
+            } else {
+                format!("; last error: {}", b.last_error)
+            }
         );
     }
 }

@@ -259,11 +259,13 @@ fn run_foreground(a: Args) -> Result<()> {
     );
     // `embedded` is the engine when this process owns it (no daemon): then this mount also
     // cleans up dead sessions and deletes dead slices' blocks, which a daemon does otherwise.
+    let mut remote = None;
     let (meta, embedded): (Arc<dyn MetaClient>, Option<Arc<Meta>>) =
         if strait_client::is_daemon_url(&a.meta_url) {
             let mut opts = a.remote.options()?;
             opts.read_only = a.read_only;
             let client = strait_client::RemoteMeta::connect(&a.meta_url, opts)?;
+            remote = Some(client.clone());
             (client, None)
         } else {
             let kv = strait_fs_core::kv::open(&a.meta_url)?;
@@ -271,6 +273,7 @@ fn run_foreground(a: Args) -> Result<()> {
                 kv,
                 MetaOptions {
                     read_only: a.read_only,
+                    ..Default::default()
                 },
             )?;
             (meta.clone(), Some(meta))
@@ -301,6 +304,11 @@ fn run_foreground(a: Args) -> Result<()> {
         mem_cache_bytes: super::parse_size(&a.mem_cache_size)?,
         cache_dir: (cache_size > 0).then(|| a.cache_dir.clone()),
         disk_cache_bytes: cache_size,
+        // at a mirror: blocks not in the region's store yet come through its daemon
+        block_fallback: remote
+            .as_ref()
+            .and_then(|r| r.block_fallback())
+            .map(strait_fs_core::vfs::Fallback),
         ..VfsOptions::default()
     };
     let vfs = Vfs::new(meta.clone(), store.clone(), opts, Some(rt.handle().clone()))?;

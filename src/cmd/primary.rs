@@ -44,6 +44,9 @@ pub struct Args {
     /// Seconds between deletions of dead slices' blocks (0 disables).
     #[arg(long, env = "STRAIT_GC_INTERVAL_S")]
     pub gc_interval_s: Option<u64>,
+    /// With mirrors: ms after every mirror applied past a slice's death before its blocks go.
+    #[arg(long, env = "STRAIT_GC_MIRROR_GRACE_MS")]
+    pub gc_mirror_grace_ms: Option<u64>,
     /// Answer EROFS to every mutation.
     #[arg(long)]
     pub read_only: bool,
@@ -114,6 +117,9 @@ impl Args {
         }
         if let Some(v) = self.gc_interval_s {
             c.gc_interval_s = v;
+        }
+        if let Some(v) = self.gc_mirror_grace_ms {
+            c.gc_mirror_grace_ms = v;
         }
         if self.read_only {
             c.read_only = true;

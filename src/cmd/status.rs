@@ -11,7 +11,13 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;
-    let meta = Meta::open(kv.clone(), MetaOptions { read_only: true })?;
+    let meta = Meta::open(
+        kv.clone(),
+        MetaOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )?;
     let f = meta.settings();
     let s = meta.statfs()?;
     println!("name:          {}", f.name);

@@ -62,7 +62,7 @@ impl Primary {
     }
 
     /// Start a mirror of `primary` (same token) that follows the replicator nodes `replicator`,
-    /// with its own RocksDB in a directory of its own; `extra` are more flags.
+    /// with its own RocksDB and object store in a directory of its own; `extra` are more flags.
     pub fn mirror(primary: &Primary, id: &str, replicator: &[String], extra: &[&str]) -> Primary {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = format!("127.0.0.1:{}", free_port());
@@ -83,6 +83,8 @@ impl Primary {
             primary.addr.clone(),
             "--replicator".into(),
             replicator.join(","),
+            "--data-url".into(),
+            format!("file://{}", dir.path().join("data").display()),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut m = Primary {
@@ -104,6 +106,11 @@ impl Primary {
     /// The daemon's own directory (kept across restarts).
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// A mirror's own object store (a local directory).
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
     }
 
     pub fn url(&self) -> String {

@@ -281,8 +281,13 @@ pub struct RegionA {
 
 impl RegionA {
     pub fn start(rt: &tokio::runtime::Runtime) -> RegionA {
+        Self::start_with(rt, &[])
+    }
+
+    /// [`RegionA::start`] with more `strait format` flags.
+    pub fn start_with(rt: &tokio::runtime::Runtime, format: &[&str]) -> RegionA {
         let work = tempfile::tempdir().unwrap();
-        let fs = crate::mount::TestFs::rocks_local(&[]);
+        let fs = crate::mount::TestFs::rocks_local(format);
         let cluster = Cluster::start(work.path(), 3);
         let addrs = cluster.direct().iter().map(|a| a.to_string()).collect();
         let leader = rt.block_on(cluster.wait_leader(Duration::from_secs(30)));

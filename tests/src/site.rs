@@ -209,3 +209,75 @@ pub fn primary_version(p: &Primary) -> u64 {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     v["primary_version"].as_u64().unwrap_or(0)
 }
+
+/// Stop a mirror's applier at its current version for `hold_ms` (at most 60 s; a new call
+/// replaces the hold, so `pause_mirror(m, 1)` resumes it). Returns the version it holds at.
+pub fn pause_mirror(m: &Primary, hold_ms: u64) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", m.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut c = strait_proto::site::site_service_client::SiteServiceClient::new(ch);
+        let mut r = Request::new(strait_proto::site::PauseRequest { hold_ms });
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", m.token).parse().unwrap(),
+        );
+        c.pause(r)
+            .await
+            .expect("pause the mirror")
+            .into_inner()
+            .applied_version
+    })
+}
+
+/// Wait until the mirror's copy queue is empty; returns its status row.
+pub fn wait_synced(mirror: &Primary, within: Duration) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let row = mirror_row(&mirror.addr, &mirror.token);
+        if row["blocks"]["pending_blocks"].as_u64() == Some(0) {
+            return row;
+        }
+        assert!(
+            start.elapsed() < within,
+            "the mirror's copy queue did not empty within {within:?}: {row}\n{}",
+            mirror.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The blocks in a local-directory object store: key -> bytes.
+pub fn block_files(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.join("chunks")];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+                // a put in progress is a temporary name beside its key
+                if rel
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.split('_').count() == 3)
+                {
+                    out.insert(rel, std::fs::read(&p).unwrap());
+                }
+            }
+        }
+    }
+    out
+}

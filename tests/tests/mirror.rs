@@ -8,7 +8,8 @@
 //!   the apply transaction refuses both);
 //! - bad input changes nothing: an invalid record in the log halts the applier at the version
 //!   before it, with the record named in `mirror status`;
-//! - the mirror serves its region: reads answer from its own metadata, mutations get EROFS.
+//! - the mirror serves its region: reads answer from its own metadata; with writes refused,
+//!   mutations get EROFS (`mirror_data` covers writes forwarded to the primary).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,7 +50,12 @@ fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
             s.mkdir(1, &format!("before-{i}")).await.unwrap();
         }
     });
-    let mut mirror = Primary::mirror(&primary, "region-b", &addrs, &["--window-ms", "60000"]);
+    let mut mirror = Primary::mirror(
+        &primary,
+        "region-b",
+        &addrs,
+        &["--window-ms", "60000", "--writes", "refuse"],
+    );
     assert!(
         mirror.log_text().contains("bootstrapped at version"),
         "{}",
@@ -62,7 +68,8 @@ fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
     assert!(same, "digests differ after the bootstrap: {text}");
     assert!(at >= v0);
 
-    // the region's reads come from the mirror; a mutation there is refused (EROFS)
+    // the region's reads come from the mirror; a mutation there is refused (EROFS, under
+    // writes = "refuse")
     rt.block_on(async {
         let mut m = Site::connect(&mirror.addr, &token).await;
         assert!(m.lookup(1, "before-7").await.is_ok());
@@ -292,12 +299,23 @@ fn a_mount_at_the_mirror_lists_the_tree_and_reads_the_primarys_bytes() {
     wait_applied(&mirror, v, Duration::from_secs(30));
     assert_eq!(std::fs::read(b.path("later/f")).unwrap(), b"written later");
 
-    // writes at the mirror's mount are refused with EROFS (routing them is a later issue)
-    let e = std::fs::write(b.path("data/new"), b"x").unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
-    let e = std::fs::remove_file(b.path("data/small")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    // a writer at the mirror's mount: its changes go to the primary, it reads them back at
+    // once, and so does the primary's mount
+    std::fs::write(b.path("data/new"), b"written at b").unwrap();
+    assert_eq!(std::fs::read(b.path("data/new")).unwrap(), b"written at b");
+    std::fs::remove_file(b.path("data/small")).unwrap();
+    assert!(!b.path("data/small").exists());
     assert_eq!(tree(&b.path("data")).len(), written.len());
+    assert_eq!(std::fs::read(a.path("data/new")).unwrap(), b"written at b");
+    // the primary's mount may hold the old entry for its attribute timeout (1 s)
+    let t0 = std::time::Instant::now();
+    while a.path("data/small").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "data/small is still at the primary"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

@@ -30,6 +30,10 @@ const PARENT_CHAIN_MAX: usize = 1 << 20;
 #[derive(Clone, Debug, Default)]
 pub struct MetaOptions {
     pub read_only: bool,
+    /// With `read_only`: this engine's mutations are made elsewhere (a mirror forwards them
+    /// to the primary), so opening for writing and access(W_OK) are allowed; the mutations
+    /// themselves still answer EROFS here.
+    pub writes_elsewhere: bool,
 }
 
 /// Handles open on each inode, per session. The views of one daemon's sessions share one
@@ -40,6 +44,7 @@ pub struct Meta {
     kv: DynKv,
     format: Format,
     read_only: bool,
+    writes_elsewhere: bool,
     sid: AtomicU64,
     inodes: Mutex<(u64, u64)>,
     slices: Mutex<(u64, u64)>,
@@ -182,6 +187,7 @@ impl Meta {
             kv,
             format,
             read_only: opts.read_only,
+            writes_elsewhere: opts.writes_elsewhere,
             sid: AtomicU64::new(0),
             inodes: Mutex::new((0, 0)),
             slices: Mutex::new((0, 0)),
@@ -197,6 +203,7 @@ impl Meta {
             kv: self.kv.clone(),
             format: self.format.clone(),
             read_only: self.read_only,
+            writes_elsewhere: self.writes_elsewhere,
             sid: AtomicU64::new(sid),
             inodes: Mutex::new((0, 0)),
             slices: Mutex::new((0, 0)),
@@ -236,6 +243,10 @@ impl Meta {
     }
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+    /// Whether this read-only engine's mutations are made elsewhere (see [`MetaOptions`]).
+    pub fn writes_elsewhere(&self) -> bool {
+        self.writes_elsewhere
     }
     pub fn session_id(&self) -> u64 {
         self.sid.load(Ordering::Relaxed)
@@ -399,7 +410,7 @@ impl Meta {
 
     pub fn access(&self, ctx: &Ctx, ino: Ino, mask: u32) -> Result<()> {
         let a = self.getattr(ino)?;
-        if mask & MAY_WRITE != 0 && self.read_only {
+        if mask & MAY_WRITE != 0 && self.read_only && !self.writes_elsewhere {
             return sys(libc::EROFS);
         }
         access(&a, ctx, mask)
@@ -1034,7 +1045,9 @@ impl Meta {
             if a.is_dir() {
                 return sys(libc::EISDIR);
             }
-            self.writable()?;
+            if !self.writes_elsewhere {
+                self.writable()?;
+            }
         }
         access(&a, ctx, mask)?;
         self.opened(ino);

@@ -14,11 +14,26 @@ pub const GC_SLICES_PER_PASS_MAX: usize = 1000;
 /// the slices. A slice whose blocks could not all be deleted stays listed for the next pass.
 /// Returns how many slices were purged.
 pub fn gc_once(meta: &Meta, store: &DynStore, rt: &tokio::runtime::Handle) -> Result<usize> {
+    gc_once_with(meta, store, rt, &mut |_| true)
+}
+
+/// [`gc_once`], deleting only the dead slices `allow` agrees to (it is called after the dead
+/// slices are listed, once per slice). A primary with mirrors uses it to keep the blocks of
+/// slices some mirror's applied metadata still references (DESIGN.md §4).
+pub fn gc_once_with(
+    meta: &Meta,
+    store: &DynStore,
+    rt: &tokio::runtime::Handle,
+    allow: &mut dyn FnMut(u64) -> bool,
+) -> Result<usize> {
     let delay_ns = meta.settings().trash_delay_s as i64 * 1_000_000_000;
     let dead = meta.dead_slices(now_ns() - delay_ns, GC_SLICES_PER_PASS_MAX)?;
     let bs = meta.settings().block_size;
     let mut purged = vec![];
     for (id, d) in dead {
+        if !allow(id) {
+            continue;
+        }
         let mut ok = true;
         for index in 0..block_count(d.size, bs) {
             let key = block_key(id, index, block_len(d.size, bs, index));

@@ -52,6 +52,30 @@ enum BlockError {
     Other(String),
 }
 
+/// Where a mount at a mirror gets a block that its region's object store does not hold yet,
+/// or holds corrupt: the mirror daemon, which fetches it from the primary's store ahead of
+/// its copy queue, keeps a copy and answers with the bytes (checked again by the caller).
+pub trait BlockFallback: Send + Sync {
+    /// `reason`: "missing" or "corrupt".
+    fn fetch<'a>(
+        &'a self,
+        key: &'a str,
+        len: u32,
+        crc: u32,
+        reason: &'a str,
+    ) -> crate::object::BoxFut<'a, Bytes>;
+}
+
+/// A [`BlockFallback`] in [`VfsOptions`].
+#[derive(Clone)]
+pub struct Fallback(pub Arc<dyn BlockFallback>);
+
+impl std::fmt::Debug for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fallback")
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct VfsOptions {
     pub mem_cache_bytes: u64,
@@ -63,6 +87,8 @@ pub struct VfsOptions {
     pub download_concurrency: usize,
     /// Memory for full blocks waiting for or in upload; writers wait when it is used up.
     pub write_buffer_bytes: u64,
+    /// At a mirror: where blocks missing from (or corrupt in) the region's store come from.
+    pub block_fallback: Option<Fallback>,
 }
 
 impl Default for VfsOptions {
@@ -75,6 +101,7 @@ impl Default for VfsOptions {
             upload_concurrency: 16,
             download_concurrency: 16,
             write_buffer_bytes: 256 << 20,
+            block_fallback: None,
         }
     }
 }
@@ -95,6 +122,7 @@ pub struct Shared {
     /// Blocks already reported corrupt, so each is logged once (bounded).
     reported_corrupt: Mutex<std::collections::HashSet<String>>,
     compacting: Mutex<std::collections::HashSet<(Ino, u32)>>,
+    fallback: Option<Fallback>,
 }
 
 impl Shared {
@@ -182,11 +210,25 @@ impl Shared {
         let mut attempt = 0;
         let data = loop {
             attempt += 1;
-            let data = retry_store(&format!("read block {key}"), || self.store.get(key)).await?;
+            let got = retry_store(&format!("read block {key}"), || self.store.get(key)).await;
+            let data = match got {
+                Ok(d) => d,
+                // not in this region's store yet: the mirror gets it from the primary's
+                Err(Error::CorruptBlock { .. }) if self.fallback.is_some() => {
+                    break self.fetch_fallback(key, len, crc, "missing").await?;
+                }
+                Err(e) => return Err(e),
+            };
             match cache::verify(key, &data, len, crc) {
                 Ok(()) => break data,
                 // read it once more in case it was damaged on the way
                 Err(_) if attempt < 2 => {}
+                Err(e) if self.fallback.is_some() => {
+                    tracing::warn!(
+                        "{e}: in this region's object store; the mirror fetches it again from the primary's"
+                    );
+                    break self.fetch_fallback(key, len, crc, "corrupt").await?;
+                }
                 Err(e) => {
                     self.report_corrupt(&e);
                     return Err(e);
@@ -199,6 +241,28 @@ impl Shared {
             let k = key.to_string();
             let d = data.clone();
             tokio::task::spawn_blocking(move || cache.put_disk(&k, &d));
+        }
+        Ok(data)
+    }
+
+    /// A block from the mirror (see [`BlockFallback`]), checked again here.
+    async fn fetch_fallback(&self, key: &str, len: u32, crc: u32, reason: &str) -> Result<Bytes> {
+        let Some(fb) = &self.fallback else {
+            return Err(Error::Meta("no block fallback".into()));
+        };
+        let data =
+            fb.0.fetch(key, len, crc, reason)
+                .await
+                .map_err(|e| match e {
+                    ObjectError::NotFound(_) => Error::CorruptBlock {
+                        key: key.to_string(),
+                        reason: "missing from this region's store and from the primary's".into(),
+                    },
+                    other => Error::Object(other),
+                })?;
+        if let Err(e) = cache::verify(key, &data, len, crc) {
+            self.report_corrupt(&e);
+            return Err(e);
         }
         Ok(data)
     }
@@ -428,6 +492,7 @@ impl Vfs {
             inflight: Mutex::new(HashMap::new()),
             compacting: Mutex::new(Default::default()),
             reported_corrupt: Mutex::new(Default::default()),
+            fallback: opts.block_fallback.clone(),
         });
         Ok(Arc::new(Vfs {
             shared,

@@ -1,0 +1,341 @@
+//! The mirror's data path (DESIGN.md §4), with real processes: a three-node replicator, the
+//! primary daemon, a mirror daemon with its own object store, FUSE mounts in both regions.
+//!
+//! - Blocks reach the mirror's store on first read (served at once from the primary's
+//!   store) and in the background (eager), and a corrupt local copy is fetched again.
+//! - A writer at the mirror: its changes are made at the primary, its blocks are in both
+//!   stores, it reads its own writes, and nothing it was told is written is lost when the
+//!   mirror is killed. With the primary down, writes fail with a clear errno.
+//! - GC: the primary keeps a dead slice's blocks while a (paused) mirror still references
+//!   them; once the mirror applies the deletion, both stores drop them.
+//! - Per-path policies: only eager paths are copied in the background.
+
+use std::time::{Duration, Instant};
+
+use strait_tests::daemon::Primary;
+use strait_tests::replicator::RegionA;
+use strait_tests::site::{
+    block_files, mirror_row, pause_mirror, primary_version, wait_applied, wait_synced,
+};
+
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn blocks_reach_the_mirror_on_first_read_and_in_the_background_and_a_corrupt_copy_is_fetched_again()
+{
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let primary = region.primary(&[]);
+    let a = primary.mount(&[]);
+    // many small files and a few multi-block ones (a block is 4 MiB)
+    std::fs::create_dir_all(a.path("ds/small")).unwrap();
+    std::fs::create_dir_all(a.path("ds/big")).unwrap();
+    let mut files = vec![];
+    for i in 0..60u64 {
+        files.push((format!("ds/small/{i}"), bytes(i, 128 << 10)));
+    }
+    for i in 0..3u64 {
+        files.push((format!("ds/big/{i}"), bytes(1000 + i, (9 << 20) + 12345)));
+    }
+    for (p, d) in &files {
+        std::fs::write(a.path(p), d).unwrap();
+    }
+    let total: usize = files.iter().map(|f| f.1.len()).sum();
+
+    // a slow background copy (2 MB/s for ~36 MB), so the reads below come first
+    let mirror = Primary::mirror(
+        &primary,
+        "region-b",
+        &region.addrs,
+        &["--sync-bandwidth-mb-s", "2"],
+    );
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    let b = mirror.mount(&[]);
+    let t0 = Instant::now();
+    for (p, d) in &files {
+        let got = std::fs::read(b.path(p)).unwrap();
+        assert!(&got == d, "{p}: the mirror read other bytes");
+    }
+    let took = t0.elapsed();
+    let row = mirror_row(&mirror.addr, &mirror.token);
+    let blocks = &row["blocks"];
+    assert!(
+        blocks["fallback_reads"].as_u64().unwrap() > 0,
+        "no read came from the primary's store: {row}"
+    );
+    eprintln!(
+        "read {total} bytes at the mirror before sync in {took:?}; {} blocks came across regions",
+        blocks["fallback_reads"]
+    );
+
+    // the background copy finishes; the mirror's store then holds every block, intact
+    let row = wait_synced(&mirror, Duration::from_secs(120));
+    let a_blocks = block_files(&region.fs.data_dir());
+    let b_blocks = block_files(&mirror.data_dir());
+    assert_eq!(
+        a_blocks.keys().collect::<Vec<_>>(),
+        b_blocks.keys().collect::<Vec<_>>(),
+        "the stores hold other blocks: {row}"
+    );
+    assert!(a_blocks == b_blocks, "a block differs between the stores");
+    assert_eq!(row["blocks"]["errors"], 0, "{row}");
+
+    // corrupt one block of a big file in the mirror's store: a fresh mount still reads the
+    // right bytes, and the mirror's log names the block
+    b.unmount();
+    let victim = b_blocks
+        .keys()
+        .find(|k| b_blocks[*k].len() == 4 << 20)
+        .expect("a full block")
+        .clone();
+    let path = mirror.data_dir().join(&victim);
+    let mut data = std::fs::read(&path).unwrap();
+    data[12345] ^= 0xff;
+    std::fs::write(&path, &data).unwrap();
+    let b = mirror.mount(&[]);
+    for (p, d) in files.iter().filter(|f| f.0.starts_with("ds/big")) {
+        let got = std::fs::read(b.path(p)).unwrap();
+        assert!(&got == d, "{p}: a corrupt block reached a reader");
+    }
+    let log = mirror.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&victim) && l.contains("corrupt")),
+        "the mirror's log does not name {victim}:\n{log}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        a_blocks[&victim],
+        "the corrupt copy was not replaced"
+    );
+    let row = mirror_row(&mirror.addr, &mirror.token);
+    assert!(
+        row["blocks"]["corrupt_blocks"].as_u64().unwrap() >= 1,
+        "{row}"
+    );
+}
+
+#[test]
+fn a_writer_at_the_mirror_reaches_the_primary_and_loses_nothing_when_the_mirror_is_killed() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let mut primary = region.primary(&[]);
+    let mut mirror = Primary::mirror(
+        &primary,
+        "region-b",
+        &region.addrs,
+        &["--write-timeout-ms", "3000"],
+    );
+    let a = primary.mount(&[]);
+    let b = mirror.mount(&[]);
+
+    // write at B, read back at B and at A
+    std::fs::create_dir(b.path("fromb")).unwrap();
+    let big = bytes(7, (9 << 20) + 7);
+    std::fs::write(b.path("fromb/big"), &big).unwrap();
+    std::fs::write(b.path("fromb/small"), b"hello from b").unwrap();
+    std::fs::rename(b.path("fromb/small"), b.path("fromb/hello")).unwrap();
+    assert!(std::fs::read(b.path("fromb/big")).unwrap() == big);
+    assert_eq!(
+        std::fs::read(b.path("fromb/hello")).unwrap(),
+        b"hello from b"
+    );
+    assert!(std::fs::read(a.path("fromb/big")).unwrap() == big);
+    assert_eq!(
+        std::fs::read(a.path("fromb/hello")).unwrap(),
+        b"hello from b"
+    );
+    // the blocks are in both regions' stores
+    let (ab, bb) = (
+        block_files(&region.fs.data_dir()),
+        block_files(&mirror.data_dir()),
+    );
+    assert_eq!(ab.len(), 4, "{:?}", ab.keys().collect::<Vec<_>>());
+    assert!(ab == bb, "the regions' stores differ");
+
+    // a write storm at B; the mirror is SIGKILLed and restarted in the middle of it
+    std::fs::create_dir(b.path("storm")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dir = b.path("storm");
+    let s2 = stop.clone();
+    let writer = std::thread::spawn(move || {
+        let mut ok = vec![];
+        let mut failed = 0;
+        let mut i = 0u64;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            let n = 1000 + (i as usize % 7) * 20_000;
+            match std::fs::write(dir.join(format!("f{i}")), bytes(i, n)) {
+                Ok(()) => ok.push(i),
+                Err(_) => failed += 1,
+            }
+            i += 1;
+        }
+        (ok, failed)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    mirror.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    mirror.restart();
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = writer.join().unwrap();
+    eprintln!(
+        "{} writes at the mirror returned success, {failed} failed",
+        ok.len()
+    );
+    assert!(ok.len() > 10, "too few writes to mean anything");
+    for i in &ok {
+        let n = 1000 + (*i as usize % 7) * 20_000;
+        let got = std::fs::read(a.path(&format!("storm/f{i}"))).unwrap_or_else(|e| {
+            panic!("storm/f{i} returned success at the mirror, missing at the primary: {e}")
+        });
+        assert!(got == bytes(*i, n), "storm/f{i} differs at the primary");
+    }
+
+    // the primary is down: a write at B fails within the write timeout, with a log line
+    drop(b);
+    let b = mirror.mount(&[]);
+    primary.kill();
+    let t0 = Instant::now();
+    let e = std::fs::write(b.path("fromb/while-down"), b"x").unwrap_err();
+    let took = t0.elapsed();
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::ETIMEDOUT)),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(20), "the write took {took:?}");
+    assert!(
+        mirror.log_text().contains("the primary cannot be reached")
+            || mirror.log_text().contains("no answer from the primary"),
+        "{}",
+        mirror.log_text()
+    );
+    primary.restart();
+    drop(a);
+    let a = primary.mount(&[]);
+    assert!(
+        !a.path("fromb/while-down").exists(),
+        "a write that failed left a file behind"
+    );
+}
+
+#[test]
+fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_after() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start_with(&rt, &["--gc-delay", "0"]);
+    let primary = region.primary(&["--gc-mirror-grace-ms", "0"]);
+    // lazy: the mirror copies nothing by itself, so its reads below go to the primary's store
+    let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &["--sync", "lazy"]);
+    let a = primary.mount(&[]);
+    std::fs::create_dir(a.path("gc")).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..4u64)
+        .map(|i| (format!("gc/f{i}"), bytes(50 + i, (5 << 20) + 3)))
+        .collect();
+    for (p, d) in &files {
+        std::fs::write(a.path(p), d).unwrap();
+    }
+    let before = block_files(&region.fs.data_dir());
+    assert_eq!(before.len(), 8);
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    assert!(
+        block_files(&mirror.data_dir()).is_empty(),
+        "lazy copied blocks"
+    );
+
+    // B stops applying; A deletes the files and collects garbage
+    let held_at = pause_mirror(&mirror, 60_000);
+    for (p, _) in &files {
+        std::fs::remove_file(a.path(p)).unwrap();
+    }
+    let v = primary_version(&primary);
+    assert!(v > held_at);
+    // the mirror's cursor reaches the replicator on its next ack (every 500 ms)
+    std::thread::sleep(Duration::from_secs(1));
+    let out = strait_tests::mount::strait(&["gc", &primary.url(), "--token", &primary.token]);
+    assert!(out.contains("kept 4"), "{out}");
+    assert_eq!(
+        block_files(&region.fs.data_dir()).len(),
+        8,
+        "GC deleted blocks a mirror still references"
+    );
+
+    // B, still before the deletion, reads the files: right bytes, from the primary's store
+    let b = mirror.mount(&[]);
+    for (p, d) in &files {
+        let got = std::fs::read(b.path(p)).unwrap();
+        assert!(&got == d, "{p}: the paused mirror read other bytes");
+    }
+    assert_eq!(
+        block_files(&mirror.data_dir()).len(),
+        8,
+        "reads were not kept"
+    );
+
+    // B catches up; GC at A now deletes, and B drops its copies when it applies that
+    pause_mirror(&mirror, 1);
+    wait_applied(&mirror, v, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    let out = strait_tests::mount::strait(&["gc", &primary.url(), "--token", &primary.token]);
+    assert!(out.contains("deleted the blocks of 4 dead slices"), "{out}");
+    assert!(block_files(&region.fs.data_dir()).is_empty());
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    wait_for(
+        "the mirror drops its copies",
+        Duration::from_secs(20),
+        || block_files(&mirror.data_dir()).is_empty(),
+    );
+    let row = mirror_row(&mirror.addr, &mirror.token);
+    assert_eq!(row["blocks"]["deleted_blocks"], 8, "{row}");
+}
+
+#[test]
+fn only_eager_paths_are_copied_in_the_background() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let primary = region.primary(&[]);
+    let mirror = Primary::mirror(
+        &primary,
+        "region-b",
+        &region.addrs,
+        &["--sync", "lazy", "--sync-rule", "/datasets/*=eager"],
+    );
+    let a = primary.mount(&[]);
+    std::fs::create_dir_all(a.path("datasets/imgs")).unwrap();
+    std::fs::create_dir_all(a.path("scratch")).unwrap();
+    std::fs::write(a.path("datasets/imgs/x"), bytes(1, 300_000)).unwrap();
+    std::fs::write(a.path("scratch/y"), bytes(2, 200_000)).unwrap();
+    // renamed into the eager tree before it is written: its path at write time decides
+    std::fs::write(a.path("scratch/z"), b"").unwrap();
+    std::fs::rename(a.path("scratch/z"), a.path("datasets/z")).unwrap();
+    std::fs::write(a.path("datasets/z"), bytes(3, 100_000)).unwrap();
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    wait_synced(&mirror, Duration::from_secs(30));
+    let mut sizes: Vec<usize> = block_files(&mirror.data_dir())
+        .values()
+        .map(|v| v.len())
+        .collect();
+    sizes.sort();
+    assert_eq!(sizes, vec![100_000, 300_000], "only /datasets is copied");
+    // a lazy file comes over when read
+    let b = mirror.mount(&[]);
+    assert!(std::fs::read(b.path("scratch/y")).unwrap() == bytes(2, 200_000));
+    assert_eq!(block_files(&mirror.data_dir()).len(), 3);
+}
