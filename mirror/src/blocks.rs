@@ -826,6 +826,10 @@ impl Blocks {
                     drop(permit);
                 });
             }
+            if full && started == 0 {
+                // a page of blocks all busy or waiting to be tried again: do not spin
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             if !full {
                 // the end of the queue: start over from its head once the workers free up
                 after = None;

@@ -62,7 +62,8 @@ impl Primary {
     }
 
     /// Start a mirror of `primary` (same token) that follows the replicator nodes `replicator`,
-    /// with its own RocksDB and object store in a directory of its own; `extra` are more flags.
+    /// with its own RocksDB and object store in a directory of its own (unless `extra` names a
+    /// `--data-url`), and the primary's environment; `extra` are more flags.
     pub fn mirror(primary: &Primary, id: &str, replicator: &[String], extra: &[&str]) -> Primary {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = format!("127.0.0.1:{}", free_port());
@@ -83,9 +84,11 @@ impl Primary {
             primary.addr.clone(),
             "--replicator".into(),
             replicator.join(","),
-            "--data-url".into(),
-            format!("file://{}", dir.path().join("data").display()),
         ];
+        if !extra.contains(&"--data-url") {
+            args.push("--data-url".into());
+            args.push(format!("file://{}", dir.path().join("data").display()));
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut m = Primary {
             addr,
@@ -93,7 +96,8 @@ impl Primary {
             token: primary.token.clone(),
             log: dir.path().join("mirror.log"),
             args,
-            env: vec![],
+            // the primary's environment: object store credentials
+            env: primary.env.clone(),
             child: None,
             starts: 0,
             ready: "strait mirror: serving",
@@ -200,7 +204,7 @@ impl Primary {
     pub fn mount(&self, extra: &[&str]) -> Mount {
         let mut args: Vec<&str> = vec!["--token", &self.token];
         args.extend_from_slice(extra);
-        Mount::start_at(&self.url(), &[], &args)
+        Mount::start_at(&self.url(), &self.env, &args)
     }
 
     /// GET `path` from the metrics endpoint: (status code, body).

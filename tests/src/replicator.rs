@@ -286,8 +286,12 @@ impl RegionA {
 
     /// [`RegionA::start`] with more `strait format` flags.
     pub fn start_with(rt: &tokio::runtime::Runtime, format: &[&str]) -> RegionA {
+        Self::start_on(rt, crate::mount::TestFs::rocks_local(format))
+    }
+
+    /// [`RegionA::start`] on a formatted file system of the caller's.
+    pub fn start_on(rt: &tokio::runtime::Runtime, fs: crate::mount::TestFs) -> RegionA {
         let work = tempfile::tempdir().unwrap();
-        let fs = crate::mount::TestFs::rocks_local(format);
         let cluster = Cluster::start(work.path(), 3);
         let addrs = cluster.direct().iter().map(|a| a.to_string()).collect();
         let leader = rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
@@ -305,6 +309,6 @@ impl RegionA {
         let replicator = self.addrs.join(",");
         let mut args = vec!["--replicator", &replicator, "--gc-interval-s", "0"];
         args.extend_from_slice(extra);
-        crate::daemon::Primary::start(&self.fs.meta_url, &[], &args)
+        crate::daemon::Primary::start(&self.fs.meta_url, &self.fs.env, &args)
     }
 }
