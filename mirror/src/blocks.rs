@@ -59,7 +59,7 @@ const STORE_ATTEMPTS_MAX: u32 = 5;
 /// A queued block whose copy failed is tried again after this long.
 const RETRY_PAUSE: Duration = Duration::from_secs(10);
 /// Fetches for waiting readers at once.
-const PRIORITY_SLOTS: usize = 32;
+const PRIORITY_SLOTS: usize = 64;
 /// Deepest directory nesting walked to find a file's path.
 const PATH_DEPTH_MAX: usize = 4096;
 /// Seconds of history for the copy and fallback rates.
@@ -261,6 +261,8 @@ pub struct Blocks {
     limiter: Limiter,
     wake: Notify,
     priority: Semaphore,
+    /// Write-throughs of fetched blocks in flight.
+    priority_puts: Arc<Semaphore>,
     inflight: Mutex<HashMap<String, Arc<Cell>>>,
     pub counters: Counters,
     last_error: Mutex<String>,
@@ -328,6 +330,7 @@ impl Blocks {
             },
             wake: Notify::new(),
             priority: Semaphore::new(PRIORITY_SLOTS),
+            priority_puts: Arc::new(Semaphore::new(PRIORITY_SLOTS * 2)),
             inflight: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             last_error: Mutex::new(String::new()),
@@ -932,7 +935,9 @@ impl Blocks {
                 )))
             }
         }
-        if let Some(local) = &self.local {
+        // the mount found it missing a moment ago: ask the primary's store at once
+        let check_local = reason != "missing";
+        if let (Some(local), true) = (&self.local, check_local) {
             match local.get(key).await {
                 Ok(d) => match verify(key, &d, len, crc) {
                     Ok(()) => return Ok(d),
@@ -971,13 +976,24 @@ impl Blocks {
                         self.counters
                             .fallback_bytes
                             .fetch_add(len as u64, Ordering::Relaxed);
-                        if let Some(local) = &self.local {
-                            if let Err(e) =
-                                retry(&format!("write block {key}"), || local.put(key, d.clone()))
-                                    .await
-                            {
-                                tracing::warn!("keep block {key} in this region's store: {e}");
-                            }
+                        // kept in the region's store behind the reader's back, holding a
+                        // slot so that these writes stay bounded (without one, the block is
+                        // left to the queue or the next read)
+                        if let (Some(local), Ok(slot)) = (
+                            self.local.clone(),
+                            self.priority_puts.clone().try_acquire_owned(),
+                        ) {
+                            let (k, data) = (key.to_string(), d.clone());
+                            tokio::spawn(async move {
+                                if let Err(e) = retry(&format!("write block {k}"), || {
+                                    local.put(&k, data.clone())
+                                })
+                                .await
+                                {
+                                    tracing::warn!("keep block {k} in this region's store: {e}");
+                                }
+                                drop(slot);
+                            });
                         }
                         Ok(d)
                     }

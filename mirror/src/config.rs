@@ -209,7 +209,7 @@ impl Default for MirrorConfig {
             primary_data_url: String::new(),
             sync: SyncPolicy::Eager,
             sync_rules: vec![],
-            sync_concurrency: 8,
+            sync_concurrency: 32,
             sync_bandwidth_mb_s: 0.0,
             writes: Writes::Forward,
             write_timeout_ms: 30_000,
@@ -371,7 +371,7 @@ sync = "eager"
 sync_rules = []
 # Blocks copied at once, and the bandwidth of the background copy in MB/s (0 = unlimited;
 # reads waiting for a block are not limited).
-sync_concurrency = 8
+sync_concurrency = 32
 sync_bandwidth_mb_s = 0.0
 # Mutations at this region's mounts: "forward" (to the primary; each returns once this
 # mirror has applied it) or "refuse" (EROFS), and how long a forwarded one may take.

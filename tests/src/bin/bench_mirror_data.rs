@@ -15,7 +15,7 @@
 //!
 //! Run it from the workspace's `tests/` directory after `cargo build --workspace
 //! --all-targets`: `$CARGO_TARGET_DIR/debug/bench-mirror-data [--small 8192] [--small-kib
-//! 128] [--big 4] [--big-mib 256] [--bw-mb-s 100] [--delay-ms 15] [--readers 32]`.
+//! 128] [--big 4] [--big-mib 256] [--bw-mb-s 100] [--delay-ms 15] [--readers 64]`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,7 +49,7 @@ fn opts() -> Result<Opts> {
         big_mib: 256,
         bw_mb_s: 100.0,
         delay_ms: 15,
-        readers: 32,
+        readers: 64,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -199,8 +199,6 @@ fn main() -> Result<()> {
             &across,
             "--sync",
             "eager",
-            "--sync-concurrency",
-            "16",
         ],
     );
     let lazy = Primary::mirror(
