@@ -270,25 +270,13 @@ pub struct Blocks {
     rates: Mutex<VecDeque<(Instant, u64, u64)>>,
 }
 
-async fn retry<T, F, Fut>(what: &str, mut f: F) -> Result<T, ObjectError>
+/// An object store call with bounded retries of transient failures.
+async fn retry<T, F, Fut>(what: &str, f: F) -> Result<T, ObjectError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, ObjectError>>,
 {
-    let mut delay = Duration::from_millis(100);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if !e.is_permanent() && attempt < STORE_ATTEMPTS_MAX => {
-                tracing::debug!("{what}: {e} (attempt {attempt} of {STORE_ATTEMPTS_MAX})");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    strait_fs_core::object::retry(what, STORE_ATTEMPTS_MAX, f).await
 }
 
 /// The parts of a block key: (slice id, index, size of the block).

@@ -91,3 +91,17 @@ pub fn seed(test: &str) -> u64 {
     eprintln!("{test} seed = {seed} (replay with STRAIT_SEED={seed})");
     seed
 }
+
+/// `n` pseudo-random bytes, different for each `seed`: test data that compresses poorly.
+pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}

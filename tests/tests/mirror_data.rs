@@ -18,17 +18,7 @@ use strait_tests::site::{
     block_files, mirror_row, pause_mirror, primary_version, wait_applied, wait_synced,
 };
 
-fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use strait_tests::random_bytes as bytes;
 
 fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
     let t0 = Instant::now();

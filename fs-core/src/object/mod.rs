@@ -80,6 +80,29 @@ pub trait ObjectStore: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn ObjectStore>;
 
+/// Call an object store operation until it succeeds, fails for good, or fails transiently
+/// `attempts` times; the waits double from 50 ms up to 2 s, and each retry is logged.
+pub async fn retry<T, F, Fut>(what: &str, attempts: u32, mut f: F) -> ObjResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ObjResult<T>>,
+{
+    let mut delay = std::time::Duration::from_millis(50);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if !e.is_permanent() && attempt < attempts => {
+                tracing::warn!("{what}: {e} (attempt {attempt} of {attempts})");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Open an object store from its URL (`file:///dir`, `s3://bucket?endpoint=..&region=..`, `memory://`).
 pub async fn open(url: &str) -> crate::Result<DynStore> {
     match crate::url::DataUrl::parse(url)? {

@@ -14,7 +14,6 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -395,34 +394,22 @@ impl Shared {
     }
 }
 
-/// Call an object store operation, retrying transient failures with exponential backoff.
-pub async fn retry_store<T, F, Fut>(what: &str, mut f: F) -> Result<T>
+/// Call an object store operation, retrying transient failures with exponential backoff
+/// ([`crate::object::retry`]); a missing object is a [`Error::CorruptBlock`].
+pub async fn retry_store<T, F, Fut>(what: &str, f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ObjectError>>,
 {
-    let mut delay = Duration::from_millis(50);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if !e.is_permanent() && attempt < STORE_ATTEMPTS_MAX => {
-                tracing::warn!("{what}: {e} (attempt {attempt} of {STORE_ATTEMPTS_MAX})");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => {
-                return Err(match e {
-                    ObjectError::NotFound(_) => Error::CorruptBlock {
-                        key: what.to_string(),
-                        reason: "missing from the object store".into(),
-                    },
-                    other => Error::Object(other),
-                })
-            }
-        }
-    }
+    crate::object::retry(what, STORE_ATTEMPTS_MAX, f)
+        .await
+        .map_err(|e| match e {
+            ObjectError::NotFound(_) => Error::CorruptBlock {
+                key: what.to_string(),
+                reason: "missing from the object store".into(),
+            },
+            other => Error::Object(other),
+        })
 }
 
 struct Handle {

@@ -72,18 +72,9 @@ fn opts() -> Result<Opts> {
     Ok(o)
 }
 
-/// File `i`'s bytes: cheap to make, different per file, incompressible enough.
+/// File `i`'s bytes.
 fn content(i: usize, n: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(n);
-    out
+    strait_tests::random_bytes(i as u64, n)
 }
 
 /// Run `f` over `items` with `threads` workers.
