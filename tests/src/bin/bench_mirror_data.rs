@@ -1,4 +1,4 @@
-//! `bench-mirror-data`: the mirror's data path across a capped link (issue "mirror data path").
+//! `bench_mirror_data`: the mirror's data path across a capped link (issue "mirror data path").
 //!
 //! Two regions on this machine, each with its own Garage S3 store: region A (a three-node
 //! replicator, the primary daemon, a mount) and region B (mirrors with their own stores). The
@@ -14,7 +14,7 @@
 //!   store.
 //!
 //! Run it from the workspace's `tests/` directory after `cargo build --workspace
-//! --all-targets`: `$CARGO_TARGET_DIR/debug/bench-mirror-data [--small 8192] [--small-kib
+//! --all-targets`: `$CARGO_TARGET_DIR/debug/bench_mirror_data [--small 8192] [--small-kib
 //! 128] [--big 4] [--big-mib 256] [--bw-mb-s 100] [--delay-ms 15] [--readers 64]`.
 
 use std::path::{Path, PathBuf};
