@@ -161,7 +161,10 @@ struct BlockFetcher {
 }
 
 impl BlockFetcher {
-    async fn once(&self, req: &w::FetchBlockRequest) -> std::result::Result<Vec<u8>, Status> {
+    async fn once(
+        &self,
+        req: &w::FetchBlockRequest,
+    ) -> std::result::Result<strait_fs_core::object::Bytes, Status> {
         let ch = self
             .channel
             .get_or_init(|| async { self.endpoint.connect_lazy() })
@@ -197,7 +200,7 @@ impl strait_fs_core::vfs::BlockFallback for BlockFetcher {
             loop {
                 attempt += 1;
                 match self.once(&req).await {
-                    Ok(data) => return Ok(strait_fs_core::object::Bytes::from(data)),
+                    Ok(data) => return Ok(data),
                     Err(s) if s.code() == Code::NotFound => {
                         return Err(ObjectError::NotFound(format!("{key}: {}", s.message())))
                     }

@@ -189,7 +189,6 @@ pub struct Counters {
     pub deleted_blocks: AtomicU64,
     /// Blocks uploaded to the primary's store for writes made here.
     pub uploaded_blocks: AtomicU64,
-    pub uploaded_bytes: AtomicU64,
     pub errors: AtomicU64,
     pub pending_blocks: AtomicU64,
     pub pending_bytes: AtomicU64,
@@ -246,7 +245,7 @@ impl Limiter {
     }
 }
 
-type Cell = tokio::sync::OnceCell<Result<Bytes, String>>;
+type Cell = tokio::sync::OnceCell<Result<Bytes, Status>>;
 
 /// The region's blocks.
 pub struct Blocks {
@@ -985,47 +984,37 @@ impl Blocks {
                         }
                         Ok(d)
                     }
-                    Err(ObjectError::NotFound(_)) => Err(format!(
-                        "NOTFOUND block {key} is in neither this region's store nor the primary's"
-                    )),
-                    Err(e) => Err(format!("fetch block {key} from the primary's store: {e}")),
+                    Err(ObjectError::NotFound(_)) => Err(Status::not_found(format!(
+                        "block {key} is in neither this region's store nor the primary's"
+                    ))),
+                    Err(e) => Err(Status::unavailable(format!(
+                        "fetch block {key} from the primary's store: {e}"
+                    ))),
                 }
             })
             .await
             .clone();
         self.inflight.lock().remove(key);
-        match got {
-            Ok(d) => Ok(d),
-            Err(msg) => {
-                if let Some(m) = msg.strip_prefix("NOTFOUND ") {
-                    self.error(m.to_string());
-                    Err(Status::not_found(m.to_string()))
-                } else {
-                    self.error(msg.clone());
-                    Err(Status::unavailable(msg))
-                }
-            }
+        if let Err(st) = &got {
+            self.error(st.message().to_string());
         }
+        got
     }
 
     /// Before a write made here is committed at the primary: every block of `slices` must be
     /// in the primary's store (the mount wrote them to this region's).
     pub async fn upload(&self, slices: &[SliceRef], bs: u32) -> Result<(), String> {
+        // without a store of its own, the region's mounts wrote to the primary's directly
+        let Some(local) = &self.local else {
+            return Ok(());
+        };
         let primary = self.primary().await?;
         for s in slices.iter().filter(|s| s.id != 0) {
             for index in 0..block_count(s.size, bs) {
                 let len = block_len(s.size, bs, index);
                 let key = block_key(s.id, index, len);
-                if let Ok(Some(n)) = primary.head(&key).await {
-                    if n == len as u64 {
-                        continue;
-                    }
-                }
-                let Some(local) = &self.local else {
-                    return Err(format!(
-                        "block {key} is not in the primary's store, and this region has no store"
-                    ));
-                };
+                // blocks are immutable and new: a put of one the primary has (a retried
+                // write) is harmless, so no round trip asks first
                 let data = retry(&format!("read block {key}"), || local.get(&key))
                     .await
                     .map_err(|e| format!("read block {key} written in this region: {e}"))?;
@@ -1040,9 +1029,6 @@ impl Blocks {
                 self.counters
                     .uploaded_blocks
                     .fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .uploaded_bytes
-                    .fetch_add(len as u64, Ordering::Relaxed);
             }
         }
         Ok(())

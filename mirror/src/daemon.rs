@@ -29,14 +29,11 @@ impl BlockSource for Source {
     fn fetch(
         &self,
         req: strait_proto::meta::FetchBlockRequest,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, tonic::Status>> + Send>>
-    {
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<bytes::Bytes, tonic::Status>> + Send>,
+    > {
         let b = self.0.clone();
-        Box::pin(async move {
-            b.fetch(&req.key, req.len, req.crc, &req.reason)
-                .await
-                .map(|d| d.to_vec())
-        })
+        Box::pin(async move { b.fetch(&req.key, req.len, req.crc, &req.reason).await })
     }
 }
 

@@ -108,7 +108,9 @@ pub trait BlockSource: Send + Sync + 'static {
     fn fetch(
         &self,
         req: w::FetchBlockRequest,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, Status>> + Send>>;
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<strait_fs_core::object::Bytes, Status>> + Send>,
+    >;
 }
 
 fn invalid(e: WireError) -> Error {

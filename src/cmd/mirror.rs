@@ -289,22 +289,6 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
     }
 }
 
-/// Bytes for people: 1.5 GiB, 300 MiB, 12 KiB.
-fn human(n: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{v:.0} {}", units[u])
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
-}
-
 /// Ask a site daemon for its status.
 pub async fn site_status(addr: &str, token: &str) -> Result<s::SiteStatus> {
     let primary = strait_mirror::follower::Primary::new(addr, token)?;
@@ -469,11 +453,11 @@ fn print_table(r: &Report) {
             "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>8.1} {:>7} {:>6}  {} ({}){}",
             m.mirror,
             b.pending_blocks,
-            human(b.pending_bytes as f64),
-            human(b.copied_bytes as f64),
-            human(b.copy_bytes_per_s),
+            super::human_bytes(b.pending_bytes),
+            super::human_bytes(b.copied_bytes),
+            super::human_bytes(b.copy_bytes_per_s as u64),
             b.fallback_reads,
-            human(b.cross_region_read_bytes as f64),
+            super::human_bytes(b.cross_region_read_bytes),
             b.fallback_reads_per_s,
             b.corrupt_blocks,
             b.errors,
