@@ -1,16 +1,19 @@
 //! `strait dev up`: two regions on this machine, in one command. Region A runs the primary
 //! and replicator nodes 1 and 2; region B runs replicator node 3 and a mirror. Each region has
-//! its own RocksDB metadata and its own local-directory object store: the mirror copies
-//! blocks from A's store into B's, and B's mounts read B's first. Metadata traffic between
-//! the regions goes through fault proxies with a configurable one-way delay; `strait dev
-//! fault` changes them at run time (delay, partition, heal).
+//! its own RocksDB metadata and its own object store, a local directory (`--store dir`, the
+//! default) or a Garage S3 server (`--store garage`): the mirror copies blocks from A's store
+//! into B's, and B's mounts read B's first. Traffic between the regions goes through fault
+//! proxies with a configurable one-way delay and bandwidth cap; `strait dev fault` changes
+//! them at run time (delay, bandwidth, partition, heal).
 //!
 //! Known simplifications:
 //! - a proxy sits in front of each cross-region *listener*, so a connection delays both ways
 //!   whichever region opened it;
-//! - the mirror reads region A's store as a directory, so block copies do not cross the
-//!   proxies (with an S3 store per region they would: set the mirror's `primary_data_url` to
-//!   an endpoint behind a proxy).
+//! - the bandwidth cap holds per proxy (per cross-region listener), not for all of them
+//!   together;
+//! - with `--store dir` the mirror reads region A's store as a directory, so block copies do
+//!   not cross the proxies; with `--store garage` they do (the mirror reaches A's Garage
+//!   through a proxy).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -61,6 +64,13 @@ pub struct UpArgs {
     /// The mirror's background block copy: eager or lazy.
     #[arg(long, default_value = "eager")]
     pub sync: String,
+    /// Each region's object store: `dir` (a local directory) or `garage` (a Garage S3 server
+    /// per region, which needs the `garage` program).
+    #[arg(long, default_value = "dir")]
+    pub store: String,
+    /// Bandwidth cap between the regions, MB/s per proxy (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub link_mb_s: f64,
     /// Stop by itself after this many seconds (0: run until a signal).
     #[arg(long, default_value_t = 0)]
     pub seconds: u64,
@@ -71,7 +81,7 @@ pub struct FaultArgs {
     /// The working directory of the running `dev up`.
     #[arg(long, default_value = "/tmp/strait-dev")]
     pub dir: PathBuf,
-    /// `partition`, `heal`, or `delay=MS`.
+    /// `partition`, `heal`, `delay=MS` or `bandwidth=MB_PER_S` (0: no cap).
     pub what: String,
 }
 
@@ -87,6 +97,13 @@ pub struct Topology {
     pub control: String,
     pub mount_a: Option<PathBuf>,
     pub mount_b: Option<PathBuf>,
+    /// Each region's object store (data URL) and how the mirror reaches A's.
+    #[serde(default)]
+    pub data_a: String,
+    #[serde(default)]
+    pub data_b: String,
+    #[serde(default)]
+    pub mirror_data_a: String,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -103,6 +120,8 @@ fn free_addr() -> Result<SocketAddr> {
 
 struct Children {
     list: Vec<(String, Child)>,
+    /// Environment of every child (the S3 credentials of `--store garage`).
+    env: Vec<(String, String)>,
 }
 
 impl Children {
@@ -110,6 +129,7 @@ impl Children {
         let f = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new(std::env::current_exe().context("this program's path")?);
         cmd.args(args)
+            .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(f.try_clone().context("log file")?)
             .stderr(f)
@@ -186,9 +206,10 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-fn strait(args: &[&str]) -> Result<String> {
+fn strait(env: &[(String, String)], args: &[&str]) -> Result<String> {
     let out = Command::new(std::env::current_exe().context("this program's path")?)
         .args(args)
+        .envs(env.iter().cloned())
         .output()
         .with_context(|| format!("run strait {}", args.join(" ")))?;
     if !out.status.success() {
@@ -211,6 +232,15 @@ fn up(a: UpArgs) -> Result<()> {
     if a.source != "local" && a.source != "leader" {
         bail!("--source {:?}: expected `local` or `leader`", a.source);
     }
+    if a.store != "dir" && a.store != "garage" {
+        bail!("--store {:?}: expected `dir` or `garage`", a.store);
+    }
+    if !(a.link_mb_s >= 0.0 && a.link_mb_s.is_finite()) {
+        bail!(
+            "--link-mb-s {}: expected a number of MB/s, 0 for none",
+            a.link_mb_s
+        );
+    }
     let rt = super::runtime()?;
     if a.dir.exists() {
         std::fs::remove_dir_all(&a.dir)
@@ -222,13 +252,38 @@ fn up(a: UpArgs) -> Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
     }
     let token = format!("dev-{:016x}", rand::random::<u64>());
-    let delay = Faults::delay(Duration::from_millis(a.delay_ms));
-    let mut kids = Children { list: vec![] };
+    let mut delay = Faults::delay(Duration::from_millis(a.delay_ms));
+    let cap = (a.link_mb_s > 0.0).then_some((a.link_mb_s * 1e6) as u64);
+    delay.up.bandwidth = cap;
+    delay.down.bandwidth = cap;
+    let mut kids = Children {
+        list: vec![],
+        env: vec![],
+    };
+    // a Garage per region (killed when `dev up` ends), or none
+    let mut garages: Vec<strait_garage::Garage> = vec![];
     let result = (|| -> Result<()> {
+        if a.store == "garage" {
+            for (region, name) in [(&ra, "A"), (&rb, "B")] {
+                println!("strait dev: starting region {name}'s Garage S3 server");
+                let g = strait_garage::Garage::start_in(&region.join("garage"))
+                    .with_context(|| format!("start region {name}'s Garage"))?;
+                garages.push(g);
+            }
+            // both servers take the same fixed key
+            kids.env = garages[0].env();
+        }
+        let env = kids.env.clone();
         // region A's file system
         let meta_a = format!("rocksdb://{}", ra.join("meta").display());
-        let data_a = format!("file://{}", ra.join("data").display());
-        strait(&["format", &meta_a, &data_a, "--name", "dev"])?;
+        let (data_a, data_b) = match garages.as_slice() {
+            [ga, gb] => (ga.data_url(), gb.data_url()),
+            _ => (
+                format!("file://{}", ra.join("data").display()),
+                format!("file://{}", rb.join("data").display()),
+            ),
+        };
+        strait(&env, &["format", &meta_a, &data_a, "--name", "dev"])?;
 
         // replicator nodes 1, 2 (A) and 3 (B); node 3 is reached through the link
         let nodes: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_>>()?;
@@ -274,18 +329,21 @@ fn up(a: UpArgs) -> Result<()> {
         ];
         let start = Instant::now();
         loop {
-            let r = strait(&[
-                "replicator",
-                "init",
-                "--addr",
-                &nodes[0].to_string(),
-                "--member",
-                &members[0],
-                "--member",
-                &members[1],
-                "--member",
-                &members[2],
-            ]);
+            let r = strait(
+                &env,
+                &[
+                    "replicator",
+                    "init",
+                    "--addr",
+                    &nodes[0].to_string(),
+                    "--member",
+                    &members[0],
+                    "--member",
+                    &members[1],
+                    "--member",
+                    &members[2],
+                ],
+            );
             match r {
                 Ok(_) => break,
                 Err(e) if start.elapsed() > Duration::from_secs(20) => return Err(e),
@@ -328,9 +386,18 @@ fn up(a: UpArgs) -> Result<()> {
             Duration::from_secs(30),
         )?;
 
-        // the mirror (B) reaches region A through the link
+        // the mirror (B) reaches region A through the link, its object store too
         let to_primary = link(primary)?;
         proxies.push(to_primary.clone());
+        let mirror_data_a = match garages.first() {
+            Some(ga) => {
+                let to_s3 = link(ga.s3_addr())?;
+                proxies.push(to_s3.clone());
+                ga.data_url_at("", &to_s3.addr().to_string())
+            }
+            // read as a directory, so not through the link
+            None => data_a.clone(),
+        };
         let mut sources = [s(nodes[2]), s(to_n1.addr()), s(to_n2.addr())];
         if a.source == "leader" {
             sources.rotate_left(1);
@@ -362,7 +429,9 @@ fn up(a: UpArgs) -> Result<()> {
                 s("--policy"),
                 a.policy.clone(),
                 s("--data-url"),
-                format!("file://{}", rb.join("data").display()),
+                data_b.clone(),
+                s("--primary-data-url"),
+                mirror_data_a.clone(),
                 s("--sync"),
                 a.sync.clone(),
             ],
@@ -392,23 +461,29 @@ fn up(a: UpArgs) -> Result<()> {
             control: s(control_addr),
             mount_a: None,
             mount_b: None,
+            data_a: data_a.clone(),
+            data_b: data_b.clone(),
+            mirror_data_a: mirror_data_a.clone(),
         };
         if !a.no_mount {
             for (region, addr, which) in [(&ra, primary, "a"), (&rb, mirror, "b")] {
                 let mnt = region.join("mnt");
                 std::fs::create_dir_all(&mnt).context("mount point")?;
-                strait(&[
-                    "mount",
-                    &format!("strait://{addr}"),
-                    &mnt.to_string_lossy(),
-                    "--token",
-                    &token,
-                    "--background",
-                    "--cache-dir",
-                    &region.join("cache").to_string_lossy(),
-                    "--log-file",
-                    &region.join("mount.log").to_string_lossy(),
-                ])
+                strait(
+                    &env,
+                    &[
+                        "mount",
+                        &format!("strait://{addr}"),
+                        &mnt.to_string_lossy(),
+                        "--token",
+                        &token,
+                        "--background",
+                        "--cache-dir",
+                        &region.join("cache").to_string_lossy(),
+                        "--log-file",
+                        &region.join("mount.log").to_string_lossy(),
+                    ],
+                )
                 .with_context(|| format!("mount region {which}"))?;
                 if which == "a" {
                     topo.mount_a = Some(mnt);
@@ -419,8 +494,12 @@ fn up(a: UpArgs) -> Result<()> {
         }
         let json = serde_json::to_string_pretty(&topo)?;
         std::fs::write(a.dir.join("dev.json"), &json).context("write dev.json")?;
+        let cap = match cap {
+            Some(_) => format!(", {} MB/s", a.link_mb_s),
+            None => String::new(),
+        };
         println!(
-            "strait dev: two regions up ({} ms one way between them)",
+            "strait dev: two regions up ({} ms one way between them{cap})",
             a.delay_ms
         );
         println!(
@@ -431,6 +510,15 @@ fn up(a: UpArgs) -> Result<()> {
             "  region B: mirror {mirror}, replicator node 3 {}",
             nodes[2]
         );
+        println!("  object stores: A {data_a}, B {data_b}");
+        if !garages.is_empty() {
+            println!(
+                "    (credentials: AWS_ACCESS_KEY_ID={} AWS_SECRET_ACCESS_KEY={} AWS_REGION={})",
+                strait_garage::ACCESS_KEY,
+                strait_garage::SECRET_KEY,
+                strait_garage::REGION
+            );
+        }
         if let (Some(ma), Some(mb)) = (&topo.mount_a, &topo.mount_b) {
             println!("  mounts: A at {}, B at {}", ma.display(), mb.display());
         }
@@ -440,7 +528,7 @@ fn up(a: UpArgs) -> Result<()> {
         );
         println!("  try: strait mirror status --addr {mirror} --token {token} --watch");
         println!(
-            "       strait dev fault --dir {} partition | heal | delay=MS",
+            "       strait dev fault --dir {} partition | heal | delay=MS | bandwidth=MB_PER_S",
             a.dir.display()
         );
         println!("strait dev: ready");
@@ -459,7 +547,7 @@ fn up(a: UpArgs) -> Result<()> {
         });
         println!("strait dev: stopping");
         for m in [&topo.mount_b, &topo.mount_a].into_iter().flatten() {
-            if let Err(e) = strait(&["umount", &m.to_string_lossy()]) {
+            if let Err(e) = strait(&[], &["umount", &m.to_string_lossy()]) {
                 eprintln!("strait dev: {e:#}");
             }
         }
@@ -523,7 +611,25 @@ fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>) {
                 }
                 Err(_) => format!("error: {c:?}: delay=MS with MS a number"),
             },
-            other => format!("error: unknown fault {other:?} (partition, heal, delay=MS)"),
+            c if c.starts_with("bandwidth=") => match c["bandwidth=".len()..].parse::<f64>() {
+                Ok(mb) if mb >= 0.0 && mb.is_finite() => {
+                    let cap = (mb > 0.0).then_some((mb * 1e6) as u64);
+                    for p in &proxies {
+                        p.update(|f| {
+                            f.up.bandwidth = cap;
+                            f.down.bandwidth = cap;
+                        });
+                    }
+                    match cap {
+                        Some(_) => format!("bandwidth now {mb} MB/s per proxy"),
+                        None => "no bandwidth cap now".to_string(),
+                    }
+                }
+                _ => format!("error: {c:?}: bandwidth=MB_PER_S with a number, 0 for none"),
+            },
+            other => format!(
+                "error: unknown fault {other:?} (partition, heal, delay=MS, bandwidth=MB_PER_S)"
+            ),
         };
         let _ = writeln!(w, "{reply}");
     }

@@ -1,47 +1,14 @@
-//! A single-node Garage S3 server on 127.0.0.1 for one test, killed when dropped.
-//!
-//! Setup follows Garage's own test harness: start `garage server`, assign this node a role
-//! in layout version 1, wait until the admin API's `/health` says every partition has its
-//! quorum, then create a bucket, import a key with a fixed id and secret and allow the key
-//! on the bucket. Every step waits for a condition, never for a fixed time.
+//! A Garage S3 server for one test ([`strait_garage::Garage`] in a temporary directory),
+//! killed when dropped; its log is printed when the test fails while it runs.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::ops::Deref;
 
-use anyhow::{bail, Context, Result};
-
-/// The region Garage signs with (`[s3_api] s3_region`); clients must use the same.
-pub const REGION: &str = "garage";
-pub const BUCKET: &str = "strait-test";
-const KEY_NAME: &str = "strait-test";
-/// Fixed credentials, so a failing test can be replayed by hand against its server.
-pub const ACCESS_KEY: &str = "GK5e1f0c2b9a8d7e6f5a4b3c2d";
-pub const SECRET_KEY: &str = "9c4b0d6e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4";
-
-/// Longest wait for any one readiness condition.
-const READY_TIMEOUT_MS: u64 = 30_000;
-const POLL_INTERVAL_MS: u64 = 20;
-/// Per-connection bound of the readiness probes.
-const PROBE_TIMEOUT_MS: u64 = 1_000;
-/// Lines of Garage's log printed when a test fails while it runs.
-const LOG_TAIL_LINES: usize = 40;
-
-/// Held from choosing ports until Garage listens on them. Garage keeps running without its
-/// S3 API when that port is taken, so two servers started at once in one test process must
-/// never be handed the same port: the second one's clients would talk to the first.
-static PORTS_LOCK: Mutex<()> = Mutex::new(());
+pub use strait_garage::{ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
 
 pub struct Garage {
-    child: Child,
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    s3_port: u16,
-    admin_port: u16,
-    startup: Duration,
+    // dropped first: the server stops before its directory goes
+    server: strait_garage::Garage,
+    _dir: tempfile::TempDir,
 }
 
 impl Garage {
@@ -51,263 +18,37 @@ impl Garage {
         if !crate::require_program("garage") {
             return None;
         }
-        match Self::try_start() {
-            Ok(g) => Some(g),
-            Err(e) => panic!("start Garage: {e:#}"),
-        }
-    }
-
-    fn try_start() -> Result<Garage> {
-        let started = Instant::now();
         let dir = tempfile::Builder::new()
             .prefix("strait-garage-")
             .tempdir()
-            .context("create tempdir")?;
-        let ports_guard = PORTS_LOCK
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let [s3_port, rpc_port, admin_port] = distinct_free_ports();
-
-        let config = dir.path().join("garage.toml");
-        let root = dir.path().display();
-        std::fs::write(
-            &config,
-            format!(
-                r#"metadata_dir = "{root}/meta"
-data_dir = "{root}/data"
-db_engine = "sqlite"
-replication_factor = 1
-
-rpc_bind_addr = "127.0.0.1:{rpc_port}"
-rpc_public_addr = "127.0.0.1:{rpc_port}"
-rpc_secret = "{rpc_secret}"
-
-[s3_api]
-s3_region = "{REGION}"
-api_bind_addr = "127.0.0.1:{s3_port}"
-root_domain = ".s3.garage.localhost"
-
-[admin]
-api_bind_addr = "127.0.0.1:{admin_port}"
-admin_token = "{admin_token}"
-"#,
-                rpc_secret = hex::encode(rand::random::<[u8; 32]>()),
-                admin_token = hex::encode(rand::random::<[u8; 16]>()),
-            ),
-        )
-        .context("write garage.toml")?;
-
-        let log =
-            std::fs::File::create(dir.path().join("garage.log")).context("create garage.log")?;
-        let child = Command::new("garage")
-            .arg("-c")
-            .arg(&config)
-            .arg("server")
-            .env("RUST_LOG", "garage=info,garage_api_common=info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("clone log file")?)
-            .stderr(log)
-            .spawn()
-            .context("spawn garage server")?;
-        // From here on, Drop kills the server if a step fails.
-        let mut g = Garage {
-            child,
-            dir,
-            config,
-            s3_port,
-            admin_port,
-            startup: Duration::ZERO,
-        };
-
-        g.wait_until("the S3 and admin APIs to accept connections", |_| {
-            Ok(port_open(s3_port) && port_open(admin_port))
-        })?;
-        drop(ports_guard);
-        g.wait_until("RPC to answer `garage status`", |g| {
-            Ok(g.cli(&["status"]).is_ok())
-        })?;
-
-        // Give this node all partitions. Until the layout is applied every partition lacks
-        // its quorum and bucket and key commands fail.
-        let node = g.cli(&["node", "id", "-q"])?;
-        let node = node
-            .trim()
-            .split('@')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        if node.is_empty() {
-            bail!("`garage node id -q` printed no node id");
-        }
-        g.cli(&["layout", "assign", "-z", "dc1", "-c", "1G", &node])?;
-        g.cli(&["layout", "apply", "--version", "1"])?;
-        g.wait_until("the admin API /health to report quorum (HTTP 200)", |g| {
-            Ok(http_status(g.admin_port, "/health") == Some(200))
-        })?;
-
-        g.cli(&["bucket", "create", BUCKET])?;
-        g.cli(&[
-            "key", "import", "--yes", "-n", KEY_NAME, ACCESS_KEY, SECRET_KEY,
-        ])?;
-        g.cli(&[
-            "bucket", "allow", "--read", "--write", "--owner", BUCKET, "--key", KEY_NAME,
-        ])?;
-
-        g.startup = started.elapsed();
-        eprintln!(
-            "Garage ready at {} in {} ms (dir {})",
-            g.endpoint(),
-            g.startup.as_millis(),
-            g.dir.path().display()
-        );
-        Ok(g)
-    }
-
-    /// Poll `ready` until it holds, failing early if the server exits.
-    fn wait_until(
-        &mut self,
-        what: &str,
-        mut ready: impl FnMut(&Self) -> Result<bool>,
-    ) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_millis(READY_TIMEOUT_MS);
-        loop {
-            if let Some(status) = self.child.try_wait().context("check garage server")? {
-                bail!(
-                    "garage server exited ({status}) while waiting for {what}\n{}",
-                    self.log_tail()
+            .unwrap_or_else(|e| panic!("create a directory for Garage: {e}"));
+        match strait_garage::Garage::start_in(dir.path()) {
+            Ok(server) => {
+                eprintln!(
+                    "Garage ready at {} in {} ms (dir {})",
+                    server.endpoint(),
+                    server.startup_time().as_millis(),
+                    server.dir().display()
                 );
+                Some(Garage { server, _dir: dir })
             }
-            if ready(self)? {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "timed out after {READY_TIMEOUT_MS} ms waiting for {what}\n{}",
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
+            Err(e) => panic!("start Garage: {e:#}"),
         }
     }
+}
 
-    /// Run `garage -c CONFIG ARGS...` against this server; its stdout on success.
-    pub fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("garage")
-            .arg("-c")
-            .arg(&self.config)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("run garage {}", args.join(" ")))?;
-        if !out.status.success() {
-            bail!(
-                "garage {}: {}\n{}{}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
+impl Deref for Garage {
+    type Target = strait_garage::Garage;
 
-    /// `http://127.0.0.1:PORT`, the S3 API.
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.s3_port)
-    }
-
-    pub fn bucket(&self) -> &str {
-        BUCKET
-    }
-
-    pub fn access_key(&self) -> &str {
-        ACCESS_KEY
-    }
-
-    pub fn secret_key(&self) -> &str {
-        SECRET_KEY
-    }
-
-    pub fn region(&self) -> &str {
-        REGION
-    }
-
-    /// The data URL strait takes: `s3://BUCKET?endpoint=http://127.0.0.1:PORT&region=garage`.
-    pub fn data_url(&self) -> String {
-        format!("s3://{BUCKET}?endpoint={}&region={REGION}", self.endpoint())
-    }
-
-    /// Environment for child processes that talk to this server with the usual AWS chain.
-    pub fn env(&self) -> Vec<(String, String)> {
-        vec![
-            ("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY".into(), SECRET_KEY.into()),
-            ("AWS_REGION".into(), REGION.into()),
-        ]
-    }
-
-    /// Time from `start()` until the bucket and key were usable.
-    pub fn startup_time(&self) -> Duration {
-        self.startup
-    }
-
-    /// The directory holding config, data and `garage.log`.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("garage.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
-        format!("--- last lines of garage.log ---\n{tail}")
+    fn deref(&self) -> &Self::Target {
+        &self.server
     }
 }
 
 impl Drop for Garage {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("{}", self.log_tail());
-        }
-        // SIGKILL: the data is thrown away, and a clean stop takes Garage ~1.5 s.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Three different free ports (free_port binds and releases, so it may repeat itself).
-fn distinct_free_ports() -> [u16; 3] {
-    let mut ports: Vec<u16> = Vec::with_capacity(3);
-    while ports.len() < 3 {
-        let p = crate::free_port();
-        if !ports.contains(&p) {
-            ports.push(p);
+            eprintln!("{}", self.server.log_tail());
         }
     }
-    [ports[0], ports[1], ports[2]]
-}
-
-fn port_open(port: u16) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    TcpStream::connect_timeout(&addr, Duration::from_millis(PROBE_TIMEOUT_MS)).is_ok()
-}
-
-/// Status code of a plain `GET path`, or None if the server did not answer.
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let timeout = Duration::from_millis(PROBE_TIMEOUT_MS);
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.set_write_timeout(Some(timeout)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    // "HTTP/1.1 200 OK"
-    response.split_whitespace().nth(1)?.parse().ok()
 }
