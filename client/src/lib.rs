@@ -955,10 +955,16 @@ impl MetaClient for RemoteMeta {
     }
 
     fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
+        Ok(self.read_chunk_unsynced(ino, idx)?.0)
+    }
+
+    fn read_chunk_unsynced(&self, ino: Ino, idx: u32) -> Result<(Vec<SliceRef>, Vec<Vec<u8>>)> {
         let r = self.call("read chunk", true, |mut c| async move {
             c.read_chunk(w::ChunkRequest { ino, index: idx }).await
         })?;
-        strait_proto::slices_from_wire(r.slices).map_err(|e| wire_err("read chunk", e))
+        let slices =
+            strait_proto::slices_from_wire(r.slices).map_err(|e| wire_err("read chunk", e))?;
+        Ok((slices, r.unsynced))
     }
 
     fn next_slice_id(&self) -> Result<u64> {

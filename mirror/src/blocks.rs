@@ -46,6 +46,8 @@ const COPY: u8 = b'J';
 const DELETE: u8 = b'G';
 const NAME: u8 = b'H';
 const STATS: u8 = b'P';
+/// `L id index` (no value): block `index` of slice `id` is in this region's store.
+const SYNCED: u8 = b'L';
 const PENDING_BLOCKS: &str = "pending_blocks";
 const PENDING_BYTES: &str = "pending_bytes";
 const INDEXED: &str = "indexed";
@@ -80,6 +82,52 @@ fn delete_key(version: u64, id: u64) -> Vec<u8> {
     let mut k = group(DELETE, version);
     k.extend_from_slice(&id.to_be_bytes());
     k
+}
+
+fn synced_key(id: u64, index: u32) -> Vec<u8> {
+    let mut k = group(SYNCED, id);
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+/// Which of a slice's `blocks` blocks are not among `synced` (their indexes): a bitmap, empty
+/// when none.
+fn unsynced_bitmap(blocks: usize, synced: &HashSet<u32>) -> Vec<u8> {
+    let mut map = vec![0u8; blocks.div_ceil(8)];
+    let mut any = false;
+    for i in 0..blocks {
+        if !synced.contains(&(i as u32)) {
+            map[i / 8] |= 1 << (i % 8);
+            any = true;
+        }
+    }
+    if any {
+        map
+    } else {
+        vec![]
+    }
+}
+
+/// Record that block `index` of slice `id` is in this region's store (`synced`) or not.
+async fn mark(kv: &DynKv, id: u64, index: u32, synced: bool) -> Result<(), String> {
+    let kv = kv.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        kv::txn(kv.as_ref(), |t| {
+            let k = synced_key(id, index);
+            if synced {
+                t.put(&k, &[]);
+            } else {
+                t.delete(&k);
+            }
+            Ok(())
+        })
+    })
+    .await;
+    match r {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("mark block {index} of slice {id}: {e}")),
+        Err(e) => Err(format!("mark block {index} of slice {id}: {e}")),
+    }
 }
 
 fn name_key(ino: Ino) -> Vec<u8> {
@@ -327,6 +375,51 @@ impl Blocks {
 
     pub fn has_local(&self) -> bool {
         self.local.is_some()
+    }
+
+    /// For each of `slices`, the blocks this region's store does not hold yet: a bitmap per
+    /// slice, empty when it holds them all (`ReadChunkReply.unsynced`). On a metadata error,
+    /// no bitmaps: the mounts then ask their store first.
+    pub fn unsynced(&self, slices: &[SliceRef]) -> Vec<Vec<u8>> {
+        let r = kv::read(self.kv.as_ref(), |t| {
+            let mut out = Vec::with_capacity(slices.len());
+            for s in slices {
+                if s.id == 0 || s.crcs.is_empty() {
+                    out.push(vec![]);
+                    continue;
+                }
+                let synced: HashSet<u32> = t
+                    .scan(&group(SYNCED, s.id), None, s.crcs.len())?
+                    .iter()
+                    .filter_map(|(k, _)| u32_at(k, 9))
+                    .collect();
+                out.push(unsynced_bitmap(s.crcs.len(), &synced));
+            }
+            Ok(out)
+        });
+        r.unwrap_or_else(|e| {
+            self.error(format!("read which blocks are in this region's store: {e}"));
+            vec![]
+        })
+    }
+
+    async fn is_marked(&self, id: u64, index: u32) -> bool {
+        let kv = self.kv.clone();
+        tokio::task::spawn_blocking(move || {
+            kv::read(kv.as_ref(), |t| {
+                Ok(t.get(&synced_key(id, index))?.is_some())
+            })
+        })
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .unwrap_or(false)
+    }
+
+    async fn mark(&self, id: u64, index: u32, synced: bool) {
+        if let Err(e) = mark(&self.kv, id, index, synced).await {
+            self.error(e);
+        }
     }
 
     /// The primary's store: `primary_data_url`, or the one in the file system's settings.
@@ -702,6 +795,7 @@ impl Blocks {
         let key = block_key(id, index, len);
         if let Ok(Some(n)) = local.head(&key).await {
             if n == len as u64 {
+                self.mark(id, index, true).await;
                 self.done(k, len).await;
                 return Ok(());
             }
@@ -738,6 +832,7 @@ impl Blocks {
         self.counters
             .copied_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
+        self.mark(id, index, true).await;
         self.done(k, len).await;
         Ok(())
     }
@@ -888,9 +983,13 @@ impl Blocks {
                 }
                 if ok {
                     let kv = self.kv.clone();
+                    let n = block_count(size, bs);
                     let _ = tokio::task::spawn_blocking(move || {
                         kv::txn(kv.as_ref(), |t| {
                             t.delete(&k);
+                            for index in 0..n {
+                                t.delete(&synced_key(id, index));
+                            }
                             Ok(())
                         })
                     })
@@ -914,16 +1013,24 @@ impl Blocks {
         crc: u32,
         reason: &str,
     ) -> Result<Bytes, Status> {
-        match parse_block_key(key) {
-            Some((_, _, l)) if l == len => {}
+        let (id, index) = match parse_block_key(key) {
+            Some((id, index, l)) if l == len => (id, index),
             _ => {
                 return Err(Status::invalid_argument(format!(
                     "{key:?} (of {len} bytes) is not a block key"
                 )))
             }
-        }
-        // the mount found it missing a moment ago: ask the primary's store at once
-        let check_local = reason != "missing";
+        };
+        let check_local = match reason {
+            // the mount found it missing a moment ago: ask the primary's store at once
+            "missing" => {
+                self.mark(id, index, false).await;
+                false
+            }
+            // the mount's view of the marks may be older than the marks
+            "unsynced" => self.is_marked(id, index).await,
+            _ => true,
+        };
         if let (Some(local), true) = (&self.local, check_local) {
             match local.get(key).await {
                 Ok(d) => match verify(key, &d, len, crc) {
@@ -933,6 +1040,7 @@ impl Blocks {
                         tracing::error!(
                             "{e}: this region's copy is corrupt; discarded, fetched again from the primary's store"
                         );
+                        self.mark(id, index, false).await;
                         if let Err(e) = local.delete(key).await {
                             tracing::warn!("delete the corrupt block {key}: {e}");
                         }
@@ -944,6 +1052,7 @@ impl Blocks {
                             "block {key}: a mount found it corrupt; it is gone here now"
                         );
                     }
+                    self.mark(id, index, false).await;
                 }
                 Err(e) => tracing::warn!("read block {key} from this region's store: {e}"),
             }
@@ -970,23 +1079,40 @@ impl Blocks {
                             self.local.clone(),
                             self.priority_puts.clone().try_acquire_owned(),
                         ) {
-                            let (k, data) = (key.to_string(), d.clone());
+                            let (k, data, kv) = (key.to_string(), d.clone(), self.kv.clone());
                             tokio::spawn(async move {
-                                if let Err(e) = retry(&format!("write block {k}"), || {
+                                match retry(&format!("write block {k}"), || {
                                     local.put(&k, data.clone())
                                 })
                                 .await
                                 {
-                                    tracing::warn!("keep block {k} in this region's store: {e}");
+                                    Ok(()) => {
+                                        if let Err(e) = mark(&kv, id, index, true).await {
+                                            tracing::warn!("{e}");
+                                        }
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!("keep block {k} in this region's store: {e}")
+                                    }
                                 }
                                 drop(slot);
                             });
                         }
                         Ok(d)
                     }
-                    Err(ObjectError::NotFound(_)) => Err(Status::not_found(format!(
-                        "block {key} is in neither this region's store nor the primary's"
-                    ))),
+                    Err(ObjectError::NotFound(e)) => {
+                        // not asked above: this region's copy is the last resort
+                        if let (Some(local), false) = (&self.local, check_local) {
+                            if let Ok(d) = local.get(key).await {
+                                if verify(key, &d, len, crc).is_ok() {
+                                    return Ok(d);
+                                }
+                            }
+                        }
+                        Err(Status::not_found(format!(
+                            "block {key} is in neither this region's store nor the primary's ({e})"
+                        )))
+                    }
                     Err(e) => Err(Status::unavailable(format!(
                         "fetch block {key} from the primary's store: {e}"
                     ))),
@@ -1029,6 +1155,8 @@ impl Blocks {
                 self.counters
                     .uploaded_blocks
                     .fetch_add(1, Ordering::Relaxed);
+                // written here by the mount: in this region's store as well
+                self.mark(s.id, index, true).await;
             }
         }
         Ok(())

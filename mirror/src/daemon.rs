@@ -26,6 +26,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 struct Source(Arc<crate::blocks::Blocks>);
 
 impl BlockSource for Source {
+    fn unsynced(&self, slices: &[strait_fs_core::meta::SliceRef]) -> Vec<Vec<u8>> {
+        self.0.unsynced(slices)
+    }
+
     fn fetch(
         &self,
         req: strait_proto::meta::FetchBlockRequest,

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use strait_fs_core::error::Error;
-use strait_fs_core::meta::{Attr, Ctx, Ino, Meta};
+use strait_fs_core::meta::{Attr, Ctx, Ino, Meta, SliceRef};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
 use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
@@ -105,6 +105,10 @@ pub struct MetaServer {
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
 pub trait BlockSource: Send + Sync + 'static {
+    /// For each of `slices`, the blocks this region's store does not hold yet (see
+    /// `ReadChunkReply.unsynced`). Runs on a blocking thread.
+    fn unsynced(&self, slices: &[SliceRef]) -> Vec<Vec<u8>>;
+
     fn fetch(
         &self,
         req: w::FetchBlockRequest,
@@ -576,9 +580,14 @@ impl MetaService for MetaServer {
     }
 
     async fn read_chunk(&self, req: Request<w::ChunkRequest>) -> Reply<w::ReadChunkReply> {
-        rpc!(self, req, "read_chunk", |m, r| Ok(w::ReadChunkReply {
-            slices: strait_proto::slices_to_wire(&m.read_chunk(r.ino, r.index)?)
-        }))
+        let source = self.blocks.as_ref().map(|(_, s)| s.clone());
+        rpc!(self, req, "read_chunk", |m, r| {
+            let slices = m.read_chunk(r.ino, r.index)?;
+            Ok(w::ReadChunkReply {
+                unsynced: source.map(|s| s.unsynced(&slices)).unwrap_or_default(),
+                slices: strait_proto::slices_to_wire(&slices),
+            })
+        })
     }
 
     async fn write_slice(&self, req: Request<w::WriteSliceRequest>) -> Reply<w::AttrReply> {

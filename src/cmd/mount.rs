@@ -38,9 +38,16 @@ pub struct Args {
     /// Mount read-only.
     #[arg(long)]
     pub read_only: bool,
-    /// Threads serving FUSE requests.
-    #[arg(long, default_value_t = 8)]
+    /// Threads serving FUSE requests. Each waits for one request's blocks, so reads that wait
+    /// on another region (at a mirror, before a block is copied) need many.
+    #[arg(long, default_value_t = 64)]
     pub threads: usize,
+    /// Blocks downloaded from the object store at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_downloads: usize,
+    /// Blocks uploaded to the object store at once.
+    #[arg(long, default_value_t = 16)]
+    pub max_uploads: usize,
     /// Seconds the kernel caches attributes and entries.
     #[arg(long, default_value_t = 1.0)]
     pub attr_ttl: f64,
@@ -309,6 +316,9 @@ fn run_foreground(a: Args) -> Result<()> {
             .as_ref()
             .and_then(|r| r.block_fallback())
             .map(strait_fs_core::vfs::Fallback),
+        download_concurrency: a.max_downloads.max(1),
+        fallback_concurrency: a.max_downloads.max(1),
+        upload_concurrency: a.max_uploads.max(1),
         ..VfsOptions::default()
     };
     let vfs = Vfs::new(meta.clone(), store.clone(), opts, Some(rt.handle().clone()))?;

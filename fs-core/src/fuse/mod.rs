@@ -33,7 +33,7 @@ impl Default for FuseOptions {
         FuseOptions {
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
-            threads: 8,
+            threads: 64,
         }
     }
 }

@@ -81,6 +81,11 @@ pub trait MetaClient: Send + Sync {
     fn release(&self, ino: Ino) -> Result<()>;
 
     fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>>;
+    /// [`Self::read_chunk`] and, at a mirror, for each slice the blocks its region's store
+    /// does not hold yet (a bitmap, empty when it holds them all); no bitmaps when unknown.
+    fn read_chunk_unsynced(&self, ino: Ino, idx: u32) -> Result<(Vec<SliceRef>, Vec<Vec<u8>>)> {
+        Ok((self.read_chunk(ino, idx)?, vec![]))
+    }
     /// A fresh slice id, never handed out before.
     fn next_slice_id(&self) -> Result<u64>;
     fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr>;

@@ -139,7 +139,17 @@ impl S3Store {
             ));
         }
         let sdk = loader.load().await;
-        let mut builder = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true);
+        // Every block carries its own CRC32, checked by every reader: the SDK's own checksums
+        // (a CRC32 computed on each upload and checked on each download) would only repeat
+        // that work on every block.
+        let mut builder = aws_sdk_s3::config::Builder::from(&sdk)
+            .force_path_style(true)
+            .request_checksum_calculation(
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+            )
+            .response_checksum_validation(
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+            );
         if let Some(endpoint) = &config.endpoint {
             builder = builder.endpoint_url(endpoint);
         }
@@ -213,6 +223,8 @@ impl ObjectStore for S3Store {
                 .bucket(&self.bucket)
                 .key(self.full_key(key))
                 .body(ByteStream::from(data))
+                .customize()
+                .disable_payload_signing()
                 .send()
                 .await
                 .map_err(|e| {

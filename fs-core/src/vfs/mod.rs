@@ -39,7 +39,24 @@ const SEEN_ENTRIES_MAX: usize = 100_000;
 const REPORTED_CORRUPT_MAX: usize = 10_000;
 
 /// A chunk's slice list, shared by the readers of the chunk cache.
-type SliceList = Arc<Vec<SliceRef>>;
+type SliceList = Arc<ChunkView>;
+
+/// A chunk's slices and, at a mirror, which of their blocks the region's store does not hold
+/// yet (by slice id: bit `i % 8` of byte `i / 8` stands for block `i`).
+#[derive(Default)]
+struct ChunkView {
+    slices: Vec<SliceRef>,
+    unsynced: HashMap<u64, Vec<u8>>,
+}
+
+impl ChunkView {
+    fn unsynced(&self, id: u64, index: u32) -> bool {
+        self.unsynced
+            .get(&id)
+            .and_then(|m| m.get(index as usize / 8))
+            .is_some_and(|b| b & (1 << (index % 8)) != 0)
+    }
+}
 /// One block fetch that concurrent readers share.
 type BlockCell = tokio::sync::OnceCell<Result<Bytes, BlockError>>;
 /// A directory listing kept by its handle: entries with their attributes (readdirplus).
@@ -84,6 +101,8 @@ pub struct VfsOptions {
     pub readahead_blocks_max: u32,
     pub upload_concurrency: usize,
     pub download_concurrency: usize,
+    /// At a mirror: blocks fetched through the mirror daemon at once.
+    pub fallback_concurrency: usize,
     /// Memory for full blocks waiting for or in upload; writers wait when it is used up.
     pub write_buffer_bytes: u64,
     /// At a mirror: where blocks missing from (or corrupt in) the region's store come from.
@@ -98,7 +117,8 @@ impl Default for VfsOptions {
             disk_cache_bytes: 0,
             readahead_blocks_max: 8,
             upload_concurrency: 16,
-            download_concurrency: 16,
+            download_concurrency: 64,
+            fallback_concurrency: 64,
             write_buffer_bytes: 256 << 20,
             block_fallback: None,
         }
@@ -116,6 +136,8 @@ pub struct Shared {
     /// Full blocks buffered or uploading, across all files (bounds the write buffer memory).
     pub buffer_slots: Arc<tokio::sync::Semaphore>,
     download_slots: Arc<tokio::sync::Semaphore>,
+    /// Blocks being fetched through the mirror (they wait across regions).
+    fallback_slots: tokio::sync::Semaphore,
     chunks: Mutex<HashMap<(Ino, u32), SliceList>>,
     inflight: Mutex<HashMap<String, Arc<BlockCell>>>,
     /// Blocks already reported corrupt, so each is logged once (bounded).
@@ -134,11 +156,22 @@ impl Shared {
         self.chunks.lock().retain(|k, _| k.0 != ino);
     }
 
-    fn slices(&self, ino: Ino, idx: u32) -> Result<Arc<Vec<SliceRef>>> {
+    fn slices(&self, ino: Ino, idx: u32) -> Result<SliceList> {
         if let Some(s) = self.chunks.lock().get(&(ino, idx)) {
             return Ok(s.clone());
         }
-        let s = Arc::new(self.meta.read_chunk(ino, idx)?);
+        let (slices, unsynced) = self.meta.read_chunk_unsynced(ino, idx)?;
+        let unsynced = if unsynced.len() == slices.len() {
+            slices
+                .iter()
+                .zip(unsynced)
+                .filter(|(_, m)| !m.is_empty())
+                .map(|(s, m)| (s.id, m))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let s = Arc::new(ChunkView { slices, unsynced });
         let mut c = self.chunks.lock();
         if c.len() >= CHUNK_CACHE_ENTRIES_MAX {
             c.clear();
@@ -148,7 +181,14 @@ impl Shared {
     }
 
     /// One block, from memory, the disk cache or the object store (checked against its CRC).
-    async fn block(self: &Arc<Self>, slice: &SliceRef, index: u32) -> Result<Bytes> {
+    /// `unsynced`: at a mirror, the region's store does not hold it yet (ask the mirror
+    /// without asking the store first).
+    async fn block(
+        self: &Arc<Self>,
+        slice: &SliceRef,
+        index: u32,
+        unsynced: bool,
+    ) -> Result<Bytes> {
         let len = block_len(slice.size, self.block_size, index);
         let key = block_key(slice.id, index, len);
         if let Some(b) = self.cache.get_mem(&key) {
@@ -165,10 +205,12 @@ impl Shared {
         let k2 = key.clone();
         let got = cell
             .get_or_init(|| async move {
-                me.fetch(&k2, len, crc).await.map_err(|e| match e {
-                    Error::CorruptBlock { reason, .. } => BlockError::Corrupt(reason),
-                    other => BlockError::Other(other.to_string()),
-                })
+                me.fetch(&k2, len, crc, unsynced)
+                    .await
+                    .map_err(|e| match e {
+                        Error::CorruptBlock { reason, .. } => BlockError::Corrupt(reason),
+                        other => BlockError::Other(other.to_string()),
+                    })
             })
             .await
             .clone();
@@ -190,7 +232,13 @@ impl Shared {
         }
     }
 
-    async fn fetch(self: &Arc<Self>, key: &str, len: u32, crc: u32) -> Result<Bytes> {
+    async fn fetch(
+        self: &Arc<Self>,
+        key: &str,
+        len: u32,
+        crc: u32,
+        unsynced: bool,
+    ) -> Result<Bytes> {
         if self.cache.has_disk() {
             let cache = self.cache.clone();
             let k = key.to_string();
@@ -201,7 +249,7 @@ impl Shared {
                 return Ok(b);
             }
         }
-        let _permit = self
+        let permit = self
             .download_slots
             .acquire()
             .await
@@ -209,11 +257,17 @@ impl Shared {
         let mut attempt = 0;
         let data = loop {
             attempt += 1;
+            if unsynced && self.fallback.is_some() {
+                drop(permit);
+                break self.fetch_fallback(key, len, crc, "unsynced").await?;
+            }
             let got = retry_store(&format!("read block {key}"), || self.store.get(key)).await;
             let data = match got {
                 Ok(d) => d,
                 // not in this region's store yet: the mirror gets it from the primary's
                 Err(Error::CorruptBlock { .. }) if self.fallback.is_some() => {
+                    // the wait across regions holds a fallback slot, not a download slot
+                    drop(permit);
                     break self.fetch_fallback(key, len, crc, "missing").await?;
                 }
                 Err(e) => return Err(e),
@@ -226,6 +280,7 @@ impl Shared {
                     tracing::warn!(
                         "{e}: in this region's object store; the mirror fetches it again from the primary's"
                     );
+                    drop(permit);
                     break self.fetch_fallback(key, len, crc, "corrupt").await?;
                 }
                 Err(e) => {
@@ -249,6 +304,11 @@ impl Shared {
         let Some(fb) = &self.fallback else {
             return Err(Error::Meta("no block fallback".into()));
         };
+        let _slot = self
+            .fallback_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Meta("fallback slots closed".into()))?;
         let data =
             fb.0.fetch(key, len, crc, reason)
                 .await
@@ -269,13 +329,13 @@ impl Shared {
     /// Read `[off, off + buf.len())` of chunk `idx` into `buf` (the range lies in the chunk).
     async fn read_chunk(
         self: &Arc<Self>,
-        slices: &[SliceRef],
+        view: &ChunkView,
         from: u32,
         buf: &mut [u8],
     ) -> Result<()> {
         let to = from + buf.len() as u32;
         let bs = self.block_size;
-        for seg in visible_segments(slices, from, to) {
+        for seg in visible_segments(&view.slices, from, to) {
             let out = &mut buf[(seg.pos - from) as usize..(seg.pos - from + seg.len) as usize];
             let Some(slice) = seg.slice else {
                 out.fill(0);
@@ -286,7 +346,9 @@ impl Shared {
                 let at = seg.off + done;
                 let index = at / bs;
                 let in_block = at % bs;
-                let block = self.block(slice, index).await?;
+                let block = self
+                    .block(slice, index, view.unsynced(slice.id, index))
+                    .await?;
                 let n = (seg.len - done).min(block.len() as u32 - in_block);
                 if n == 0 {
                     return Err(Error::corrupt(format!(
@@ -313,7 +375,7 @@ impl Shared {
             let Ok(slices) = self.slices(ino, idx) else {
                 return;
             };
-            for seg in visible_segments(&slices, from, to) {
+            for seg in visible_segments(&slices.slices, from, to) {
                 let Some(slice) = seg.slice else { continue };
                 let first = seg.off / self.block_size;
                 let last = (seg.off + seg.len - 1) / self.block_size;
@@ -329,8 +391,9 @@ impl Shared {
                     }
                     let me = self.clone();
                     let s = slice.clone();
+                    let unsynced = slices.unsynced(slice.id, index);
                     self.rt.spawn(async move {
-                        let _ = me.block(&s, index).await;
+                        let _ = me.block(&s, index, unsynced).await;
                     });
                 }
             }
@@ -342,7 +405,7 @@ impl Shared {
         let Ok(slices) = self.slices(ino, idx) else {
             return;
         };
-        if slices.len() < COMPACT_SLICES_MIN || !self.compacting.lock().insert((ino, idx)) {
+        if slices.slices.len() < COMPACT_SLICES_MIN || !self.compacting.lock().insert((ino, idx)) {
             return;
         }
         let me = self.clone();
@@ -362,7 +425,11 @@ impl Shared {
         }
         let end = old.iter().map(|s| s.pos + s.len).max().unwrap_or(0);
         let mut data = vec![0u8; end as usize];
-        self.rt.block_on(self.read_chunk(&old, 0, &mut data))?;
+        let view = ChunkView {
+            slices: old.clone(),
+            unsynced: HashMap::new(),
+        };
+        self.rt.block_on(self.read_chunk(&view, 0, &mut data))?;
         let id = self.meta.next_slice_id()?;
         let bs = self.block_size as usize;
         let mut crcs = vec![];
@@ -475,6 +542,7 @@ impl Vfs {
             download_slots: Arc::new(tokio::sync::Semaphore::new(
                 opts.download_concurrency.max(1),
             )),
+            fallback_slots: tokio::sync::Semaphore::new(opts.fallback_concurrency.max(1)),
             chunks: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             compacting: Mutex::new(Default::default()),
