@@ -15,7 +15,8 @@ use crate::state::Mirror;
 pub const DIGEST_TIMEOUT_MS_MAX: u64 = 600_000;
 
 /// Longest pause.
-pub const PAUSE_MS_MAX: u64 = 60_000;
+/// The longest pause: a forgotten one lifts by itself.
+pub const PAUSE_MS_MAX: u64 = 3_600_000;
 
 pub struct MirrorSite {
     pub mirror: Arc<Mirror>,
@@ -112,7 +113,23 @@ impl SiteService for MirrorSite {
         &self,
         req: Request<s::PauseRequest>,
     ) -> Result<Response<s::PauseReply>, Status> {
-        let hold_ms = req.into_inner().hold_ms.clamp(1, PAUSE_MS_MAX);
+        let hold_ms = req.into_inner().hold_ms;
+        if hold_ms == 0 {
+            // resume: lift any hold now
+            let _g = self.mirror.apply_lock.lock().await;
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let applied = self.mirror.applied();
+            drop(Release(&self.mirror));
+            return Ok(Response::new(s::PauseReply {
+                applied_version: applied,
+            }));
+        }
+        if hold_ms > PAUSE_MS_MAX {
+            return Err(Status::invalid_argument(format!(
+                "a pause of {hold_ms} ms: at most {PAUSE_MS_MAX} ms"
+            )));
+        }
         // under the apply lock no batch is in flight: the mirror stops exactly here
         let (gen, applied) = {
             let _g = self.mirror.apply_lock.lock().await;

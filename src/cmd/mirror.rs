@@ -84,6 +84,33 @@ pub enum Action {
     Status(StatusArgs),
     /// A create/rename/setattr storm at the primary, and the mirror's lag during it.
     Bench(super::mirror_bench::BenchArgs),
+    /// Stop a mirror's applier where it is (it keeps serving, staler and staler), for a while.
+    Pause(PauseArgs),
+    /// Let a paused mirror's applier go on at once.
+    Resume(ResumeArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PauseArgs {
+    /// The mirror's address (its metadata service).
+    #[arg(long)]
+    pub addr: String,
+    /// Token of the site daemons.
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
+    pub token: String,
+    /// How long the pause lasts unless resumed earlier, in seconds (at most 3600).
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+}
+
+#[derive(clap::Args)]
+pub struct ResumeArgs {
+    /// The mirror's address (its metadata service).
+    #[arg(long)]
+    pub addr: String,
+    /// Token of the site daemons.
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
+    pub token: String,
 }
 
 #[derive(clap::Args)]
@@ -177,6 +204,20 @@ pub fn run(a: Args) -> Result<()> {
     match a.action {
         Some(Action::Status(s)) => status(s),
         Some(Action::Bench(b)) => super::mirror_bench::run(b),
+        Some(Action::Pause(p)) => {
+            let ms = pause_ms(p.seconds)?;
+            let v = super::runtime()?.block_on(pause(&p.addr, &p.token, ms))?;
+            println!(
+                "mirror {} paused at version {v} for {} s (strait mirror resume lifts it)",
+                p.addr, p.seconds
+            );
+            Ok(())
+        }
+        Some(Action::Resume(r)) => {
+            let v = super::runtime()?.block_on(pause(&r.addr, &r.token, 0))?;
+            println!("mirror {} resumed from version {v}", r.addr);
+            Ok(())
+        }
         None => {
             if a.serve.example_config {
                 print!("{}", MirrorConfig::example_toml());
@@ -298,6 +339,36 @@ pub async fn site_status(addr: &str, token: &str) -> Result<s::SiteStatus> {
         .with_context(|| format!("{addr} did not answer within 3 s"))?
         .with_context(|| format!("ask {addr} for its status"))?;
     Ok(r.into_inner())
+}
+
+/// The hold of `mirror pause --seconds`, checked.
+fn pause_ms(seconds: u64) -> Result<u64> {
+    if seconds == 0 || seconds.saturating_mul(1000) > strait_mirror::site::PAUSE_MS_MAX {
+        anyhow::bail!(
+            "--seconds {seconds}: expected 1 to {}",
+            strait_mirror::site::PAUSE_MS_MAX / 1000
+        );
+    }
+    Ok(seconds * 1000)
+}
+
+/// Hold the mirror at `addr` where it is for `hold_ms` (0: lift a hold); its applied version.
+async fn pause(addr: &str, token: &str, hold_ms: u64) -> Result<u64> {
+    let primary = strait_mirror::follower::Primary::new(addr, token)?;
+    let mut c = primary.site();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.pause(s::PauseRequest { hold_ms }),
+    )
+    .await
+    .with_context(|| format!("{addr} did not answer within 10 s"))?
+    .map_err(|st| match st.code() {
+        tonic::Code::Unimplemented => {
+            anyhow::anyhow!("{addr} is not a mirror ({})", st.message())
+        }
+        _ => anyhow::anyhow!("pause the mirror at {addr}: {}", st.message()),
+    })?;
+    Ok(r.into_inner().applied_version)
 }
 
 /// Gather the report from `addr` (a mirror, a primary or a replicator node).

@@ -210,33 +210,6 @@ pub fn primary_version(p: &Primary) -> u64 {
     v["primary_version"].as_u64().unwrap_or(0)
 }
 
-/// Stop a mirror's applier at its current version for `hold_ms` (at most 60 s; a new call
-/// replaces the hold, so `pause_mirror(m, 1)` resumes it). Returns the version it holds at.
-pub fn pause_mirror(m: &Primary, hold_ms: u64) -> u64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", m.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut c = strait_proto::site::site_service_client::SiteServiceClient::new(ch);
-        let mut r = Request::new(strait_proto::site::PauseRequest { hold_ms });
-        r.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", m.token).parse().unwrap(),
-        );
-        c.pause(r)
-            .await
-            .expect("pause the mirror")
-            .into_inner()
-            .applied_version
-    })
-}
-
 /// Wait until the mirror's copy queue is empty; returns its status row.
 pub fn wait_synced(mirror: &Primary, within: Duration) -> serde_json::Value {
     let start = Instant::now();

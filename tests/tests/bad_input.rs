@@ -142,6 +142,14 @@ fn the_cli_refuses_bad_arguments_with_one_line() {
     let (_, err) = strait_fails(&["format", &meta, &data, "--name", "second"]);
     assert!(err.contains("already holds"), "{err}");
     assert!(strait(&["status", &meta]).contains("first"));
+    // bad arguments of the two-region commands, checked before anything is reached
+    let (_, err) = strait_fails(&["mirror", "pause", "--addr", "127.0.0.1:1", "--seconds", "0"]);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--seconds 0"), "{err}");
+    let (_, err) = strait_fails(&["dev", "up", "--store", "nfs"]);
+    assert!(err.contains("--store \"nfs\""), "{err}");
+    let (_, err) = strait_fails(&["dev", "up", "--link-mb-s=-5"]);
+    assert!(err.contains("--link-mb-s"), "{err}");
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 
 use strait_tests::daemon::Primary;
 use strait_tests::replicator::RegionA;
-use strait_tests::site::{
-    block_files, mirror_row, pause_mirror, primary_version, wait_applied, wait_synced,
-};
+use strait_tests::site::{block_files, mirror_row, primary_version, wait_applied, wait_synced};
 
 use strait_tests::random_bytes as bytes;
 
@@ -287,7 +285,27 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
     );
 
     // B stops applying; A deletes the files and collects garbage
-    let held_at = pause_mirror(&mirror, 60_000);
+    let out = strait_tests::mount::strait(&[
+        "mirror",
+        "pause",
+        "--addr",
+        &mirror.addr,
+        "--token",
+        &mirror.token,
+        "--seconds",
+        "120",
+    ]);
+    // "mirror ADDR paused at version V for 120 s (...)"
+    let held_at: u64 = out
+        .split("paused at version ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("strait mirror pause printed {out:?}"));
+    assert_eq!(
+        mirror_row(&mirror.addr, &mirror.token)["applied_version"].as_u64(),
+        Some(held_at)
+    );
     for (p, _) in &files {
         std::fs::remove_file(a.path(p)).unwrap();
     }
@@ -314,7 +332,20 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
     });
 
     // B catches up; GC at A now deletes, and B drops its copies when it applies that
-    pause_mirror(&mirror, 1);
+    assert_eq!(
+        mirror_row(&mirror.addr, &mirror.token)["applied_version"].as_u64(),
+        Some(held_at),
+        "the pause held while A deleted and collected"
+    );
+    let out = strait_tests::mount::strait(&[
+        "mirror",
+        "resume",
+        "--addr",
+        &mirror.addr,
+        "--token",
+        &mirror.token,
+    ]);
+    assert!(out.contains("resumed from version"), "{out}");
     wait_applied(&mirror, v, Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(1));
     let out = strait_tests::mount::strait(&["gc", &primary.url(), "--token", &primary.token]);
@@ -361,7 +392,23 @@ fn only_eager_paths_are_copied_in_the_background() {
     // a lazy file comes over when read
     let b = mirror.mount(&[]);
     assert!(std::fs::read(b.path("scratch/y")).unwrap() == bytes(2, 200_000));
+    // kept behind the reader's back
+    let start = std::time::Instant::now();
+    while block_files(&mirror.data_dir()).len() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the block read at B was not kept in B's store"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(block_files(&mirror.data_dir()).len(), 3);
+    // and marked: a fresh mount reads it from B's store, without the mirror
+    let before = mirror_row(&mirror.addr, &mirror.token)["blocks"]["fallback_reads"].as_u64();
+    drop(b);
+    let b = mirror.mount(&[]);
+    assert!(std::fs::read(b.path("scratch/y")).unwrap() == bytes(2, 200_000));
+    let after = mirror_row(&mirror.addr, &mirror.token)["blocks"]["fallback_reads"].as_u64();
+    assert_eq!(before, after, "read from B's store");
 }
 
 #[test]
@@ -382,21 +429,10 @@ fn two_regions_on_garage_s3_the_mirror_serves_its_copies_with_the_link_cut() {
     let region = RegionA::start_on(&rt, fs);
     let primary = region.primary(&[]);
     // region B reaches A's store only through the link
-    let a_s3: std::net::SocketAddr = ga.endpoint().trim_start_matches("http://").parse().unwrap();
-    let link = Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), a_s3).unwrap();
+    let link = Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), ga.s3_addr()).unwrap();
     link.set(Faults::delay(Duration::from_millis(5)));
-    let across = format!(
-        "s3://{}?endpoint=http://{}&region={}",
-        ga.bucket(),
-        link.addr(),
-        ga.region()
-    );
-    let b_store = format!(
-        "s3://{}/region-b?endpoint={}&region={}",
-        gb.bucket(),
-        gb.endpoint(),
-        gb.region()
-    );
+    let across = ga.data_url_at("", &link.addr().to_string());
+    let b_store = gb.data_url_at("region-b", &gb.s3_addr().to_string());
     let mirror = Primary::mirror(
         &primary,
         "region-b",
