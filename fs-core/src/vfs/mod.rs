@@ -249,6 +249,25 @@ impl Shared {
                 return Ok(b);
             }
         }
+        let data = if unsynced && self.fallback.is_some() {
+            // the mirror says this region's store does not hold it yet: no store slot, no miss
+            self.fetch_fallback(key, len, crc, "unsynced").await?
+        } else {
+            self.fetch_store(key, len, crc).await?
+        };
+        self.cache.put_mem(key, data.clone());
+        if self.cache.has_disk() {
+            let cache = self.cache.clone();
+            let k = key.to_string();
+            let d = data.clone();
+            tokio::task::spawn_blocking(move || cache.put_disk(&k, &d));
+        }
+        Ok(data)
+    }
+
+    /// A block from this region's object store (through the mirror when it is missing there
+    /// or corrupt), checked.
+    async fn fetch_store(&self, key: &str, len: u32, crc: u32) -> Result<Bytes> {
         let permit = self
             .download_slots
             .acquire()
@@ -257,10 +276,6 @@ impl Shared {
         let mut attempt = 0;
         let data = loop {
             attempt += 1;
-            if unsynced && self.fallback.is_some() {
-                drop(permit);
-                break self.fetch_fallback(key, len, crc, "unsynced").await?;
-            }
             let got = retry_store(&format!("read block {key}"), || self.store.get(key)).await;
             let data = match got {
                 Ok(d) => d,
@@ -289,13 +304,6 @@ impl Shared {
                 }
             }
         };
-        self.cache.put_mem(key, data.clone());
-        if self.cache.has_disk() {
-            let cache = self.cache.clone();
-            let k = key.to_string();
-            let d = data.clone();
-            tokio::task::spawn_blocking(move || cache.put_disk(&k, &d));
-        }
         Ok(data)
     }
 
