@@ -70,7 +70,34 @@ fn a_corrupt_block_reads_as_eio_with_one_log_line_naming_it() {
     let fs = TestFs::rocks_local(&["--block-size", "64K"]);
     let m = fs.mount(&["--cache-size", "0", "--mem-cache-size", "0"]);
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    std::fs::write(m.path("victim"), &data).unwrap();
+    // The file must be one slice, its blocks cut at 64 KiB from offset 0. A FLUSH sent when
+    // another test's fork+exec closes its copy of the open descriptor commits a write
+    // early and cuts it in two: then write it again under another name.
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        walk(dir)
+            .iter()
+            .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .filter(|n| n.split('_').count() == 3)
+            .collect()
+    };
+    let mut victim_id = None;
+    for attempt in 0..5 {
+        let seen = names(&fs.data_dir());
+        let name = format!("victim-{attempt}");
+        std::fs::write(m.path(&name), &data).unwrap();
+        let new: Vec<String> = names(&fs.data_dir())
+            .into_iter()
+            .filter(|n| !seen.contains(n))
+            .collect();
+        let ids: std::collections::BTreeSet<&str> =
+            new.iter().filter_map(|n| n.split('_').next()).collect();
+        if new.len() == 4 && ids.len() == 1 {
+            std::fs::rename(m.path(&name), m.path("victim")).unwrap();
+            victim_id = ids.first().map(|id| id.to_string());
+            break;
+        }
+    }
+    let victim_id = victim_id.expect("5 writes of the file were each cut into more than one slice");
     std::fs::write(m.path("bystander"), b"fine").unwrap();
     m.unmount();
     let before = digest(&fs);
@@ -80,7 +107,7 @@ fn a_corrupt_block_reads_as_eio_with_one_log_line_naming_it() {
     for entry in walk(&fs.data_dir()) {
         if entry
             .file_name()
-            .map(|n| n.to_string_lossy().contains("_1_65536"))
+            .map(|n| n.to_string_lossy() == format!("{victim_id}_1_65536"))
             .unwrap_or(false)
         {
             blocks.push(entry);

@@ -26,6 +26,16 @@ fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// The slice ids of block keys (`.../{slice}_{index}_{len}`).
+fn slice_ids(
+    blocks: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> std::collections::BTreeSet<String> {
+    blocks
+        .keys()
+        .filter_map(|k| k.rsplit('/').next()?.split('_').next().map(str::to_owned))
+        .collect()
+}
+
 #[test]
 fn blocks_reach_the_mirror_on_first_read_and_in_the_background_and_a_corrupt_copy_is_fetched_again()
 {
@@ -157,7 +167,8 @@ fn a_writer_at_the_mirror_reaches_the_primary_and_loses_nothing_when_the_mirror_
         block_files(&region.fs.data_dir()),
         block_files(&mirror.data_dir()),
     );
-    assert_eq!(ab.len(), 4, "{:?}", ab.keys().collect::<Vec<_>>());
+    // 4 blocks, or more if a FLUSH from another thread's fork+exec cut a write in two
+    assert!(ab.len() >= 4, "{:?}", ab.keys().collect::<Vec<_>>());
     assert!(ab == bb, "the regions' stores differ");
 
     // read-your-writes at the metadata level: each mkdir through the mirror is answered
@@ -276,8 +287,12 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
     for (p, d) in &files {
         std::fs::write(a.path(p), d).unwrap();
     }
+    // 2 blocks a file, or more: a close of the file by another process (a FLUSH from any
+    // fork+exec in this test binary while a write is open) commits the slice early
     let before = block_files(&region.fs.data_dir());
-    assert_eq!(before.len(), 8);
+    let n_blocks = before.len();
+    let n_slices = slice_ids(&before).len();
+    assert!(n_blocks >= 8 && n_slices >= 4, "{:?}", before.keys());
     wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
     assert!(
         block_files(&mirror.data_dir()).is_empty(),
@@ -314,10 +329,10 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
     // the mirror's cursor reaches the replicator on its next ack (every 500 ms)
     std::thread::sleep(Duration::from_secs(1));
     let out = strait_tests::mount::strait(&["gc", &primary.url(), "--token", &primary.token]);
-    assert!(out.contains("kept 4"), "{out}");
+    assert!(out.contains(&format!("kept {n_slices}")), "{out}");
     assert_eq!(
         block_files(&region.fs.data_dir()).len(),
-        8,
+        n_blocks,
         "GC deleted blocks a mirror still references"
     );
 
@@ -328,7 +343,7 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
         assert!(&got == d, "{p}: the paused mirror read other bytes");
     }
     wait_for("the blocks read are kept", Duration::from_secs(10), || {
-        block_files(&mirror.data_dir()).len() == 8
+        block_files(&mirror.data_dir()).len() == n_blocks
     });
 
     // B catches up; GC at A now deletes, and B drops its copies when it applies that
@@ -349,7 +364,10 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
     wait_applied(&mirror, v, Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(1));
     let out = strait_tests::mount::strait(&["gc", &primary.url(), "--token", &primary.token]);
-    assert!(out.contains("deleted the blocks of 4 dead slices"), "{out}");
+    assert!(
+        out.contains(&format!("deleted the blocks of {n_slices} dead slices")),
+        "{out}"
+    );
     assert!(block_files(&region.fs.data_dir()).is_empty());
     wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
     wait_for(
@@ -358,7 +376,7 @@ fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_af
         || block_files(&mirror.data_dir()).is_empty(),
     );
     let row = mirror_row(&mirror.addr, &mirror.token);
-    assert_eq!(row["blocks"]["deleted_blocks"], 8, "{row}");
+    assert_eq!(row["blocks"]["deleted_blocks"], n_blocks, "{row}");
 }
 
 #[test]
@@ -375,33 +393,51 @@ fn only_eager_paths_are_copied_in_the_background() {
     let a = primary.mount(&[]);
     std::fs::create_dir_all(a.path("datasets/imgs")).unwrap();
     std::fs::create_dir_all(a.path("scratch")).unwrap();
-    std::fs::write(a.path("datasets/imgs/x"), bytes(1, 300_000)).unwrap();
+    // the lazy file first, so its blocks are known by name whatever the writes were cut into
     std::fs::write(a.path("scratch/y"), bytes(2, 200_000)).unwrap();
+    let lazy_keys: Vec<String> = block_files(&region.fs.data_dir()).into_keys().collect();
+    assert!(!lazy_keys.is_empty());
+    std::fs::write(a.path("datasets/imgs/x"), bytes(1, 300_000)).unwrap();
     // renamed into the eager tree before it is written: its path at write time decides
     std::fs::write(a.path("scratch/z"), b"").unwrap();
     std::fs::rename(a.path("scratch/z"), a.path("datasets/z")).unwrap();
     std::fs::write(a.path("datasets/z"), bytes(3, 100_000)).unwrap();
+    let all_keys: Vec<String> = block_files(&region.fs.data_dir()).into_keys().collect();
+    let eager_keys: Vec<String> = all_keys
+        .iter()
+        .filter(|k| !lazy_keys.contains(k))
+        .cloned()
+        .collect();
+    let eager_bytes: usize = block_files(&region.fs.data_dir())
+        .iter()
+        .filter(|(k, _)| eager_keys.contains(k))
+        .map(|(_, v)| v.len())
+        .sum();
+    assert_eq!(eager_bytes, 400_000);
     wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
     wait_synced(&mirror, Duration::from_secs(30));
-    let mut sizes: Vec<usize> = block_files(&mirror.data_dir())
-        .values()
-        .map(|v| v.len())
-        .collect();
-    sizes.sort();
-    assert_eq!(sizes, vec![100_000, 300_000], "only /datasets is copied");
+    assert_eq!(
+        block_files(&mirror.data_dir())
+            .into_keys()
+            .collect::<Vec<_>>(),
+        eager_keys,
+        "only /datasets is copied"
+    );
     // a lazy file comes over when read
     let b = mirror.mount(&[]);
     assert!(std::fs::read(b.path("scratch/y")).unwrap() == bytes(2, 200_000));
     // kept behind the reader's back
-    let start = std::time::Instant::now();
-    while block_files(&mirror.data_dir()).len() < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the block read at B was not kept in B's store"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(block_files(&mirror.data_dir()).len(), 3);
+    wait_for(
+        "the blocks read at B are kept in B's store",
+        Duration::from_secs(10),
+        || block_files(&mirror.data_dir()).len() >= all_keys.len(),
+    );
+    assert_eq!(
+        block_files(&mirror.data_dir())
+            .into_keys()
+            .collect::<Vec<_>>(),
+        all_keys
+    );
     // and marked: a fresh mount reads it from B's store, without the mirror
     let before = mirror_row(&mirror.addr, &mirror.token)["blocks"]["fallback_reads"].as_u64();
     drop(b);
