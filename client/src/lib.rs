@@ -355,7 +355,8 @@ impl RemoteMeta {
             .connect_timeout(Duration::from_secs(5))
             .timeout(opts.rpc_timeout)
             .tcp_nodelay(true)
-            .tcp_keepalive(Some(Duration::from_secs(30)));
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+            .max_frame_size(strait_proto::HTTP2_FRAME_BYTES);
         if let Some(tls) = &opts.tls {
             let mut cfg = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&tls.ca_pem))

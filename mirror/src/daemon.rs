@@ -189,6 +189,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let serve = Server::builder()
         .tcp_keepalive(Some(Duration::from_secs(60)))
         .tcp_nodelay(true)
+        .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
         .add_service(router)
         .add_service(site)
         .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await });

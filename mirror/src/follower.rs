@@ -60,6 +60,7 @@ impl Primary {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
+            .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(10))
             .connect_lazy();

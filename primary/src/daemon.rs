@@ -142,6 +142,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let mut builder = Server::builder()
         .tcp_keepalive(Some(Duration::from_secs(60)))
         .max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX))
+        .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
         .tcp_nodelay(true);
     let tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
         (Some(cert), Some(key)) => {

@@ -15,4 +15,10 @@ pub mod site {
 
 mod convert;
 
+/// The largest HTTP/2 frame strait's gRPC clients and servers accept
+/// (`SETTINGS_MAX_FRAME_SIZE`). At h2's default, 16 KiB, a 128 KiB block is sent as 8 frames,
+/// each its own `writev`, and read on the other side 8 KiB at a time: on loopback and LANs
+/// that costs CPU, not bandwidth. A frame is never bigger than the message it carries.
+pub const HTTP2_FRAME_BYTES: u32 = 1 << 20;
+
 pub use convert::*;

@@ -27,11 +27,16 @@ pub const KIND_SNAPSHOT: u32 = 3;
 /// Largest Raft message accepted (a snapshot chunk or a batch of entries).
 pub const RAFT_MESSAGE_MAX: usize = 256 << 20;
 
+/// The largest HTTP/2 frame a replicator accepts (h2's default is 16 KiB: a batch of records
+/// would be cut into many frames, each its own write).
+pub const HTTP2_FRAME_BYTES: u32 = 1 << 20;
+
 /// A lazily connected channel to `addr` (`host:port`).
 pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
     Ok(Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
+        .max_frame_size(HTTP2_FRAME_BYTES)
         .tcp_keepalive(Some(Duration::from_secs(10)))
         .http2_keep_alive_interval(Duration::from_secs(2))
         .keep_alive_timeout(Duration::from_secs(4))

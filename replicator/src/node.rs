@@ -116,6 +116,7 @@ impl Node {
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
+                .max_frame_size(crate::network::HTTP2_FRAME_BYTES)
                 .http2_keepalive_interval(Some(Duration::from_secs(2)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(4)))
                 .add_service(svc)
