@@ -168,6 +168,7 @@ impl StraitFs {
     }
 
     fn entry(&self, reply: ReplyEntry, ino: u64, a: &Attr) {
+        self.vfs.saw(ino, a);
         reply.entry(&self.opts.entry_ttl, &file_attr(ino, a), Generation(0));
     }
 }

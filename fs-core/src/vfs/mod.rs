@@ -600,8 +600,10 @@ impl Vfs {
     }
 
     /// Remember the size and mtime of a file as last told to the kernel; returns whether
-    /// they differ from what it was told before (or nothing was).
-    fn saw(&self, ino: Ino, a: &Attr) -> bool {
+    /// they differ from what it was told before (or nothing was). Every reply that gives the
+    /// kernel a file's attributes goes through here: [`Self::read`] reads up to the length
+    /// the kernel was last told, as the kernel itself does.
+    pub fn saw(&self, ino: Ino, a: &Attr) -> bool {
         if a.kind != FileKind::File {
             return false;
         }
@@ -680,17 +682,31 @@ impl Vfs {
         // Commit this file's buffered writes first. Always call flush: it also waits for a
         // flush already running on another thread (a concurrent readahead request must not
         // see the length from before that flush's commits).
-        if let Some(w) = self.existing_writer(ino) {
-            w.flush(&self.shared)?;
-        }
-        let attr = self.shared.meta.getattr(ino)?;
-        if attr.kind == FileKind::Dir {
-            return sys(libc::EISDIR);
-        }
-        if off >= attr.length || size == 0 {
+        // The length: with writes of this mount behind it, the metadata's (after that flush);
+        // otherwise the one the kernel was last told (open, lookup and getattr tell it), as
+        // the slices read are those seen since the open (close-to-open). That saves a call
+        // to the metadata service per read.
+        let told = match self.existing_writer(ino) {
+            Some(w) => {
+                w.flush(&self.shared)?;
+                None
+            }
+            None => self.seen.lock().get(&ino).map(|(length, _)| *length),
+        };
+        let length = match told {
+            Some(length) => length,
+            None => {
+                let attr = self.shared.meta.getattr(ino)?;
+                if attr.kind == FileKind::Dir {
+                    return sys(libc::EISDIR);
+                }
+                attr.length
+            }
+        };
+        if off >= length || size == 0 {
             return Ok(vec![]);
         }
-        let end = (off + size as u64).min(attr.length);
+        let end = (off + size as u64).min(length);
         let mut buf = vec![0u8; (end - off) as usize];
         // readahead: grow the window while the reader stays sequential
         let window = {
@@ -721,12 +737,7 @@ impl Vfs {
             pos = idx as u64 * CHUNK_SIZE + to as u64;
         }
         if window > 0 {
-            shared.prefetch(
-                ino,
-                end,
-                window as u64 * shared.block_size as u64,
-                attr.length,
-            );
+            shared.prefetch(ino, end, window as u64 * shared.block_size as u64, length);
         }
         Ok(buf)
     }
