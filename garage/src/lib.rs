@@ -84,7 +84,7 @@ impl Garage {
             format!(
                 r#"metadata_dir = "{root}/meta"
 data_dir = "{root}/data"
-db_engine = "sqlite"
+db_engine = "lmdb"
 replication_factor = 1
 # blocks are checked, random or already compressed data: zstd would only cost CPU
 compression_level = "none"
@@ -222,6 +222,11 @@ admin_token = "{admin_token}"
     }
 
     /// The S3 API's address.
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn s3_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.s3_port))
     }
