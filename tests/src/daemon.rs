@@ -27,6 +27,11 @@ pub struct Primary {
 }
 
 impl Primary {
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Start a daemon serving the formatted engine `meta_url`; `extra` are more flags.
     pub fn start(meta_url: &str, env: &[(String, String)], extra: &[&str]) -> Primary {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -58,6 +58,14 @@ fn opts() -> Result<Opts> {
         threads: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "bench_mirror_data [--small 8192] [--small-kib 128] [--big 4] [--big-mib 256] \
+             [--bw-mb-s 100] [--delay-ms 15] [--readers 64] [--threads N]\n\
+             Run from the workspace's tests/ directory; needs garage and FUSE."
+        );
+        std::process::exit(0);
+    }
     let mut i = 0;
     while i < args.len() {
         let v = args
@@ -164,6 +172,54 @@ fn cpu_busy_since(from: (u64, u64)) -> f64 {
     let now = cpu_ticks();
     let all = now.1.saturating_sub(from.1).max(1);
     100.0 * now.0.saturating_sub(from.0) as f64 / all as f64
+}
+
+/// CPU seconds (user and system) a process has used so far; 0 once it is gone.
+fn process_cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // the fields after the command name, which may hold spaces: state is field 3, utime 14
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // SAFETY: sysconf only reads a constant of the system
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    f.iter().sum::<u64>() as f64 / hz
+}
+
+/// The CPU time of named processes over a phase.
+struct CpuShare(Vec<(&'static str, u32, f64)>);
+
+impl CpuShare {
+    fn start(procs: &[(&'static str, Option<u32>)]) -> CpuShare {
+        CpuShare(
+            procs
+                .iter()
+                .filter_map(|(name, pid)| Some((*name, (*pid)?, process_cpu_s((*pid)?))))
+                .collect(),
+        )
+    }
+
+    /// "name X ms, ..." per `per` (files), the biggest first.
+    fn per(&self, per: usize) -> String {
+        let mut v: Vec<(&str, f64)> = self
+            .0
+            .iter()
+            .map(|(n, pid, s0)| (*n, (process_cpu_s(*pid) - s0).max(0.0)))
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v.iter()
+            .map(|(n, s)| format!("{n} {:.2} ms", 1e3 * s / per.max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 fn mb_s(bytes: u64, s: f64) -> f64 {
@@ -307,8 +363,19 @@ fn main() -> Result<()> {
     let order = read_order(files.len());
     let lb = lazy.mount(&margs);
     let cpu = cpu_ticks();
+    let share = CpuShare::start(&[
+        ("mount", lb.pid()),
+        ("mirror", lazy.pid()),
+        ("B's Garage", Some(gl.pid())),
+        ("A's Garage", Some(ga.pid())),
+        (
+            "this program (readers, link proxy)",
+            Some(std::process::id()),
+        ),
+    ]);
     let (s, bytes, sums_b) = read_all(&lb.path(""), &files, &order, o.readers);
     let busy = cpu_busy_since(cpu);
+    let shares = share.per(files.len());
     let mismatched = sums_a.iter().zip(&sums_b).filter(|(x, y)| x != y).count();
     println!(
         "read at B before sync (lazy):   {:>8.1} s  {:>7.1} MB/s  = {:.0} % of the link; {} of {} files differ",
@@ -325,6 +392,11 @@ fn main() -> Result<()> {
         row["blocks"]["fallback_reads"],
         row["blocks"]["cross_region_read_bytes"],
         std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    println!(
+        "  CPU per file read: {:.2} ms on all cores; {shares}",
+        1e3 * busy / 100.0 * cores * s / files.len().max(1) as f64
     );
 
     // after the copy: reads at B from B's store, against reads at A from A's store, in turn
