@@ -59,6 +59,21 @@ impl TestFs {
         fs
     }
 
+    /// RocksDB metadata in the file system's own directory and the object store `data_url`
+    /// (with `env` for its credentials), formatted.
+    pub fn rocks_on(data_url: String, env: Vec<(String, String)>) -> TestFs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let meta_url = format!("rocksdb://{}", dir.path().join("meta").display());
+        let fs = TestFs {
+            dir,
+            meta_url,
+            data_url,
+            env,
+        };
+        fs.format(&[]);
+        fs
+    }
+
     pub fn new(
         meta_url: String,
         data_url: String,

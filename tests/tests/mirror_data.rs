@@ -455,14 +455,10 @@ fn two_regions_on_garage_s3_the_mirror_serves_its_copies_with_the_link_cut() {
     };
     let gb = strait_tests::garage::Garage::start().expect("a second Garage");
     let rt = strait_tests::runtime();
-    let work = tempfile::tempdir().unwrap();
-    let fs = strait_tests::mount::TestFs::new(
-        format!("rocksdb://{}", work.path().join("meta").display()),
-        ga.data_url(),
-        ga.env(),
-        &[],
+    let region = RegionA::start_on(
+        &rt,
+        strait_tests::mount::TestFs::rocks_on(ga.data_url(), ga.env()),
     );
-    let region = RegionA::start_on(&rt, fs);
     let primary = region.primary(&[]);
     // region B reaches A's store only through the link
     let link = Proxy::start_blocking("127.0.0.1:0".parse().unwrap(), ga.s3_addr()).unwrap();

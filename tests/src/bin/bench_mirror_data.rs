@@ -23,7 +23,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -248,14 +247,7 @@ fn main() -> Result<()> {
     // and nothing else
     let gb = Garage::start().context("Garage is not installed")?;
     let gl = Garage::start().context("Garage is not installed")?;
-    let work = tempfile::tempdir()?;
-    let fs = TestFs::new(
-        format!("rocksdb://{}", work.path().join("meta").display()),
-        ga.data_url(),
-        ga.env(),
-        &[],
-    );
-    let region = RegionA::start_on(&rt, fs);
+    let region = RegionA::start_on(&rt, TestFs::rocks_on(ga.data_url(), ga.env()));
     let primary = region.primary(&[]);
 
     // the link between the regions, in front of A's S3 endpoint
@@ -272,32 +264,24 @@ fn main() -> Result<()> {
         refuse: false,
     });
     let across = ga.data_url_at("", &link.addr().to_string());
-    let eager = Primary::mirror(
-        &primary,
-        "b-eager",
-        &region.addrs,
-        &[
-            "--data-url",
-            &gb.data_url_at("", &gb.s3_addr().to_string()),
-            "--primary-data-url",
-            &across,
-            "--sync",
-            "eager",
-        ],
-    );
-    let lazy = Primary::mirror(
-        &primary,
-        "b-lazy",
-        &region.addrs,
-        &[
-            "--data-url",
-            &gl.data_url_at("", &gl.s3_addr().to_string()),
-            "--primary-data-url",
-            &across,
-            "--sync",
-            "lazy",
-        ],
-    );
+    // a mirror on its own Garage, reaching A's store across the link
+    let mirror = |id: &str, store: &Garage, sync: &str| {
+        Primary::mirror(
+            &primary,
+            id,
+            &region.addrs,
+            &[
+                "--data-url",
+                &store.data_url_at("", &store.s3_addr().to_string()),
+                "--primary-data-url",
+                &across,
+                "--sync",
+                sync,
+            ],
+        )
+    };
+    let eager = mirror("b-eager", &gb, "eager");
+    let lazy = mirror("b-lazy", &gl, "lazy");
 
     // the dataset, written at A
     let mut files: Vec<(String, usize)> = vec![];
@@ -448,6 +432,5 @@ fn main() -> Result<()> {
         st.bytes_down.load(Ordering::Relaxed),
         st.bytes_up.load(Ordering::Relaxed)
     );
-    let _keep = Arc::new(work);
     Ok(())
 }
