@@ -15,8 +15,15 @@
 //! configured over HTTP, depends on old majors (tokio-util 0.6, rand 0.8), and has neither a
 //! one-way blackhole nor a reset of open connections, which the partition tests need.
 //!
-//! Chunks wait in a bounded queue per connection and direction, so a slow link pushes back on
-//! the sender as TCP would instead of buffering without limit.
+//! Bytes in flight are bounded per connection and direction ([`WINDOW`] bytes, like a TCP
+//! receive window), so a slow link pushes back on the sender as TCP would instead of buffering
+//! without limit, and one connection can still fill a link with a long delay.
+//!
+//! The bandwidth is paced with a virtual clock (the instant the link is next free) rather than
+//! a sleep per chunk: tokio's timer has a resolution of 1 ms, longer than a 64 KiB chunk takes
+//! at 100 MB/s, so sleeping for each chunk's own duration would cap one connection well below
+//! the rate. A link idle for a moment may send [`PACER_SLACK`] worth of bytes at once; over any
+//! interval `T` the bytes delivered stay below `rate × (T + PACER_SLACK)` plus one chunk.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,12 +34,18 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 /// Largest chunk read at once.
 const CHUNK: usize = 64 << 10;
-/// Chunks in flight per connection and direction (at most `QUEUE * CHUNK` bytes).
-const QUEUE: usize = 64;
+/// Chunks in flight per connection and direction.
+const QUEUE: usize = 1024;
+/// Bytes in flight per connection and direction: enough for one connection to fill 100 MB/s
+/// across a 15 ms one-way delay (1.5 MB in the air) with room to spare, like a Linux TCP
+/// window after autotuning.
+pub const WINDOW: usize = 4 << 20;
+/// How far the pacer's clock may lag behind now: the burst a link idle for a moment may send.
+pub const PACER_SLACK: Duration = Duration::from_millis(2);
 
 /// Which way bytes travel: `Up` is client → upstream, `Down` is upstream → client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +119,8 @@ impl Pacer {
     fn reserve(&self, len: usize, rate: u64) -> Instant {
         let cost = Duration::from_secs_f64(len as f64 / rate.max(1) as f64);
         let mut f = self.free_at.lock();
-        let start = (*f).max(Instant::now());
+        let now = Instant::now();
+        let start = (*f).max(now.checked_sub(PACER_SLACK).unwrap_or(now));
         *f = start + cost;
         *f
     }
@@ -305,11 +319,19 @@ async fn pipe(
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let (tx, mut rx) = mpsc::channel::<(Instant, Bytes)>(QUEUE);
+    let window = Arc::new(Semaphore::new(WINDOW));
+    let reader_window = window.clone();
     let reader_shared = shared.clone();
     let reader = async move {
         let mut buf = vec![0u8; CHUNK];
         loop {
+            // read no more than the window has room for
+            let room = match reader_window.acquire_many(CHUNK as u32).await {
+                Ok(p) => p,
+                Err(_) => return Ok(()),
+            };
             let n = from.read(&mut buf).await?;
+            drop(room);
             if n == 0 {
                 return Ok::<(), std::io::Error>(());
             }
@@ -323,6 +345,11 @@ async fn pipe(
                 continue;
             }
             let due = Instant::now() + link.latency;
+            match reader_window.acquire_many(n as u32).await {
+                // given back once the writer delivered the chunk
+                Ok(p) => p.forget(),
+                Err(_) => return Ok(()),
+            }
             if tx
                 .send((due, Bytes::copy_from_slice(&buf[..n])))
                 .await
@@ -339,6 +366,7 @@ async fn pipe(
             let link = writer_shared.faults.borrow().link(d);
             if link.blackhole {
                 // partitioned while the chunk was in flight: it is lost
+                window.add_permits(chunk.len());
                 continue;
             }
             if let Some(rate) = link.bandwidth {
@@ -346,6 +374,7 @@ async fn pipe(
                 tokio::time::sleep_until(done.into()).await;
             }
             to.write_all(&chunk).await?;
+            window.add_permits(chunk.len());
             let s = &writer_shared.stats;
             match d {
                 Direction::Up => s.bytes_up.fetch_add(chunk.len() as u64, Ordering::Relaxed),

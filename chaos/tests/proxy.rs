@@ -109,6 +109,32 @@ fn bandwidth_caps_the_byte_rate() {
 }
 
 #[test]
+fn the_bandwidth_is_shared_by_every_connection() {
+    let p = proxy();
+    p.update(|f| f.up.bandwidth = Some(2 << 20)); // 2 MiB/s up, shared
+                                                  // four connections each send 1 MiB at once (their echoes come back unpaced): 4 MiB at
+                                                  // 2 MiB/s is 2 s at least, whatever the pacer's slack
+    let t = Instant::now();
+    let senders: Vec<_> = (0..4u8)
+        .map(|i| {
+            let mut s = connect(&p);
+            std::thread::spawn(move || {
+                let data = vec![i; 1 << 20];
+                assert!(round_trip(&mut s, &data) == data, "connection {i} differs");
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900),
+        "4 MiB through a 2 MiB/s link took only {took:?}"
+    );
+}
+
+#[test]
 fn a_one_way_blackhole_drops_only_that_direction_and_heals() {
     let p = proxy();
     let mut s = connect(&p);
