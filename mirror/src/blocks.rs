@@ -709,9 +709,15 @@ impl Blocks {
                 _ => (0.0, 0.0),
             }
         };
+        // the queue's size as of now (a status taken right after an apply must count what
+        // it queued), or the last tick's when the store cannot be read
+        let (pending_blocks, pending_bytes) = self.read_pending().unwrap_or((
+            c.pending_blocks.load(Ordering::Relaxed),
+            c.pending_bytes.load(Ordering::Relaxed),
+        ));
         BlockStats {
-            pending_blocks: c.pending_blocks.load(Ordering::Relaxed),
-            pending_bytes: c.pending_bytes.load(Ordering::Relaxed),
+            pending_blocks,
+            pending_bytes,
             copied_blocks: c.copied_blocks.load(Ordering::Relaxed),
             copied_bytes: c.copied_bytes.load(Ordering::Relaxed),
             copy_bytes_per_s: copy_rate,
