@@ -357,7 +357,9 @@ fn main() -> Result<()> {
             Some(std::process::id()),
         ),
     ]);
+    let down0 = link.stats().bytes_down.load(Ordering::Relaxed);
     let (s, bytes, sums_b) = read_all(&lb.path(""), &files, &order, o.readers);
+    let down = link.stats().bytes_down.load(Ordering::Relaxed) - down0;
     let busy = cpu_busy_since(cpu);
     let shares = share.per(files.len());
     let mismatched = sums_a.iter().zip(&sums_b).filter(|(x, y)| x != y).count();
@@ -376,6 +378,12 @@ fn main() -> Result<()> {
         row["blocks"]["fallback_reads"],
         row["blocks"]["cross_region_read_bytes"],
         std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    // the proof that the link held its cap while the readers ran
+    println!(
+        "  link toward B meanwhile: {down} bytes = {:.1} MB/s (cap {} MB/s)",
+        mb_s(down, s),
+        o.bw_mb_s
     );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     println!(
