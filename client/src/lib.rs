@@ -610,6 +610,44 @@ impl RemoteMeta {
 
 /// The releaser thread: sends queued closes in batches until the queue's sender is dropped.
 /// A batch gathers the closes of [`RELEASE_GATHER`] after its first one.
+impl RemoteMeta {
+    #[allow(clippy::type_complexity)]
+    fn open_with(
+        &self,
+        c: &Ctx,
+        ino: Ino,
+        flags: i32,
+        chunk0: bool,
+    ) -> Result<(Attr, Option<(Vec<SliceRef>, Vec<Vec<u8>>)>)> {
+        let req = w::OpenRequest {
+            ctx: ctx(c),
+            ino,
+            flags,
+            chunk0,
+        };
+        // opening only checks access and counts a handle: repeating it after a broken
+        // connection can at worst count a handle the daemon drops with the session
+        let mut r = self.call("open", true, |mut c| {
+            let req = req.clone();
+            async move { c.open(req).await }
+        })?;
+        self.counted_open(ino);
+        // the handle is open at the daemon now: a chunk list that does not decode is only
+        // asked again by the first read
+        let chunk = match r.chunk0.take() {
+            Some(ch) if chunk0 => match strait_proto::slices_from_wire(ch.slices) {
+                Ok(slices) => Some((slices, ch.unsynced)),
+                Err(e) => {
+                    tracing::warn!("{}", wire_err("open: chunk 0 in the reply", e));
+                    None
+                }
+            },
+            _ => None,
+        };
+        Ok((attr("open", r)?, chunk))
+    }
+}
+
 fn releaser(me: Weak<RemoteMeta>, rx: Receiver<Ino>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -925,19 +963,16 @@ impl MetaClient for RemoteMeta {
     }
 
     fn open_inode(&self, c: &Ctx, ino: Ino, flags: i32) -> Result<Attr> {
-        let req = w::OpenRequest {
-            ctx: ctx(c),
-            ino,
-            flags,
-        };
-        // opening only checks access and counts a handle: repeating it after a broken
-        // connection can at worst count a handle the daemon drops with the session
-        let r = self.call("open", true, |mut c| {
-            let req = req.clone();
-            async move { c.open(req).await }
-        })?;
-        self.counted_open(ino);
-        attr("open", r)
+        Ok(self.open_with(c, ino, flags, false)?.0)
+    }
+
+    fn open_inode_chunk0(
+        &self,
+        c: &Ctx,
+        ino: Ino,
+        flags: i32,
+    ) -> Result<(Attr, Option<(Vec<SliceRef>, Vec<Vec<u8>>)>)> {
+        self.open_with(c, ino, flags, true)
     }
 
     fn release(&self, ino: Ino) -> Result<()> {

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use strait_fs_core::error::Error;
-use strait_fs_core::meta::{Attr, Ctx, Ino, Meta, SliceRef};
+use strait_fs_core::meta::{Attr, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
 use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
@@ -128,6 +128,7 @@ fn ctx_of(c: Option<w::Ctx>) -> Result<Ctx, Error> {
 fn attr_reply(a: &Attr) -> w::AttrReply {
     w::AttrReply {
         attr: Some(a.into()),
+        chunk0: None,
     }
 }
 
@@ -552,11 +553,25 @@ impl MetaService for MetaServer {
     }
 
     async fn open(&self, req: Request<w::OpenRequest>) -> Reply<w::AttrReply> {
-        rpc!(self, req, "open", |m, r| Ok(attr_reply(&m.open_inode(
-            &ctx_of(r.ctx)?,
-            r.ino,
-            r.flags
-        )?)))
+        let source = self.blocks.as_ref().map(|(_, s)| s.clone());
+        rpc!(self, req, "open", |m, r| {
+            let a = m.open_inode(&ctx_of(r.ctx)?, r.ino, r.flags)?;
+            let mut reply = attr_reply(&a);
+            if r.chunk0 && a.kind == FileKind::File {
+                // best effort: the handle is counted already, and the mount asks ReadChunk
+                // when this is missing
+                match m.read_chunk(r.ino, 0) {
+                    Ok(slices) => {
+                        reply.chunk0 = Some(w::ReadChunkReply {
+                            unsynced: source.map(|s| s.unsynced(&slices)).unwrap_or_default(),
+                            slices: strait_proto::slices_to_wire(&slices),
+                        })
+                    }
+                    Err(e) => tracing::debug!("open: chunk 0 of inode {}: {e}", r.ino),
+                }
+            }
+            Ok(reply)
+        })
     }
 
     async fn release(&self, req: Request<w::ReleaseRequest>) -> Reply<w::Empty> {

@@ -400,6 +400,36 @@ fn metrics_and_health_are_served() {
     assert!(version >= 2, "format and create are versions ({version})");
     let (code, _) = daemon.http_get("/nowhere");
     assert_eq!(code, 404);
+
+    // an open brings chunk 0's slice list along: a fresh mount reads a small file whole
+    // with one Open and no ReadChunk
+    let ok_calls = |text: &str, op: &str| -> u64 {
+        let prefix = format!("strait_rpc_duration_seconds_count{{op=\"{op}\",outcome=\"ok\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let data = content(7, 300_000);
+    std::fs::write(m.path("g"), &data).unwrap();
+    let (_, before) = daemon.http_get("/metrics");
+    let m2 = daemon.mount(&[]);
+    assert!(
+        std::fs::read(m2.path("g")).unwrap() == data,
+        "g read back differs"
+    );
+    let (_, after) = daemon.http_get("/metrics");
+    assert_eq!(
+        ok_calls(&after, "open"),
+        ok_calls(&before, "open") + 1,
+        "{after}"
+    );
+    assert_eq!(
+        ok_calls(&after, "read_chunk"),
+        ok_calls(&before, "read_chunk"),
+        "the first read asked ReadChunk although the open answered chunk 0"
+    );
+    m2.unmount();
     m.unmount();
 
     // a mount with a wrong token, or none, fails with one clear line

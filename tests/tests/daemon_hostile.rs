@@ -580,6 +580,7 @@ fn random_calls_never_crash_the_daemon() {
                                     ctx,
                                     ino,
                                     flags: n as i32,
+                                    chunk0: n % 2 == 0,
                                 },
                                 t,
                                 sid,

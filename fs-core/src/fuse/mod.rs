@@ -689,7 +689,24 @@ impl Filesystem for StraitFs {
         let mut wait = Duration::from_millis(1);
         loop {
             match meta.setlk(ino.0, lock_owner.0, pid, t, start, end) {
-                Ok(()) => return reply.ok(),
+                Ok(()) if t == LockType::Unlock => return reply.ok(),
+                Ok(()) => {
+                    // as NFS does: taking a lock revalidates the file, so that a read under
+                    // the lock sees every write committed before the lock was granted (the
+                    // open's view may be older)
+                    match self.vfs.lock_acquired(ino.0) {
+                        Ok(true) => {
+                            if let Some(n) = self.notifier.get() {
+                                if let Err(e) = n.inval_inode(ino, 0, 0) {
+                                    tracing::debug!("invalidate inode {}: {e}", ino.0);
+                                }
+                            }
+                        }
+                        Ok(false) => {}
+                        Err(e) => tracing::debug!("revalidate inode {} after a lock: {e}", ino.0),
+                    }
+                    return reply.ok();
+                }
                 Err(Error::Sys(libc::EAGAIN)) if sleep => {
                     // F_SETLKW: wait, but give up with EINTR as soon as the caller is signalled
                     if signal_pending(req.pid()) {

@@ -77,6 +77,18 @@ pub trait MetaClient: Send + Sync {
 
     /// Check access for open(2) with `flags` and count the handle.
     fn open_inode(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Attr>;
+    /// [`Self::open_inode`], plus chunk 0 as [`Self::read_chunk_unsynced`] answers it when
+    /// the inode is a regular file and the service sends it along (a remote daemon does, in
+    /// the open's reply: the first read of the file then needs no call of its own).
+    #[allow(clippy::type_complexity)]
+    fn open_inode_chunk0(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        flags: i32,
+    ) -> Result<(Attr, Option<(Vec<SliceRef>, Vec<Vec<u8>>)>)> {
+        Ok((self.open_inode(ctx, ino, flags)?, None))
+    }
     /// A handle closed; the last close of an unlinked file deletes it.
     fn release(&self, ino: Ino) -> Result<()>;
 

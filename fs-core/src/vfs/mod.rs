@@ -161,6 +161,18 @@ impl Shared {
             return Ok(s.clone());
         }
         let (slices, unsynced) = self.meta.read_chunk_unsynced(ino, idx)?;
+        Ok(self.keep_chunk(ino, idx, slices, unsynced))
+    }
+
+    /// Cache the slice list of a chunk as the metadata service gave it (with, at a mirror,
+    /// the bitmaps of the blocks the region's store does not hold yet).
+    fn keep_chunk(
+        &self,
+        ino: Ino,
+        idx: u32,
+        slices: Vec<SliceRef>,
+        unsynced: Vec<Vec<u8>>,
+    ) -> SliceList {
         let unsynced = if unsynced.len() == slices.len() {
             slices
                 .iter()
@@ -177,7 +189,7 @@ impl Shared {
             c.clear();
         }
         c.insert((ino, idx), s.clone());
-        Ok(s)
+        s
     }
 
     /// One block, from memory, the disk cache or the object store (checked against its CRC).
@@ -657,12 +669,30 @@ impl Vfs {
     /// Open `ino`; the flag is true when the file changed since the kernel last heard of it
     /// (another mount wrote it), so the caller must drop the kernel's cached attributes.
     pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<(u64, Attr, bool)> {
-        let mut a = self.shared.meta.open_inode(ctx, ino, flags)?;
+        let (mut a, chunk0) = self.shared.meta.open_inode_chunk0(ctx, ino, flags)?;
         // close-to-open: forget cached slice lists so this open sees every committed write
         self.shared.forget_inode(ino);
+        if let Some((slices, unsynced)) = chunk0 {
+            // read with the open: the first read needs no call of its own
+            self.shared.keep_chunk(ino, 0, slices, unsynced);
+        }
         self.overlay(ino, &mut a);
         let changed = self.saw(ino, &a);
         Ok((self.new_handle(ino), a, changed))
+    }
+
+    /// A POSIX lock on `ino` was granted: forget what this mount read of the file since its
+    /// open (slice lists, length), so reads under the lock see every write committed before
+    /// it. True when the file changed since the kernel last heard of it.
+    pub fn lock_acquired(&self, ino: Ino) -> Result<bool> {
+        self.shared.forget_inode(ino);
+        if self.existing_writer(ino).is_some() {
+            // its reads flush and measure the file at the service anyway
+            return Ok(false);
+        }
+        let mut a = self.shared.meta.getattr(ino)?;
+        self.overlay(ino, &mut a);
+        Ok(self.saw(ino, &a))
     }
 
     pub fn create(
