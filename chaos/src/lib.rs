@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -323,18 +323,21 @@ async fn pipe(
     let reader_window = window.clone();
     let reader_shared = shared.clone();
     let reader = async move {
-        let mut buf = vec![0u8; CHUNK];
+        // chunks are cut from a shared buffer, not copied out of one
+        let mut buf = BytesMut::new();
         loop {
             // read no more than the window has room for
             let room = match reader_window.acquire_many(CHUNK as u32).await {
                 Ok(p) => p,
                 Err(_) => return Ok(()),
             };
-            let n = from.read(&mut buf).await?;
+            buf.reserve(CHUNK);
+            let n = from.read_buf(&mut (&mut buf).limit(CHUNK)).await?;
             drop(room);
             if n == 0 {
                 return Ok::<(), std::io::Error>(());
             }
+            let chunk = buf.split().freeze();
             let link = reader_shared.faults.borrow().link(d);
             let s = &reader_shared.stats;
             if link.blackhole {
@@ -350,11 +353,7 @@ async fn pipe(
                 Ok(p) => p.forget(),
                 Err(_) => return Ok(()),
             }
-            if tx
-                .send((due, Bytes::copy_from_slice(&buf[..n])))
-                .await
-                .is_err()
-            {
+            if tx.send((due, chunk)).await.is_err() {
                 return Ok(());
             }
         }
@@ -362,7 +361,9 @@ async fn pipe(
     let writer_shared = shared.clone();
     let writer = async {
         while let Some((due, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(due.into()).await;
+            if due > Instant::now() {
+                tokio::time::sleep_until(due.into()).await;
+            }
             let link = writer_shared.faults.borrow().link(d);
             if link.blackhole {
                 // partitioned while the chunk was in flight: it is lost
@@ -371,7 +372,9 @@ async fn pipe(
             }
             if let Some(rate) = link.bandwidth {
                 let done = writer_shared.pacers[d as usize].reserve(chunk.len(), rate);
-                tokio::time::sleep_until(done.into()).await;
+                if done > Instant::now() {
+                    tokio::time::sleep_until(done.into()).await;
+                }
             }
             to.write_all(&chunk).await?;
             window.add_permits(chunk.len());
