@@ -43,6 +43,7 @@ struct Opts {
     delay_ms: u64,
     readers: usize,
     threads: usize,
+    progress_s: f64,
 }
 
 fn opts() -> Result<Opts> {
@@ -55,12 +56,14 @@ fn opts() -> Result<Opts> {
         delay_ms: 15,
         readers: 64,
         threads: 0,
+        progress_s: 5.0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "bench_mirror_data [--small 8192] [--small-kib 128] [--big 4] [--big-mib 256] \
-             [--bw-mb-s 100] [--delay-ms 15] [--readers 64] [--threads N]\n\
+             [--bw-mb-s 100] [--delay-ms 15] [--readers 64] [--threads N] [--progress-s 5]\n\
+             --progress-s: a line every so many seconds during the lazy read (0: none).\n\
              Run from the workspace's tests/ directory; needs garage and FUSE."
         );
         std::process::exit(0);
@@ -79,6 +82,7 @@ fn opts() -> Result<Opts> {
             "--delay-ms" => o.delay_ms = v.parse()?,
             "--readers" => o.readers = v.parse::<usize>()?.max(1),
             "--threads" => o.threads = v.parse()?,
+            "--progress-s" => o.progress_s = v.parse()?,
             other => bail!("unknown option {other}"),
         }
         i += 2;
@@ -133,12 +137,47 @@ fn read_all(
     files: &[(String, usize)],
     order: &[usize],
     readers: usize,
+    progress: Option<(Duration, &(dyn Fn() -> u64 + Sync))>,
 ) -> (f64, u64, Vec<String>) {
     let t0 = Instant::now();
-    let sums = parallel(order, readers, |&i| {
-        let rel = &files[i].0;
-        let data = std::fs::read(root.join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"));
-        (i, hex::encode(Sha256::digest(&data)))
+    let done = AtomicUsize::new(0);
+    let done_bytes = std::sync::atomic::AtomicU64::new(0);
+    let finished = std::sync::atomic::AtomicBool::new(false);
+    let sums = std::thread::scope(|s| {
+        if let Some((every, link_bytes)) = progress {
+            // a line every `every`: files and bytes done, the link's rate and the CPUs' use
+            // over the last interval
+            let (done, done_bytes, finished) = (&done, &done_bytes, &finished);
+            s.spawn(move || {
+                let (mut cpu, mut link, mut at) = (cpu_ticks(), link_bytes(), Instant::now());
+                while !finished.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if at.elapsed() < every {
+                        continue;
+                    }
+                    let l = link_bytes();
+                    println!(
+                        "    {:>5.1} s: {} of {} files, {:.0} MB; link {:.1} MB/s, CPUs {:.0} % busy",
+                        t0.elapsed().as_secs_f64(),
+                        done.load(Ordering::Relaxed),
+                        files.len(),
+                        done_bytes.load(Ordering::Relaxed) as f64 / 1e6,
+                        mb_s(l - link, at.elapsed().as_secs_f64()),
+                        cpu_busy_since(cpu)
+                    );
+                    (cpu, link, at) = (cpu_ticks(), l, Instant::now());
+                }
+            });
+        }
+        let sums = parallel(order, readers, |&i| {
+            let rel = &files[i].0;
+            let data = std::fs::read(root.join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"));
+            done.fetch_add(1, Ordering::Relaxed);
+            done_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+            (i, hex::encode(Sha256::digest(&data)))
+        });
+        finished.store(true, Ordering::Relaxed);
+        sums
     });
     let secs = t0.elapsed().as_secs_f64();
     let mut by_file = vec![String::new(); files.len()];
@@ -358,7 +397,14 @@ fn main() -> Result<()> {
         ),
     ]);
     let down0 = link.stats().bytes_down.load(Ordering::Relaxed);
-    let (s, bytes, sums_b) = read_all(&lb.path(""), &files, &order, o.readers);
+    let link_down = || link.stats().bytes_down.load(Ordering::Relaxed);
+    let progress = (o.progress_s > 0.0).then(|| {
+        (
+            Duration::from_secs_f64(o.progress_s),
+            &link_down as &(dyn Fn() -> u64 + Sync),
+        )
+    });
+    let (s, bytes, sums_b) = read_all(&lb.path(""), &files, &order, o.readers, progress);
     let down = link.stats().bytes_down.load(Ordering::Relaxed) - down0;
     let busy = cpu_busy_since(cpu);
     let shares = share.per(files.len());
@@ -400,10 +446,10 @@ fn main() -> Result<()> {
     let mut mismatched = 0;
     for round in 1..=3 {
         let a2 = primary.mount(&margs);
-        let (sa, _, _) = read_all(&a2.path(""), &files, &order, o.readers);
+        let (sa, _, _) = read_all(&a2.path(""), &files, &order, o.readers, None);
         drop(a2);
         let eb = eager.mount(&margs);
-        let (sb, _, sums_e) = read_all(&eb.path(""), &files, &order, o.readers);
+        let (sb, _, sums_e) = read_all(&eb.path(""), &files, &order, o.readers, None);
         drop(eb);
         mismatched += sums_a.iter().zip(&sums_e).filter(|(x, y)| x != y).count();
         println!(
