@@ -608,9 +608,8 @@ impl RemoteMeta {
     }
 }
 
-/// The releaser thread: sends queued closes in batches until the queue's sender is dropped.
-/// A batch gathers the closes of [`RELEASE_GATHER`] after its first one.
 impl RemoteMeta {
+    /// Open `ino`, with chunk 0's slice list in the reply when `chunk0` asks for it.
     #[allow(clippy::type_complexity)]
     fn open_with(
         &self,
@@ -648,6 +647,8 @@ impl RemoteMeta {
     }
 }
 
+/// The releaser thread: sends queued closes in batches until the queue's sender is dropped.
+/// A batch gathers the closes of [`RELEASE_GATHER`] after its first one.
 fn releaser(me: Weak<RemoteMeta>, rx: Receiver<Ino>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];

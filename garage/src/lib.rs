@@ -221,12 +221,12 @@ admin_token = "{admin_token}"
         format!("http://127.0.0.1:{}", self.s3_port)
     }
 
-    /// The S3 API's address.
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
+    /// The S3 API's address.
     pub fn s3_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.s3_port))
     }
