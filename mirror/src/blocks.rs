@@ -108,15 +108,14 @@ fn unsynced_bitmap(blocks: usize, synced: &HashSet<u32>) -> Vec<u8> {
     }
 }
 
-/// Run a short call on the metadata engine: in place for an embedded one (a point read or a
-/// small unsynced write in RocksDB takes microseconds, less than handing it to the blocking
-/// pool and back, which a read at a mirror did twice per block), on the blocking pool for one
-/// across the network. `None` if the call panicked there.
+/// Run a short call on the metadata engine: in place for one in this process (see
+/// [`kv::in_process`]; a read at a mirror makes two such calls per block), on the blocking
+/// pool otherwise. `None` if the call panicked there.
 async fn kv_call<T: Send + 'static>(
     kv: &DynKv,
     f: impl FnOnce(&dyn kv::KvEngine) -> T + Send + 'static,
 ) -> Option<T> {
-    if matches!(kv.name(), "rocksdb" | "memory") {
+    if kv::in_process(kv.as_ref()) {
         return Some(f(kv.as_ref()));
     }
     let kv = kv.clone();

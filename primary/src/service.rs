@@ -125,6 +125,15 @@ fn ctx_of(c: Option<w::Ctx>) -> Result<Ctx, Error> {
     strait_proto::ctx_from_wire(c).map_err(invalid)
 }
 
+/// A chunk's slice list as ReadChunk answers it, with, at a mirror, the blocks its region's
+/// store does not hold yet.
+fn chunk_reply(source: Option<Arc<dyn BlockSource>>, slices: &[SliceRef]) -> w::ReadChunkReply {
+    w::ReadChunkReply {
+        unsynced: source.map(|s| s.unsynced(slices)).unwrap_or_default(),
+        slices: strait_proto::slices_to_wire(slices),
+    }
+}
+
 fn attr_reply(a: &Attr) -> w::AttrReply {
     w::AttrReply {
         attr: Some(a.into()),
@@ -170,7 +179,7 @@ fn rpc_span(op: &'static str, md: &MetadataMap) -> tracing::Span {
 
 impl MetaServer {
     pub fn new(engine: Arc<Meta>, session_timeout_ms: u64, metrics: Arc<Metrics>) -> Self {
-        let inline = matches!(engine.kv().name(), "rocksdb" | "memory");
+        let inline = strait_fs_core::kv::in_process(engine.kv().as_ref());
         MetaServer {
             engine,
             inline,
@@ -561,12 +570,7 @@ impl MetaService for MetaServer {
                 // best effort: the handle is counted already, and the mount asks ReadChunk
                 // when this is missing
                 match m.read_chunk(r.ino, 0) {
-                    Ok(slices) => {
-                        reply.chunk0 = Some(w::ReadChunkReply {
-                            unsynced: source.map(|s| s.unsynced(&slices)).unwrap_or_default(),
-                            slices: strait_proto::slices_to_wire(&slices),
-                        })
-                    }
+                    Ok(slices) => reply.chunk0 = Some(chunk_reply(source, &slices)),
                     Err(e) => tracing::debug!("open: chunk 0 of inode {}: {e}", r.ino),
                 }
             }
@@ -596,13 +600,10 @@ impl MetaService for MetaServer {
 
     async fn read_chunk(&self, req: Request<w::ChunkRequest>) -> Reply<w::ReadChunkReply> {
         let source = self.blocks.as_ref().map(|(_, s)| s.clone());
-        rpc!(self, req, "read_chunk", |m, r| {
-            let slices = m.read_chunk(r.ino, r.index)?;
-            Ok(w::ReadChunkReply {
-                unsynced: source.map(|s| s.unsynced(&slices)).unwrap_or_default(),
-                slices: strait_proto::slices_to_wire(&slices),
-            })
-        })
+        rpc!(self, req, "read_chunk", |m, r| Ok(chunk_reply(
+            source,
+            &m.read_chunk(r.ino, r.index)?
+        )))
     }
 
     async fn write_slice(&self, req: Request<w::WriteSliceRequest>) -> Reply<w::AttrReply> {

@@ -87,6 +87,13 @@ pub trait KvEngine: Send + Sync + 'static {
 
 pub type DynKv = Arc<dyn KvEngine>;
 
+/// Whether `kv` runs in this process (RocksDB, memory): its short calls take microseconds and
+/// are cheaper made in place on an async worker than handed to the blocking pool and back;
+/// a call to an engine across the network (Redis) belongs on the blocking pool.
+pub fn in_process(kv: &dyn KvEngine) -> bool {
+    matches!(kv.name(), "rocksdb" | "memory")
+}
+
 /// Run a read-write transaction that returns a value.
 pub fn txn<T>(
     kv: &dyn KvEngine,
