@@ -326,14 +326,14 @@ async fn pipe(
         // chunks are cut from a shared buffer, not copied out of one
         let mut buf = BytesMut::new();
         loop {
-            // read no more than the window has room for
-            let room = match reader_window.acquire_many(CHUNK as u32).await {
+            // read no more than the window has room for; the part read stays taken until the
+            // writer delivered it, the rest goes back when `room` drops
+            let mut room = match reader_window.acquire_many(CHUNK as u32).await {
                 Ok(p) => p,
                 Err(_) => return Ok(()),
             };
             buf.reserve(CHUNK);
             let n = from.read_buf(&mut (&mut buf).limit(CHUNK)).await?;
-            drop(room);
             if n == 0 {
                 return Ok::<(), std::io::Error>(());
             }
@@ -348,10 +348,8 @@ async fn pipe(
                 continue;
             }
             let due = Instant::now() + link.latency;
-            match reader_window.acquire_many(n as u32).await {
-                // given back once the writer delivered the chunk
-                Ok(p) => p.forget(),
-                Err(_) => return Ok(()),
+            if let Some(taken) = room.split(n) {
+                taken.forget();
             }
             if tx.send((due, chunk)).await.is_err() {
                 return Ok(());
