@@ -278,24 +278,20 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     let earliest = rt.block_on(async {
         // an append returns once the leader committed it; node 1 may be a follower that
         // applies it a moment later
-        let mut s = client(direct[0])
-            .await
-            .status(pb::Empty {})
-            .await
-            .unwrap()
-            .into_inner();
-        for _ in 0..100 {
-            if s.last_version >= total {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            s = client(direct[0])
+        let mut tries = 0;
+        let s = loop {
+            let s = client(direct[0])
                 .await
                 .status(pb::Empty {})
                 .await
                 .unwrap()
                 .into_inner();
-        }
+            tries += 1;
+            if s.last_version >= total || tries == 100 {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(s.held_bytes <= 1024, "{} bytes held", s.held_bytes);
         assert_eq!(s.last_version, total);
         assert!(s
