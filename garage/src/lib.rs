@@ -7,12 +7,15 @@
 //!
 //! `strait dev up --store garage` runs one per region; the tests and benchmarks run one per
 //! test (through `strait_tests::garage`, which adds a temporary directory).
+//!
+//! [`spawn_tied`] starts a process that ends with this one; the tests' other servers, daemons
+//! and mounts are started with it too.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -25,6 +28,57 @@ const KEY_NAME: &str = "strait-test";
 /// every server of `dev up` takes the same ones).
 pub const ACCESS_KEY: &str = "GK5e1f0c2b9a8d7e6f5a4b3c2d";
 pub const SECRET_KEY: &str = "9c4b0d6e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4";
+
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Start `cmd` so that the process gets SIGTERM when this process ends, however it ends (a
+/// test binary killed at a timeout, a benchmark stopped halfway): the servers, daemons and
+/// mounts that tests, benchmarks and `dev up` start never outlive them.
+///
+/// Linux sends this "parent death" signal when the *thread* that started the child ends, so
+/// every child is started by one thread that lives as long as the process. Should that
+/// thread be impossible to start, children are started untied.
+pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Option<Mutex<mpsc::Sender<SpawnJob>>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("strait-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    });
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl, getppid and _exit are async-signal-safe, and the closure touches no
+    // memory of this process but a copied pid
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // this process ended between the fork and the prctl: no signal will come
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let Some(spawner) = spawner else {
+        return cmd.spawn();
+    };
+    let (reply_tx, reply_rx) = mpsc::channel();
+    let gone = || std::io::Error::other("the thread that starts child processes is gone");
+    spawner
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .send((cmd, reply_tx))
+        .map_err(|_| gone())?;
+    reply_rx.recv().map_err(|_| gone())?
+}
 
 /// Longest wait for any one readiness condition.
 const READY_TIMEOUT_MS: u64 = 30_000;
@@ -109,17 +163,16 @@ admin_token = "{admin_token}"
         .context("write garage.toml")?;
 
         let log = std::fs::File::create(dir.join("garage.log")).context("create garage.log")?;
-        let child = Command::new("garage")
-            .arg("-c")
+        let mut cmd = Command::new("garage");
+        cmd.arg("-c")
             .arg(&config)
             .arg("server")
             .env("RUST_LOG", "garage=info,garage_api_common=info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("clone log file")?)
-            .stderr(log)
-            .spawn()
-            .context("spawn garage server")?;
+            .stderr(log);
+        let child = spawn_tied(cmd).context("spawn garage server")?;
         // From here on, Drop kills the server if a step fails.
         let mut g = Garage {
             child,

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use strait_garage::spawn_tied;
+
 use crate::mount::Mount;
 use crate::{free_port, strait_bin};
 
@@ -136,14 +138,13 @@ impl Primary {
             .append(true)
             .open(&self.log)
             .expect("primary log");
-        Command::new(strait_bin())
-            .args(&self.args)
+        let mut cmd = Command::new(strait_bin());
+        cmd.args(&self.args)
             .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(logf.try_clone().expect("log"))
-            .stderr(logf)
-            .spawn()
-            .expect("spawn strait primary")
+            .stderr(logf);
+        spawn_tied(cmd).expect("spawn strait primary")
     }
 
     fn spawn(&mut self) {

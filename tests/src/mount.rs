@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use strait_garage::spawn_tied;
+
 use crate::strait_bin;
 
 /// Run `strait ARGS` and return its stdout; panics with stderr on failure.
@@ -160,14 +162,13 @@ impl Mount {
             args.extend(["--cache-size".into(), "1G".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(strait_bin())
-            .args(&args)
+        let mut cmd = Command::new(strait_bin());
+        cmd.args(&args)
             .envs(env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(logf.try_clone().expect("log"))
-            .stderr(logf)
-            .spawn()
-            .expect("spawn strait mount");
+            .stderr(logf);
+        let child = spawn_tied(cmd).expect("spawn strait mount");
         let mut m = Mount {
             point,
             log,

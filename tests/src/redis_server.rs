@@ -6,6 +6,8 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use strait_garage::spawn_tied;
+
 use anyhow::{bail, Context};
 
 use crate::{free_port, require_program};
@@ -147,17 +149,16 @@ fn launch(port: u16, dir: &std::path::Path) -> anyhow::Result<Child> {
         .open(dir.join("redis.log"))
         .context("open redis.log")?;
     let log_err = log.try_clone().context("clone redis.log handle")?;
-    Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .arg("--dir")
         .arg(dir)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(log)
-        .stderr(log_err)
-        .spawn()
-        .context("spawn redis-server")
+        .stderr(log_err);
+    spawn_tied(cmd).context("spawn redis-server")
 }
 
 impl Drop for RedisServer {

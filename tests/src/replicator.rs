@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use strait_garage::spawn_tied;
+
 use strait_chaos::Proxy;
 use strait_replicator::pb;
 use strait_replicator::pb::replicator_client::ReplicatorClient;
@@ -37,17 +39,16 @@ impl Replica {
             .append(true)
             .open(&self.log)
             .unwrap();
-        Command::new(strait_bin())
-            .args(["replicator", "--id", &self.id.to_string()])
+        let mut cmd = Command::new(strait_bin());
+        cmd.args(["replicator", "--id", &self.id.to_string()])
             .args(["--listen", &self.addr.to_string()])
             .arg("--data-dir")
             .arg(&self.dir)
             .args(self.peers.iter().flat_map(|p| ["--peer", p.as_str()]))
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
-            .stderr(logf)
-            .spawn()
-            .expect("spawn strait replicator")
+            .stderr(logf);
+        spawn_tied(cmd).expect("spawn strait replicator")
     }
 
     pub fn spawn(&mut self) {

@@ -19,15 +19,14 @@ impl DevUp {
     fn start(dir: &Path, extra: &[&str]) -> DevUp {
         let log = dir.with_extension("log");
         let f = std::fs::File::create(&log).unwrap();
-        let child = Command::new(strait_tests::strait_bin())
-            .args(["dev", "up", "--dir"])
+        let mut cmd = Command::new(strait_tests::strait_bin());
+        cmd.args(["dev", "up", "--dir"])
             .arg(dir)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .expect("start strait dev up");
+            .stderr(f);
+        let child = strait_garage::spawn_tied(cmd).expect("start strait dev up");
         let mut d = DevUp {
             child,
             dir: dir.to_path_buf(),
