@@ -29,6 +29,50 @@ const KEY_NAME: &str = "strait-test";
 pub const ACCESS_KEY: &str = "GK5e1f0c2b9a8d7e6f5a4b3c2d";
 pub const SECRET_KEY: &str = "9c4b0d6e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4";
 
+/// A TCP port on 127.0.0.1 that is free now, below the kernel's range of ephemeral ports
+/// when there is room there, and never handed out twice by this process.
+///
+/// A port from the ephemeral range (what binding port 0 gives) can be taken, between this
+/// call and the server's own bind, as the local port of any outgoing connection on the
+/// machine; under a test suite's load that happens, and the server then cannot listen.
+/// Ports below the range are never given to outgoing connections.
+pub fn free_port() -> std::io::Result<u16> {
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut handed = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    let (low, high) = (FREE_PORT_LOW, ephemeral_low);
+    if high > low + 1000 {
+        for _ in 0..FREE_PORT_TRIES {
+            let p = low + rand::random::<u16>() % (high - low);
+            if handed.contains(&p) {
+                continue;
+            }
+            if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+                handed.push(p);
+                return Ok(p);
+            }
+        }
+    }
+    // no room below the ephemeral range (or every try was taken): let the kernel choose
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let p = l.local_addr()?.port();
+        if !handed.contains(&p) {
+            handed.push(p);
+            return Ok(p);
+        }
+    }
+}
+
 type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
 
 /// Start `cmd` so that the process gets SIGTERM when this process ends, however it ends (a
@@ -80,6 +124,10 @@ pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
     reply_rx.recv().map_err(|_| gone())?
 }
 
+/// Lowest port [`free_port`] hands out, and how many random ports it tries below the
+/// ephemeral range.
+const FREE_PORT_LOW: u16 = 20000;
+const FREE_PORT_TRIES: usize = 200;
 /// Longest wait for any one readiness condition.
 const READY_TIMEOUT_MS: u64 = 30_000;
 const POLL_INTERVAL_MS: u64 = 20;
@@ -354,15 +402,12 @@ impl Drop for Garage {
 
 /// Three different free ports (binding port 0 and releasing it may repeat a port).
 fn distinct_free_ports() -> Result<[u16; 3]> {
-    let mut ports: Vec<u16> = Vec::with_capacity(3);
-    while ports.len() < 3 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
-        let p = l.local_addr().context("find a free port")?.port();
-        if !ports.contains(&p) {
-            ports.push(p);
-        }
+    let mut ports = [0u16; 3];
+    for p in &mut ports {
+        // free_port never hands out the same port twice
+        *p = free_port().context("find a free port")?;
     }
-    Ok([ports[0], ports[1], ports[2]])
+    Ok(ports)
 }
 
 fn port_open(port: u16) -> bool {

@@ -61,10 +61,10 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for test servers).
+/// A free TCP port on 127.0.0.1 for a test server, below the ephemeral range (see
+/// `strait_garage::free_port`).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    strait_garage::free_port().expect("find a free port on 127.0.0.1")
 }
 
 /// Path of the strait binary built for these tests.
