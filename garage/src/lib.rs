@@ -63,7 +63,7 @@ pub fn free_port() -> std::io::Result<u16> {
         }
     }
     // no room below the ephemeral range (or every try was taken): let the kernel choose
-    loop {
+    for _ in 0..FREE_PORT_TRIES {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         let p = l.local_addr()?.port();
         if !handed.contains(&p) {
@@ -71,6 +71,9 @@ pub fn free_port() -> std::io::Result<u16> {
             return Ok(p);
         }
     }
+    Err(std::io::Error::other(format!(
+        "no free port on 127.0.0.1 after {FREE_PORT_TRIES} tries in each range"
+    )))
 }
 
 type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
@@ -124,10 +127,11 @@ pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
     reply_rx.recv().map_err(|_| gone())?
 }
 
-/// Lowest port [`free_port`] hands out, and how many random ports it tries below the
-/// ephemeral range.
+/// Lowest port [`free_port`] hands out, and how many ports it tries in each range (below
+/// the ephemeral range, then from it).
 const FREE_PORT_LOW: u16 = 20000;
 const FREE_PORT_TRIES: usize = 200;
+
 /// Longest wait for any one readiness condition.
 const READY_TIMEOUT_MS: u64 = 30_000;
 const POLL_INTERVAL_MS: u64 = 20;
@@ -400,11 +404,10 @@ impl Drop for Garage {
     }
 }
 
-/// Three different free ports (binding port 0 and releasing it may repeat a port).
+/// Three free ports for one server (S3, RPC, admin); [`free_port`] never repeats one.
 fn distinct_free_ports() -> Result<[u16; 3]> {
     let mut ports = [0u16; 3];
     for p in &mut ports {
-        // free_port never hands out the same port twice
         *p = free_port().context("find a free port")?;
     }
     Ok(ports)
