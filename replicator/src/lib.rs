@@ -4,14 +4,13 @@
 //! - [`log`]: the rules of the change log itself, a pure state machine: an append is taken
 //!   only as `last + 1` under the current epoch, an exact duplicate is acknowledged without
 //!   change, and a gap, a differing overlap or a stale epoch is refused with its own error.
-//! - [`store`]: openraft's log storage and state machine on RocksDB.
+//! - [`store`]: openraft's log storage and state machine on RocksDB; [`snapfile`]: its
+//!   snapshots, as files.
 //! - [`network`] and [`service`]: the nodes talk gRPC (tonic); the same service answers the
 //!   primary (append, heartbeat), the mirrors (subscribe, ack) and operators (status,
 //!   membership).
 //! - [`early`]: a follower serves records its leader has applied as soon as it holds them.
 //! - [`node`]: starting a node.
-
-use std::io::Cursor;
 
 pub mod client;
 pub mod early;
@@ -19,6 +18,7 @@ pub mod log;
 pub mod network;
 pub mod node;
 pub mod service;
+pub mod snapfile;
 pub mod store;
 
 /// The generated gRPC code of `proto/replicator.proto`.
@@ -38,7 +38,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = snapfile::SnapFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -5,8 +5,10 @@
 //! - `raft_meta`: the vote, the committed log id and the last purged log id.
 //! - `records`: the change log's records by version (big-endian), the primary's bytes as sent.
 //! - `sm`: the state machine's state (epoch, versions, cursors, heartbeat), its last applied
-//!   log id and membership, written in the same batch as the records they describe; and the
-//!   last snapshot.
+//!   log id and membership, written in the same batch as the records they describe; which
+//!   file holds the last snapshot; and, while a snapshot is being installed, which one.
+//!
+//! Snapshots are files ([`crate::snapfile`]), built and installed as streams.
 //!
 //! Every write that openraft relies on for safety (log entries, votes, the committed id,
 //! purges, snapshots) is synced before it is reported done. Applying committed entries is not
@@ -19,9 +21,8 @@
 #![allow(clippy::result_large_err)]
 
 use std::fmt::Debug;
-use std::io::Cursor;
 use std::ops::RangeBounds;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::log::{self as clog, LogState as ChangeLogState, Outcome};
+use crate::snapfile::{self, SnapFile};
 use crate::{NodeId, TypeConfig};
 
 const CF_LOG: &str = "raft_log";
@@ -45,7 +47,16 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_PURGED: &[u8] = b"last_purged";
 const KEY_SM: &[u8] = b"state";
-const KEY_SNAPSHOT: &[u8] = b"snapshot";
+/// Which file holds the last snapshot (`StoredSnapshot`). (`snapshot`, the key before it, held
+/// a whole snapshot as one value; it is deleted when the next snapshot is taken.)
+const KEY_SNAPSHOT: &[u8] = b"snapshot_file";
+const KEY_SNAPSHOT_OLD: &[u8] = b"snapshot";
+/// Set while a received snapshot is written into the database (`StoredSnapshot`): a node that
+/// stopped half-way finishes the install when it starts again.
+const KEY_INSTALLING: &[u8] = b"installing";
+/// Records are written into the database in batches of about this many bytes when a snapshot
+/// is installed.
+const INSTALL_BATCH_BYTES: usize = 4 << 20;
 
 type SErr = StorageError<NodeId>;
 
@@ -339,20 +350,23 @@ struct SmState {
     log: ChangeLogState,
 }
 
-/// A whole state machine, as a snapshot carries it.
-#[derive(Serialize, Deserialize)]
-struct Image {
-    state: SmState,
-    #[serde(with = "crate::log::versioned_bufs")]
-    records: Vec<(u64, Vec<u8>)>,
-}
-
+/// A snapshot: what openraft knows of it, and the file in the snapshot directory.
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<NodeId, openraft::BasicNode>,
-    #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
+    file: String,
 }
+
+fn snap_dir(db: &DB) -> PathBuf {
+    db.path().join(snapfile::DIR)
+}
+
+fn io_snap(e: impl std::fmt::Display) -> SErr {
+    StorageIOError::write_snapshot(None, any(e)).into()
+}
+
+/// The largest record a snapshot file may hold.
+const RECORD_MAX: usize = clog::APPEND_BYTES_MAX;
 
 /// The change log as a Raft state machine. Readers (subscriptions, status) use [`ChangeLog`].
 pub struct StateMachine {
@@ -420,6 +434,32 @@ impl StateMachine {
         let cf = db
             .cf_handle(CF_SM)
             .ok_or_else(|| anyhow::anyhow!("column family {CF_SM} is missing"))?;
+        if let Some(b) = db.get_cf(cf, KEY_INSTALLING)? {
+            let stored: StoredSnapshot = postcard::from_bytes(&b)
+                .map_err(|e| anyhow::anyhow!("decode the snapshot being installed: {e}"))?;
+            tracing::warn!(
+                "finishing the install of snapshot {} (file {}), cut short when the node stopped",
+                stored.meta.snapshot_id,
+                stored.file
+            );
+            Self::install_file(&db, &stored).map_err(|e| {
+                anyhow::anyhow!(
+                    "finish installing snapshot {}: {e}",
+                    stored.meta.snapshot_id
+                )
+            })?;
+        }
+        // files of snapshots being built or received when the node stopped, and old ones
+        let current = match db.get_cf(cf, KEY_SNAPSHOT)? {
+            Some(b) => Some(
+                postcard::from_bytes::<StoredSnapshot>(&b)
+                    .map_err(|e| anyhow::anyhow!("decode the stored snapshot: {e}"))?
+                    .file,
+            ),
+            None => None,
+        };
+        snapfile::remove_all_but(&snap_dir(&db), current.as_deref())
+            .map_err(|e| anyhow::anyhow!("clean {}: {e}", snap_dir(&db).display()))?;
         let state = match db.get_cf(cf, KEY_SM)? {
             Some(b) => postcard::from_bytes(&b)
                 .map_err(|e| anyhow::anyhow!("decode the state machine's state: {e}"))?,
@@ -440,7 +480,9 @@ impl StateMachine {
         ))
     }
 
-    fn image(db: &DB) -> Result<Image, SErr> {
+    /// Write a snapshot of the database as it is now into a new file of the snapshot
+    /// directory, streaming the records. Returns the state it holds and the file's name.
+    fn write_snapshot_file(db: &DB) -> Result<(SmState, String), SErr> {
         // one RocksDB snapshot: the state and the records it describes, as of one batch
         let snap = db.snapshot();
         let sm = cf(db, CF_SM)?;
@@ -454,16 +496,64 @@ impl StateMachine {
                 ..SmState::default()
             },
         };
-        let rc = cf(db, CF_RECORDS)?;
-        let mut records = vec![];
-        for item in snap.iterator_cf(rc, IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| StorageIOError::read_state_machine(any(e)))?;
-            let version = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
-                StorageIOError::read_state_machine(any("a record key is not 8 bytes"))
-            })?);
-            records.push((version, v.to_vec()));
+        let dir = snap_dir(db);
+        std::fs::create_dir_all(&dir).map_err(io_snap)?;
+        let index = state.applied.map(|l| l.index).unwrap_or(0);
+        let tmp = dir.join(snapfile::unique_name("tmp", index));
+        let name = snapfile::unique_name("snap", index);
+        let write = || -> Result<(), SErr> {
+            let f = std::fs::File::create(&tmp).map_err(io_snap)?;
+            let mut w = snapfile::Writer::new(f, &encode(&state)?).map_err(io_snap)?;
+            let rc = cf(db, CF_RECORDS)?;
+            for item in snap.iterator_cf(rc, IteratorMode::Start) {
+                let (k, v) = item.map_err(|e| StorageIOError::read_state_machine(any(e)))?;
+                let version = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
+                    StorageIOError::read_state_machine(any("a record key is not 8 bytes"))
+                })?);
+                w.record(version, &v).map_err(io_snap)?;
+            }
+            w.finish().map_err(io_snap)?;
+            std::fs::rename(&tmp, dir.join(&name)).map_err(io_snap)?;
+            snapfile::sync_dir(&dir).map_err(io_snap)
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
-        Ok(Image { state, records })
+        Ok((state, name))
+    }
+
+    /// Replace the state machine by the snapshot in file `stored.file`, which was checked.
+    /// Marks the install first, so a node that stops half-way finishes it when it starts.
+    fn install_file(db: &DB, stored: &StoredSnapshot) -> Result<SmState, SErr> {
+        let path = snap_dir(db).join(&stored.file);
+        let (mut reader, state) = snapfile::Reader::open(&path, RECORD_MAX).map_err(io_snap)?;
+        let mut state: SmState = decode("a snapshot's state", &state)?;
+        state.applied = stored.meta.last_log_id;
+        state.membership = stored.meta.last_membership.clone();
+        let rc = cf(db, CF_RECORDS)?;
+        let sm = cf(db, CF_SM)?;
+        db.put_cf_opt(sm, KEY_INSTALLING, encode(stored)?, &synced())
+            .map_err(io_snap)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(rc, 0u64.to_be_bytes(), u64::MAX.to_be_bytes());
+        batch.delete_cf(rc, u64::MAX.to_be_bytes());
+        let mut bytes = 0;
+        while let Some((v, r)) = reader.next_record().map_err(io_snap)? {
+            bytes += r.len() + 8;
+            batch.put_cf(rc, v.to_be_bytes(), &r);
+            if bytes >= INSTALL_BATCH_BYTES {
+                db.write(std::mem::take(&mut batch)).map_err(io_snap)?;
+                bytes = 0;
+            }
+        }
+        batch.put_cf(sm, KEY_SM, encode(&state)?);
+        batch.put_cf(sm, KEY_SNAPSHOT, encode(stored)?);
+        batch.delete_cf(sm, KEY_SNAPSHOT_OLD);
+        batch.delete_cf(sm, KEY_INSTALLING);
+        db.write_opt(batch, &synced()).map_err(io_snap)?;
+        snapfile::remove_all_but(&snap_dir(db), Some(&stored.file)).map_err(io_snap)?;
+        Ok(state)
     }
 }
 
@@ -478,27 +568,40 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let db = self.db.clone();
         let seq = self.seq;
         let stored = tokio::task::spawn_blocking(move || -> Result<StoredSnapshot, SErr> {
-            let image = StateMachine::image(&db)?;
+            let start = std::time::Instant::now();
+            let (state, file) = StateMachine::write_snapshot_file(&db)?;
             let meta = SnapshotMeta {
-                last_log_id: image.state.applied,
-                last_membership: image.state.membership.clone(),
-                snapshot_id: format!(
-                    "{}-{seq}",
-                    image.state.applied.map(|l| l.index).unwrap_or(0)
-                ),
+                last_log_id: state.applied,
+                last_membership: state.membership.clone(),
+                snapshot_id: format!("{}-{seq}", state.applied.map(|l| l.index).unwrap_or(0)),
             };
-            let data = encode(&image)?;
-            let stored = StoredSnapshot { meta, data };
+            let stored = StoredSnapshot { meta, file };
             let sm = cf(&db, CF_SM)?;
-            db.put_cf_opt(sm, KEY_SNAPSHOT, encode(&stored)?, &synced())
-                .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+            let mut batch = WriteBatch::default();
+            batch.put_cf(sm, KEY_SNAPSHOT, encode(&stored)?);
+            batch.delete_cf(sm, KEY_SNAPSHOT_OLD);
+            if let Err(e) = db.write_opt(batch, &synced()) {
+                let _ = std::fs::remove_file(snap_dir(&db).join(&stored.file));
+                return Err(io_snap(e));
+            }
+            // the older files go; one being sent to a follower stays readable until closed
+            snapfile::remove_all_but(&snap_dir(&db), Some(&stored.file)).map_err(io_snap)?;
+            tracing::info!(
+                "snapshot {} built in {} ms ({} versions)",
+                stored.meta.snapshot_id,
+                start.elapsed().as_millis(),
+                state.log.last_version + 1
+                    - state.log.earliest_version.min(state.log.last_version + 1),
+            );
             Ok(stored)
         })
         .await
-        .map_err(|e| StorageIOError::write_snapshot(None, any(e)))??;
+        .map_err(io_snap)??;
+        let path = snap_dir(&self.db).join(&stored.file);
+        let file = SnapFile::open(path).await.map_err(io_snap)?;
         Ok(Snapshot {
             meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
+            snapshot: Box::new(file),
         })
     }
 }
@@ -595,37 +698,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, SErr> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapFile>, SErr> {
+        let dir = snap_dir(&self.db);
+        tokio::fs::create_dir_all(&dir).await.map_err(io_snap)?;
+        let path = dir.join(snapfile::unique_name("incoming", 0));
+        Ok(Box::new(SnapFile::create(path).await.map_err(io_snap)?))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapFile>,
     ) -> Result<(), SErr> {
-        let data = snapshot.into_inner();
-        let image: Image = decode("a snapshot", &data)?;
-        let rc = cf(&self.db, CF_RECORDS)?;
-        let sm = cf(&self.db, CF_SM)?;
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(rc, 0u64.to_be_bytes(), u64::MAX.to_be_bytes());
-        batch.delete_cf(rc, u64::MAX.to_be_bytes());
-        for (v, r) in &image.records {
-            batch.put_cf(rc, v.to_be_bytes(), r);
-        }
-        let mut state = image.state;
-        state.applied = meta.last_log_id;
-        state.membership = meta.last_membership.clone();
-        batch.put_cf(sm, KEY_SM, encode(&state)?);
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        };
-        batch.put_cf(sm, KEY_SNAPSHOT, encode(&stored)?);
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+        let incoming = snapshot.finish().await.map_err(io_snap)?;
+        let db = self.db.clone();
+        let meta = meta.clone();
+        let state = tokio::task::spawn_blocking(move || -> Result<SmState, SErr> {
+            // check the whole file before anything is replaced
+            if let Err(e) = snapfile::verify(&incoming, RECORD_MAX) {
+                let _ = std::fs::remove_file(&incoming);
+                return Err(io_snap(format!("snapshot {}: {e}", meta.snapshot_id)));
+            }
+            let dir = snap_dir(&db);
+            let file =
+                snapfile::unique_name("snap", meta.last_log_id.map(|l| l.index).unwrap_or(0));
+            std::fs::rename(&incoming, dir.join(&file)).map_err(io_snap)?;
+            snapfile::sync_dir(&dir).map_err(io_snap)?;
+            StateMachine::install_file(&db, &StoredSnapshot { meta, file })
+        })
+        .await
+        .map_err(io_snap)??;
         self.state = state;
         self.progress.send_replace(self.state.log.clone());
         Ok(())
@@ -641,9 +743,141 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Ok(None);
         };
         let stored: StoredSnapshot = decode("the stored snapshot", &b)?;
-        Ok(Some(Snapshot {
-            meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
-        }))
+        let path = snap_dir(&self.db).join(&stored.file);
+        match SnapFile::open(path.clone()).await {
+            Ok(file) => Ok(Some(Snapshot {
+                meta: stored.meta,
+                snapshot: Box::new(file),
+            })),
+            Err(e) => {
+                // openraft builds a new one when it needs one
+                tracing::warn!("snapshot {} unreadable: {e}", path.display());
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+    use tokio::io::AsyncWriteExt;
+
+    fn records(db: &DB) -> Vec<(u64, Vec<u8>)> {
+        let rc = cf(db, CF_RECORDS).unwrap();
+        db.iterator_cf(rc, IteratorMode::Start)
+            .map(|i| {
+                let (k, v) = i.unwrap();
+                (
+                    u64::from_be_bytes(k.as_ref().try_into().unwrap()),
+                    v.to_vec(),
+                )
+            })
+            .collect()
+    }
+
+    /// A database holding versions 1..=n and a state that says so, applied up to index 40.
+    fn source(dir: &Path, n: u64) -> (Arc<DB>, SnapshotMeta<NodeId, openraft::BasicNode>) {
+        let db = open_db(dir).unwrap();
+        let mut state = SmState {
+            log: ChangeLogState::new(),
+            ..SmState::default()
+        };
+        state.applied = Some(LogId::new(CommittedLeaderId::new(3, 1), 40));
+        state.log.last_version = n;
+        let rc = cf(&db, CF_RECORDS).unwrap();
+        for v in 1..=n {
+            db.put_cf(
+                rc,
+                v.to_be_bytes(),
+                format!("record {v}").repeat(v as usize % 50),
+            )
+            .unwrap();
+        }
+        db.put_cf(cf(&db, CF_SM).unwrap(), KEY_SM, encode(&state).unwrap())
+            .unwrap();
+        let meta = SnapshotMeta {
+            last_log_id: state.applied,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "40-1".into(),
+        };
+        (db, meta)
+    }
+
+    /// A node that stopped half-way through installing a snapshot finishes the install when
+    /// it opens its state machine again: the records are the snapshot's, not a mix.
+    #[test]
+    fn an_install_cut_short_is_finished_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, meta) = source(&dir.path().join("a"), 300);
+        let (_, file) = StateMachine::write_snapshot_file(&src).unwrap();
+
+        let db = open_db(&dir.path().join("b")).unwrap();
+        std::fs::create_dir_all(snap_dir(&db)).unwrap();
+        std::fs::copy(snap_dir(&src).join(&file), snap_dir(&db).join(&file)).unwrap();
+        // what the node had written when it stopped: the mark, old records, a few new ones
+        let rc = cf(&db, CF_RECORDS).unwrap();
+        for v in 250..400u64 {
+            db.put_cf(rc, v.to_be_bytes(), b"stale").unwrap();
+        }
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            file: file.clone(),
+        };
+        db.put_cf(
+            cf(&db, CF_SM).unwrap(),
+            KEY_INSTALLING,
+            encode(&stored).unwrap(),
+        )
+        .unwrap();
+        // a file being received when it stopped
+        std::fs::write(snap_dir(&db).join("incoming-0-1-2"), b"half").unwrap();
+
+        let (sm, log) = StateMachine::open(db.clone()).unwrap();
+        assert_eq!(records(&db), records(&src));
+        assert_eq!(sm.state.applied, meta.last_log_id);
+        assert_eq!(log.state().last_version, 300);
+        let smcf = cf(&db, CF_SM).unwrap();
+        assert!(db.get_cf(smcf, KEY_INSTALLING).unwrap().is_none());
+        assert!(db.get_cf(smcf, KEY_SNAPSHOT).unwrap().is_some());
+        let left: Vec<_> = std::fs::read_dir(snap_dir(&db))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, vec![file]);
+    }
+
+    /// A snapshot that arrives damaged is refused, and the state machine keeps what it had.
+    #[tokio::test]
+    async fn a_damaged_snapshot_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, meta) = source(&dir.path().join("a"), 200);
+        let (_, file) = StateMachine::write_snapshot_file(&src).unwrap();
+        let mut bytes = std::fs::read(snap_dir(&src).join(&file)).unwrap();
+
+        let (db, _) = source(&dir.path().join("b"), 20);
+        let before = records(&db);
+        let (mut sm, _) = StateMachine::open(db.clone()).unwrap();
+        let applied = sm.state.applied;
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        let mut f = sm.begin_receiving_snapshot().await.unwrap();
+        f.write_all(&bytes).await.unwrap();
+        let err = sm.install_snapshot(&meta, f).await.unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+        assert_eq!(records(&db), before);
+        assert_eq!(sm.state.applied, applied);
+        assert!(std::fs::read_dir(snap_dir(&db)).unwrap().next().is_none());
+
+        // the same snapshot, whole, is taken
+        bytes[mid] ^= 1;
+        let mut f = sm.begin_receiving_snapshot().await.unwrap();
+        f.write_all(&bytes).await.unwrap();
+        sm.install_snapshot(&meta, f).await.unwrap();
+        assert_eq!(records(&db), records(&src));
+        assert_eq!(sm.state.applied, meta.last_log_id);
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, meta);
     }
 }

@@ -318,3 +318,104 @@ async fn a_subscriber_gets_every_version_once_in_order_while_leaders_restart() {
     eprintln!("{TOTAL} versions, {restarts} leader restarts, {resubscribed} subscriptions");
     c.stop().await;
 }
+
+/// A follower that was down while the others wrote more than a snapshot's worth and purged
+/// their Raft logs is caught up from a snapshot: a file sent in chunks (the records here are
+/// several times openraft's chunk size), checked and written into its database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
+    let mut c = Cluster::start(3).await;
+    let leader = c.leader().await;
+    let behind = if leader == 3 { 2 } else { 3 };
+    let behind_last = c.nodes[&behind]
+        .as_ref()
+        .unwrap()
+        .raft
+        .metrics()
+        .borrow()
+        .last_log_index
+        .unwrap_or(0);
+    c.down(behind).await;
+    // each append is one Raft entry: 2,000 of them pass the snapshot interval (500) by more
+    // than the entries kept after a snapshot (1,000), so the log the follower needs is gone
+    const TOTAL: u64 = 2000;
+    let rec = |v: u64| format!("{v:08}").repeat(1024); // 8 KiB, 16 MB in all
+    for v in 1..=TOTAL {
+        let r = rec(v);
+        let reply = append_somewhere(&c, append(0, v, &[r.as_str()])).await;
+        assert_eq!(reply.last_version, v);
+    }
+    let up_id = if behind == 3 { 2 } else { 3 };
+    let snapshotted = c.nodes[&up_id]
+        .as_ref()
+        .unwrap()
+        .raft
+        .metrics()
+        .borrow()
+        .purged
+        .map(|l| l.index);
+    assert!(
+        snapshotted.is_some_and(|i| i > behind_last),
+        "node {up_id} purged its log only to {snapshotted:?}; node {behind} has it to {behind_last}"
+    );
+    c.up(behind).await;
+    let start = Instant::now();
+    loop {
+        let n = c.nodes[&behind].as_ref().unwrap();
+        if n.log.state().last_version == TOTAL {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "node {behind} reached only version {}",
+            n.log.state().last_version
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let n = c.nodes[&behind].as_ref().unwrap();
+    let installed = n.raft.metrics().borrow().snapshot;
+    assert!(
+        installed.is_some(),
+        "node {behind} caught up without a snapshot"
+    );
+    // every record, byte for byte, served from the follower's own database
+    let mut v = 1;
+    while v <= TOTAL {
+        let got = n.log.read(v, 100, usize::MAX).unwrap();
+        assert!(!got.is_empty(), "version {v} is missing on node {behind}");
+        for r in got {
+            assert_eq!(
+                r,
+                rec(v).into_bytes(),
+                "version {v} differs on node {behind}"
+            );
+            v += 1;
+        }
+    }
+    // one complete snapshot file is left, and nothing half-received (the follower may be
+    // building its own snapshot just now: wait for it)
+    let snap_dir = c.data_dir(behind).join("snapshots");
+    let start = Instant::now();
+    let files = loop {
+        let files: Vec<String> = std::fs::read_dir(&snap_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        if !files.iter().any(|f| f.starts_with("tmp-")) || start.elapsed() > Duration::from_secs(10)
+        {
+            break files;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(files.len(), 1, "snapshot files left: {files:?}");
+    assert!(
+        files[0].starts_with("snap-"),
+        "snapshot files left: {files:?}"
+    );
+    // and the follower restarts from it
+    c.down(behind).await;
+    c.up(behind).await;
+    let n = c.nodes[&behind].as_ref().unwrap();
+    assert_eq!(n.log.state().last_version, TOTAL);
+    c.stop().await;
+}
