@@ -114,6 +114,11 @@ pub struct BenchArgs {
     /// Scratch directory (default: a new one under /tmp, removed after).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Build a snapshot after this many Raft entries (default: a node's default). With no
+    /// mirror in the cluster every record is retained, so a small interval shows what
+    /// snapshots of a large log cost.
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]

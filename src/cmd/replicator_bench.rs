@@ -33,6 +33,9 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             strait_replicator::log::APPEND_RECORDS_MAX
         );
     }
+    if a.snapshot_every == Some(0) {
+        bail!("--snapshot-every must be at least 1");
+    }
     if a.record_size == 0
         || a.batch as usize * a.record_size > strait_replicator::log::APPEND_BYTES_MAX
     {
@@ -53,7 +56,10 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     let mut proxies = vec![];
     let mut members = std::collections::HashMap::new();
     for id in 1..=3u64 {
-        let cfg = NodeConfig::new(id, "127.0.0.1:0".parse()?, dir.join(format!("node{id}")));
+        let mut cfg = NodeConfig::new(id, "127.0.0.1:0".parse()?, dir.join(format!("node{id}")));
+        if let Some(n) = a.snapshot_every {
+            cfg.snapshot_every = n;
+        }
         let n = Node::start(cfg).await?;
         let addr = if a.delay_ms > 0 {
             let p = Proxy::start("127.0.0.1:0".parse()?, n.addr).await?;
@@ -104,6 +110,21 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     // phase 1: records arrive faster than they can be committed
     let max = run_phase(&mut lc, &record, a.batch, None, phase, &mut next).await?;
     max.print("max rate (always a full batch)");
+    let retained: u64 = nodes
+        .iter()
+        .map(|n| n.log.state().held_bytes())
+        .max()
+        .unwrap_or(0);
+    let snapshots = nodes
+        .iter()
+        .filter(|n| n.raft.metrics().borrow().snapshot.is_some())
+        .count();
+    println!(
+        "{:<40} {:>10.1} MB of records retained (no mirror), {} of 3 nodes hold a snapshot",
+        "",
+        retained as f64 / 1e6,
+        snapshots
+    );
     // phase 2: records arrive at half that rate (or --rate); each waits for the append that
     // takes it
     let (offered, name) = match a.rate {
