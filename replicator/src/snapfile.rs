@@ -124,9 +124,10 @@ pub fn unique_name(prefix: &str, tag: u64) -> String {
     )
 }
 
-/// Remove the files of unfinished snapshots (being built or received when the node stopped)
-/// and every complete snapshot but `keep`.
-pub fn remove_all_but(dir: &Path, keep: Option<&str>) -> io::Result<()> {
+/// Remove every complete snapshot file of `dir` but `keep`, and with `unfinished`, the files of
+/// snapshots being built or received too (only when the node starts: at any other time one
+/// may be in use).
+pub fn remove_all_but(dir: &Path, keep: Option<&str>, unfinished: bool) -> io::Result<()> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -136,8 +137,8 @@ pub fn remove_all_but(dir: &Path, keep: Option<&str>) -> io::Result<()> {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let ours =
-            name.starts_with("snap-") || name.starts_with("incoming-") || name.starts_with("tmp-");
+        let ours = name.starts_with("snap-")
+            || (unfinished && (name.starts_with("incoming-") || name.starts_with("tmp-")));
         if ours && Some(name) != keep {
             std::fs::remove_file(entry.path())?;
         }

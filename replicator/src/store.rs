@@ -374,6 +374,16 @@ pub struct StateMachine {
     state: SmState,
     snapshots_built: u64,
     progress: watch::Sender<ChangeLogState>,
+    snap_lock: SnapLock,
+}
+
+/// Held by an install for its whole length, and by a snapshot build to take its view of the
+/// database and to record its file: openraft builds snapshots in a task of their own, which
+/// could otherwise read a half-installed database, or replace a newer snapshot's file.
+type SnapLock = Arc<std::sync::Mutex<()>>;
+
+fn lock(l: &SnapLock) -> std::sync::MutexGuard<'_, ()> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Read access to a node's applied change log, shared with the subscriptions.
@@ -458,7 +468,7 @@ impl StateMachine {
             ),
             None => None,
         };
-        snapfile::remove_all_but(&snap_dir(&db), current.as_deref())
+        snapfile::remove_all_but(&snap_dir(&db), current.as_deref(), true)
             .map_err(|e| anyhow::anyhow!("clean {}: {e}", snap_dir(&db).display()))?;
         let state = match db.get_cf(cf, KEY_SM)? {
             Some(b) => postcard::from_bytes(&b)
@@ -475,6 +485,7 @@ impl StateMachine {
                 state,
                 snapshots_built: 0,
                 progress: tx,
+                snap_lock: SnapLock::default(),
             },
             ChangeLog { db, progress: rx },
         ))
@@ -482,9 +493,13 @@ impl StateMachine {
 
     /// Write a snapshot of the database as it is now into a new file of the snapshot
     /// directory, streaming the records. Returns the state it holds and the file's name.
-    fn write_snapshot_file(db: &DB) -> Result<(SmState, String), SErr> {
-        // one RocksDB snapshot: the state and the records it describes, as of one batch
-        let snap = db.snapshot();
+    fn write_snapshot_file(db: &DB, snap_lock: &SnapLock) -> Result<(SmState, String), SErr> {
+        // one RocksDB snapshot: the state and the records it describes, as of one batch, and
+        // never in the middle of an install
+        let snap = {
+            let _g = lock(snap_lock);
+            db.snapshot()
+        };
         let sm = cf(db, CF_SM)?;
         let state: SmState = match snap
             .get_cf(sm, KEY_SM)
@@ -552,40 +567,67 @@ impl StateMachine {
         batch.delete_cf(sm, KEY_SNAPSHOT_OLD);
         batch.delete_cf(sm, KEY_INSTALLING);
         db.write_opt(batch, &synced()).map_err(io_snap)?;
-        snapfile::remove_all_but(&snap_dir(db), Some(&stored.file)).map_err(io_snap)?;
+        snapfile::remove_all_but(&snap_dir(db), Some(&stored.file), false).map_err(io_snap)?;
         Ok(state)
     }
+}
+
+/// Record a snapshot just written to `file` as the node's current one, and remove the older
+/// files; unless a newer snapshot was installed meanwhile, which is kept (and returned).
+fn record_built(
+    db: &DB,
+    snap_lock: &SnapLock,
+    state: &SmState,
+    file: String,
+    seq: u64,
+) -> Result<StoredSnapshot, SErr> {
+    let meta = SnapshotMeta {
+        last_log_id: state.applied,
+        last_membership: state.membership.clone(),
+        snapshot_id: format!("{}-{seq}", state.applied.map(|l| l.index).unwrap_or(0)),
+    };
+    let stored = StoredSnapshot { meta, file };
+    let sm = cf(db, CF_SM)?;
+    let _g = lock(snap_lock);
+    // a snapshot installed while this one was written is newer: keep it instead
+    if let Some(b) = db
+        .get_cf(sm, KEY_SNAPSHOT)
+        .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?
+    {
+        let current: StoredSnapshot = decode("the stored snapshot", &b)?;
+        if current.meta.last_log_id > stored.meta.last_log_id {
+            let _ = std::fs::remove_file(snap_dir(db).join(&stored.file));
+            return Ok(current);
+        }
+    }
+    let mut batch = WriteBatch::default();
+    batch.put_cf(sm, KEY_SNAPSHOT, encode(&stored)?);
+    batch.delete_cf(sm, KEY_SNAPSHOT_OLD);
+    if let Err(e) = db.write_opt(batch, &synced()) {
+        let _ = std::fs::remove_file(snap_dir(db).join(&stored.file));
+        return Err(io_snap(e));
+    }
+    // the older files go; one being sent to a follower stays readable until closed
+    snapfile::remove_all_but(&snap_dir(db), Some(&stored.file), false).map_err(io_snap)?;
+    Ok(stored)
 }
 
 /// Builds snapshots from a consistent view of the database.
 pub struct SnapshotBuilder {
     db: Arc<DB>,
     seq: u64,
+    snap_lock: SnapLock,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, SErr> {
         let db = self.db.clone();
         let seq = self.seq;
+        let snap_lock = self.snap_lock.clone();
         let stored = tokio::task::spawn_blocking(move || -> Result<StoredSnapshot, SErr> {
             let start = std::time::Instant::now();
-            let (state, file) = StateMachine::write_snapshot_file(&db)?;
-            let meta = SnapshotMeta {
-                last_log_id: state.applied,
-                last_membership: state.membership.clone(),
-                snapshot_id: format!("{}-{seq}", state.applied.map(|l| l.index).unwrap_or(0)),
-            };
-            let stored = StoredSnapshot { meta, file };
-            let sm = cf(&db, CF_SM)?;
-            let mut batch = WriteBatch::default();
-            batch.put_cf(sm, KEY_SNAPSHOT, encode(&stored)?);
-            batch.delete_cf(sm, KEY_SNAPSHOT_OLD);
-            if let Err(e) = db.write_opt(batch, &synced()) {
-                let _ = std::fs::remove_file(snap_dir(&db).join(&stored.file));
-                return Err(io_snap(e));
-            }
-            // the older files go; one being sent to a follower stays readable until closed
-            snapfile::remove_all_but(&snap_dir(&db), Some(&stored.file)).map_err(io_snap)?;
+            let (state, file) = StateMachine::write_snapshot_file(&db, &snap_lock)?;
+            let stored = record_built(&db, &snap_lock, &state, file, seq)?;
             tracing::info!(
                 "snapshot {} built in {} ms ({} versions)",
                 stored.meta.snapshot_id,
@@ -695,6 +737,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         SnapshotBuilder {
             db: self.db.clone(),
             seq: self.snapshots_built,
+            snap_lock: self.snap_lock.clone(),
         }
     }
 
@@ -713,7 +756,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let incoming = snapshot.finish().await.map_err(io_snap)?;
         let db = self.db.clone();
         let meta = meta.clone();
+        let snap_lock = self.snap_lock.clone();
         let state = tokio::task::spawn_blocking(move || -> Result<SmState, SErr> {
+            let _g = lock(&snap_lock);
             // check the whole file before anything is replaced
             if let Err(e) = snapfile::verify(&incoming, RECORD_MAX) {
                 let _ = std::fs::remove_file(&incoming);
@@ -811,7 +856,7 @@ mod tests {
     fn an_install_cut_short_is_finished_at_the_next_start() {
         let dir = tempfile::tempdir().unwrap();
         let (src, meta) = source(&dir.path().join("a"), 300);
-        let (_, file) = StateMachine::write_snapshot_file(&src).unwrap();
+        let (_, file) = StateMachine::write_snapshot_file(&src, &SnapLock::default()).unwrap();
 
         let db = open_db(&dir.path().join("b")).unwrap();
         std::fs::create_dir_all(snap_dir(&db)).unwrap();
@@ -848,12 +893,37 @@ mod tests {
         assert_eq!(left, vec![file]);
     }
 
+    /// A snapshot built from the database as it was before an install finished is not
+    /// recorded over the installed (newer) one: the newer one stays current, with its file.
+    #[test]
+    fn a_build_that_loses_the_race_with_an_install_keeps_the_installed_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = SnapLock::default();
+        let (db, _) = source(&dir.path().join("a"), 50);
+        let (old_state, old_file) = StateMachine::write_snapshot_file(&db, &lock).unwrap();
+
+        // a newer snapshot (applied up to 90) arrives and is installed meanwhile
+        let (newer, mut meta) = source(&dir.path().join("b"), 120);
+        meta.last_log_id = Some(LogId::new(CommittedLeaderId::new(3, 1), 90));
+        let (_, file) = StateMachine::write_snapshot_file(&newer, &lock).unwrap();
+        std::fs::copy(snap_dir(&newer).join(&file), snap_dir(&db).join(&file)).unwrap();
+        let installed = StoredSnapshot { meta, file };
+        StateMachine::install_file(&db, &installed).unwrap();
+
+        let kept = record_built(&db, &lock, &old_state, old_file.clone(), 1).unwrap();
+        assert_eq!(kept.meta, installed.meta);
+        assert_eq!(kept.file, installed.file);
+        assert!(!snap_dir(&db).join(&old_file).exists());
+        assert!(snap_dir(&db).join(&installed.file).exists());
+        assert_eq!(records(&db), records(&newer));
+    }
+
     /// A snapshot that arrives damaged is refused, and the state machine keeps what it had.
     #[tokio::test]
     async fn a_damaged_snapshot_is_refused_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (src, meta) = source(&dir.path().join("a"), 200);
-        let (_, file) = StateMachine::write_snapshot_file(&src).unwrap();
+        let (_, file) = StateMachine::write_snapshot_file(&src, &SnapLock::default()).unwrap();
         let mut bytes = std::fs::read(snap_dir(&src).join(&file)).unwrap();
 
         let (db, _) = source(&dir.path().join("b"), 20);
