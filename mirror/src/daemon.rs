@@ -41,6 +41,10 @@ impl BlockSource for Source {
     }
 }
 
+/// How many times the daemon opens its metadata again after a new bootstrap emptied it while it
+/// started.
+const REOPEN_MAX: u32 = 5;
+
 pub async fn run(cfg: MirrorConfig) -> Result<()> {
     cfg.validate()?;
     let token = cfg.resolved_token()?;
@@ -86,20 +90,51 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         }
     }
 
-    let kv2 = kv.clone();
     let writes = cfg.writes == Writes::Forward;
-    let engine = tokio::task::spawn_blocking(move || {
-        Meta::open(
-            kv2,
-            MetaOptions {
-                read_only: true,
-                writes_elsewhere: writes,
-            },
-        )
-    })
-    .await
-    .context("open task")?
-    .context("open the mirror's metadata")?;
+    let options = MetaOptions {
+        read_only: true,
+        writes_elsewhere: writes,
+    };
+    // The follower may empty the engine for a new bootstrap (the log it needs was purged)
+    // between the wait above and this open: then wait for that bootstrap and open again.
+    let mut reopened = 0;
+    let engine = loop {
+        let (kv2, o) = (kv.clone(), options.clone());
+        let opened = tokio::task::spawn_blocking(move || Meta::open(kv2, o))
+            .await
+            .context("open task")?;
+        let e = match opened {
+            Ok(engine) => break engine,
+            Err(e) => e,
+        };
+        let kv2 = kv.clone();
+        let empty = tokio::task::spawn_blocking(move || kv2.last_version())
+            .await
+            .context("open task")??
+            == 0;
+        if !(empty || mirror.phase() == Phase::Bootstrapping) || reopened >= REOPEN_MAX {
+            return Err(anyhow::Error::from(e)).context("open the mirror's metadata");
+        }
+        reopened += 1;
+        tracing::info!("the metadata was emptied for a new bootstrap: opening it after that");
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            if mirror.phase() == Phase::Halted {
+                anyhow::bail!("the mirror halted during a new bootstrap");
+            }
+            let kv2 = kv.clone();
+            let v = tokio::task::spawn_blocking(move || kv2.last_version())
+                .await
+                .context("open task")??;
+            if v > 0 && mirror.phase() != Phase::Bootstrapping {
+                break;
+            }
+        }
+    };
     let format = engine.settings().clone();
     let mut server = MetaServer::new(engine.clone(), cfg.session_timeout_ms, metrics.base.clone());
     if blocks.has_local() {
