@@ -45,6 +45,15 @@ impl BlockSource for Source {
 /// started.
 const REOPEN_MAX: u32 = 5;
 
+/// Wait for a change of the mirror's state, or 100 ms; false when the daemon is stopping.
+async fn pause(stop: &CancellationToken, changed: &mut tokio::sync::watch::Receiver<u64>) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = changed.changed() => true,
+        _ = tokio::time::sleep(Duration::from_millis(100)) => true,
+    }
+}
+
 pub async fn run(cfg: MirrorConfig) -> Result<()> {
     cfg.validate()?;
     let token = cfg.resolved_token()?;
@@ -80,10 +89,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     }
     let mut changed = mirror.changed.subscribe();
     while mirror.applied() == 0 {
-        tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            _ = changed.changed() => {}
-            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        if !pause(&stop, &mut changed).await {
+            return Ok(());
         }
         if mirror.phase() == Phase::Halted {
             anyhow::bail!("the mirror halted before its first bootstrap finished");
@@ -118,10 +125,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         reopened += 1;
         tracing::info!("the metadata was emptied for a new bootstrap: opening it after that");
         loop {
-            tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            if !pause(&stop, &mut changed).await {
+                return Ok(());
             }
             if mirror.phase() == Phase::Halted {
                 anyhow::bail!("the mirror halted during a new bootstrap");

@@ -60,10 +60,6 @@ impl SnapFile {
         Ok(SnapFile { file, path })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Write out everything received and sync it; returns the file's path.
     pub async fn finish(mut self) -> io::Result<PathBuf> {
         use tokio::io::AsyncWriteExt;

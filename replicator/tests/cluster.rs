@@ -84,6 +84,17 @@ impl Cluster {
         }
     }
 
+    /// A running node's Raft metrics now.
+    fn metrics(&self, id: u64) -> openraft::RaftMetrics<u64, openraft::BasicNode> {
+        self.nodes[&id]
+            .as_ref()
+            .unwrap()
+            .raft
+            .metrics()
+            .borrow()
+            .clone()
+    }
+
     /// The leader all running nodes agree on.
     async fn leader(&self) -> u64 {
         let start = Instant::now();
@@ -327,14 +338,7 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
     let mut c = Cluster::start(3).await;
     let leader = c.leader().await;
     let behind = if leader == 3 { 2 } else { 3 };
-    let behind_last = c.nodes[&behind]
-        .as_ref()
-        .unwrap()
-        .raft
-        .metrics()
-        .borrow()
-        .last_log_index
-        .unwrap_or(0);
+    let behind_last = c.metrics(behind).last_log_index.unwrap_or(0);
     c.down(behind).await;
     // each append is one Raft entry: 2,000 of them pass the snapshot interval (500) by more
     // than the entries kept after a snapshot (1,000), so the log the follower needs is gone
@@ -346,14 +350,7 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
         assert_eq!(reply.last_version, v);
     }
     let up_id = if behind == 3 { 2 } else { 3 };
-    let snapshotted = c.nodes[&up_id]
-        .as_ref()
-        .unwrap()
-        .raft
-        .metrics()
-        .borrow()
-        .purged
-        .map(|l| l.index);
+    let snapshotted = c.metrics(up_id).purged.map(|l| l.index);
     assert!(
         snapshotted.is_some_and(|i| i > behind_last),
         "node {up_id} purged its log only to {snapshotted:?}; node {behind} has it to {behind_last}"
