@@ -14,6 +14,7 @@ pub mod mount;
 pub mod primary;
 pub mod replicator;
 pub mod replicator_bench;
+pub mod replicator_floor;
 pub mod status;
 
 use anyhow::{bail, Context, Result};

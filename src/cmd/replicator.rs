@@ -91,6 +91,9 @@ pub enum Action {
     /// directory): committed records/s with batching, then commit latency at half that rate;
     /// with --delay-ms, every link between nodes gets that one-way delay (fault proxy).
     Bench(BenchArgs),
+    /// The disk's floor for the benchmark's commit latency: three threads append and
+    /// fdatasync a file each, an append commits on two of them; no Raft, RPC or database.
+    Floor(crate::cmd::replicator_floor::FloorArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -317,6 +320,11 @@ async fn admin(action: Action) -> Result<()> {
             println!("removed node {id}");
         }
         Action::Bench(b) => crate::cmd::replicator_bench::run(b).await?,
+        Action::Floor(f) => {
+            tokio::task::spawn_blocking(move || crate::cmd::replicator_floor::run(f))
+                .await
+                .context("the floor benchmark stopped")??
+        }
         Action::Retention {
             addr,
             max_bytes,

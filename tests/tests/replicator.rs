@@ -331,3 +331,70 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     .into_owned();
     assert!(text.contains("caps 1024 bytes"), "{text}");
 }
+
+/// `strait replicator floor` (the disk's floor for the benchmark's commit latency) writes
+/// each node's file and the background files where it is told, reports figures in order, and
+/// refuses bad arguments with one line.
+#[test]
+fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_arguments() {
+    use strait_tests::mount::{strait, strait_fails};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("floor");
+    let out = strait(&[
+        "replicator",
+        "floor",
+        "--seconds",
+        "1",
+        "--rate",
+        "2000",
+        "--background-mbps",
+        "8",
+        "--dir",
+        d.to_str().unwrap(),
+    ]);
+    // three node files, each holding at least the records' bytes twice (--copies 2)
+    for i in 1..=3 {
+        let len = std::fs::metadata(d.join(format!("node{i}.log")))
+            .unwrap_or_else(|e| panic!("node{i}.log: {e}\n{out}"))
+            .len();
+        assert!(len >= 128 * 2, "node{i}.log holds {len} bytes\n{out}");
+    }
+    let background: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("background-"))
+        .collect();
+    assert!(!background.is_empty(), "no background file\n{out}");
+    // "... p50 A ms  p99 B ms  max C ms": A <= B <= C, for the commit latency line
+    let line = out
+        .lines()
+        .find(|l| l.contains("records/s committed"))
+        .unwrap_or_else(|| panic!("no commit line\n{out}"));
+    let num = |key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (p50, p99, max) = (num("p50"), num("p99"), num("max"));
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{line}");
+    assert!(
+        out.contains("background") && !out.contains("background 0.0 MB/s"),
+        "{out}"
+    );
+    // bad arguments: one line, nothing written
+    for (args, what) in [
+        (vec!["--rate", "0"], "--rate"),
+        (vec!["--copies", "0"], "--copies"),
+        (vec!["--background-mbps=-1"], "--background-mbps"),
+        (vec!["--seconds", "0"], "--seconds"),
+    ] {
+        let bad = dir.path().join("bad");
+        let d = bad.to_str().unwrap();
+        let mut full = vec!["replicator", "floor", "--dir", d];
+        full.extend(args.iter().copied());
+        let (code, err) = strait_fails(&full);
+        assert_eq!(code, 1, "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(what), "{args:?}: {err}");
+        assert!(!bad.exists(), "{args:?} created {}", bad.display());
+    }
+}
