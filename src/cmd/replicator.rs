@@ -122,6 +122,10 @@ pub struct BenchArgs {
     /// snapshots of a large log cost.
     #[arg(long)]
     pub snapshot_every: Option<u64>,
+    /// Skip the disk floor printed after phase 2 on plain loopback (`strait replicator
+    /// floor` at phase 2's rate, in the same directory, after the nodes have stopped).
+    #[arg(long)]
+    pub no_floor: bool,
 }
 
 #[derive(Deserialize, Default)]

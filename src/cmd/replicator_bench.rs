@@ -1,7 +1,8 @@
 //! `strait replicator bench`: three replicator nodes in this process, talking gRPC over
 //! loopback sockets (through fault proxies adding a one-way delay when asked), each with its
 //! own RocksDB. Phase 1 appends batches back to back and reports committed records/s;
-//! phase 2 appends at half that rate and reports the commit latency of each append.
+//! phase 2 appends at half that rate and reports the commit latency of each append. On plain
+//! loopback, the disk's floor for that latency follows ([`super::replicator_floor`]).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -139,6 +140,21 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     drop(proxies);
     for n in nodes {
         n.shutdown().await;
+    }
+    // the same latency for the disk alone, at the same rate, in the same directory
+    if a.delay_ms == 0 && !a.no_floor {
+        let f = super::replicator_floor::FloorArgs {
+            rate: offered,
+            seconds: a.seconds,
+            record_size: a.record_size,
+            batch: a.batch,
+            copies: 2.0,
+            background_mbps: 0.0,
+            dir: Some(dir.join("floor")),
+        };
+        tokio::task::spawn_blocking(move || super::replicator_floor::run(f))
+            .await
+            .context("the disk floor stopped")??;
     }
     if a.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -365,17 +365,8 @@ fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_argum
         .filter(|e| e.file_name().to_string_lossy().starts_with("background-"))
         .collect();
     assert!(!background.is_empty(), "no background file\n{out}");
-    // "... p50 A ms  p99 B ms  max C ms": A <= B <= C, for the commit latency line
-    let line = out
-        .lines()
-        .find(|l| l.contains("records/s committed"))
-        .unwrap_or_else(|| panic!("no commit line\n{out}"));
-    let num = |key: &str| -> f64 {
-        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
-        rest.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let (p50, p99, max) = (num("p50"), num("p99"), num("max"));
-    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{line}");
+    let (p50, p99, max) = latencies(&out, "records/s committed");
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{out}");
     assert!(
         out.contains("background") && !out.contains("background 0.0 MB/s"),
         "{out}"
@@ -397,4 +388,84 @@ fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_argum
         assert!(err.contains(what), "{args:?}: {err}");
         assert!(!bad.exists(), "{args:?} created {}", bad.display());
     }
+}
+
+/// The first line of `out` containing `marker`, as "... p50 A ms  p99 B ms  max C ms".
+fn latencies(out: &str, marker: &str) -> (f64, f64, f64) {
+    let line = out
+        .lines()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no line with {marker:?}\n{out}"));
+    let num = |key: &str| -> f64 {
+        let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}"));
+        let rest = &line[at + key.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    (num(" p50 "), num(" p99 "), num(" max "))
+}
+
+/// `strait replicator bench` forms a three-node cluster, runs both phases and prints the
+/// disk floor after them, each with its figures in order.
+#[test]
+fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
+    use strait_tests::mount::{strait, strait_fails};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("bench");
+    let out = strait(&[
+        "replicator",
+        "bench",
+        "--seconds",
+        "1",
+        "--rate",
+        "2000",
+        "--dir",
+        d.to_str().unwrap(),
+    ]);
+    let max_rate = out
+        .lines()
+        .find(|l| l.starts_with("max rate"))
+        .unwrap_or_else(|| panic!("no phase 1\n{out}"));
+    // "max rate (always a full batch)   N records/s committed ..."
+    let words: Vec<&str> = max_rate.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "records/s").unwrap();
+    let rate: f64 = words[at - 1].parse().unwrap();
+    assert!(rate > 0.0, "{max_rate}");
+    for marker in [
+        "given rate (2000 records/s offered)",
+        "disk floor",
+        "append call",
+    ] {
+        assert!(out.contains(marker), "no {marker:?}\n{out}");
+    }
+    let (p50, p99, max) = latencies(&out, "given rate");
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{out}");
+    // the floor's commit line is the first after its header
+    let floor = &out[out.find("disk floor").unwrap()..];
+    let (p50, p99, max) = latencies(floor, "records/s committed");
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{out}");
+    for i in 1..=3 {
+        assert!(d.join(format!("node{i}")).is_dir(), "node{i}\n{out}");
+        assert!(
+            d.join("floor").join(format!("node{i}.log")).is_file(),
+            "{out}"
+        );
+    }
+    // --no-floor leaves it out; a bad batch size is refused with one line
+    let out = strait(&[
+        "replicator",
+        "bench",
+        "--seconds",
+        "1",
+        "--rate",
+        "2000",
+        "--no-floor",
+    ]);
+    assert!(
+        out.contains("given rate") && !out.contains("disk floor"),
+        "{out}"
+    );
+    let (code, err) = strait_fails(&["replicator", "bench", "--batch", "0"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--batch"), "{err}");
 }
