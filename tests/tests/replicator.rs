@@ -337,21 +337,10 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
 /// refuses bad arguments with one line.
 #[test]
 fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_arguments() {
-    use strait_tests::mount::{strait, strait_fails};
+    use strait_tests::mount::strait_fails;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("floor");
-    let out = strait(&[
-        "replicator",
-        "floor",
-        "--seconds",
-        "1",
-        "--rate",
-        "2000",
-        "--background-mbps",
-        "8",
-        "--dir",
-        d.to_str().unwrap(),
-    ]);
+    let out = short_run("floor", &d, &["--background-mbps", "8"]);
     // three node files, each holding at least the records' bytes twice (--copies 2)
     for i in 1..=3 {
         let len = std::fs::metadata(d.join(format!("node{i}.log")))
@@ -365,8 +354,7 @@ fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_argum
         .filter(|e| e.file_name().to_string_lossy().starts_with("background-"))
         .collect();
     assert!(!background.is_empty(), "no background file\n{out}");
-    let (p50, p99, max) = latencies(&out, "records/s committed");
-    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{out}");
+    assert_ordered(&out, "records/s committed");
     assert!(
         out.contains("background") && !out.contains("background 0.0 MB/s"),
         "{out}"
@@ -390,8 +378,26 @@ fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_argum
     }
 }
 
-/// The first line of `out` containing `marker`, as "... p50 A ms  p99 B ms  max C ms".
-fn latencies(out: &str, marker: &str) -> (f64, f64, f64) {
+/// `strait replicator CMD --seconds 1 --rate 2000 --dir DIR EXTRA...`, which must succeed.
+fn short_run(cmd: &str, dir: &std::path::Path, extra: &[&str]) -> String {
+    let d = dir.to_str().unwrap();
+    let mut args = vec![
+        "replicator",
+        cmd,
+        "--seconds",
+        "1",
+        "--rate",
+        "2000",
+        "--dir",
+        d,
+    ];
+    args.extend_from_slice(extra);
+    strait_tests::mount::strait(&args)
+}
+
+/// The first line of `out` containing `marker` reads "... p50 A ms  p99 B ms  max C ms" with
+/// 0 < A <= B <= C.
+fn assert_ordered(out: &str, marker: &str) {
     let line = out
         .lines()
         .find(|l| l.contains(marker))
@@ -401,26 +407,18 @@ fn latencies(out: &str, marker: &str) -> (f64, f64, f64) {
         let rest = &line[at + key.len()..];
         rest.split_whitespace().next().unwrap().parse().unwrap()
     };
-    (num(" p50 "), num(" p99 "), num(" max "))
+    let (p50, p99, max) = (num(" p50 "), num(" p99 "), num(" max "));
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{line}");
 }
 
 /// `strait replicator bench` forms a three-node cluster, runs both phases and prints the
 /// disk floor after them, each with its figures in order.
 #[test]
 fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
-    use strait_tests::mount::{strait, strait_fails};
+    use strait_tests::mount::strait_fails;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("bench");
-    let out = strait(&[
-        "replicator",
-        "bench",
-        "--seconds",
-        "1",
-        "--rate",
-        "2000",
-        "--dir",
-        d.to_str().unwrap(),
-    ]);
+    let out = short_run("bench", &d, &[]);
     let max_rate = out
         .lines()
         .find(|l| l.starts_with("max rate"))
@@ -437,12 +435,10 @@ fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
     ] {
         assert!(out.contains(marker), "no {marker:?}\n{out}");
     }
-    let (p50, p99, max) = latencies(&out, "given rate");
-    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{out}");
+    assert_ordered(&out, "given rate");
     // the floor's commit line is the first after its header
     let floor = &out[out.find("disk floor").unwrap()..];
-    let (p50, p99, max) = latencies(floor, "records/s committed");
-    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{out}");
+    assert_ordered(floor, "records/s committed");
     for i in 1..=3 {
         assert!(d.join(format!("node{i}")).is_dir(), "node{i}\n{out}");
         assert!(
@@ -451,15 +447,7 @@ fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
         );
     }
     // --no-floor leaves it out; a bad batch size is refused with one line
-    let out = strait(&[
-        "replicator",
-        "bench",
-        "--seconds",
-        "1",
-        "--rate",
-        "2000",
-        "--no-floor",
-    ]);
+    let out = short_run("bench", &dir.path().join("no-floor"), &["--no-floor"]);
     assert!(
         out.contains("given rate") && !out.contains("disk floor"),
         "{out}"
