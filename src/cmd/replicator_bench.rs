@@ -15,7 +15,7 @@ use strait_replicator::pb::replicator_client::ReplicatorClient;
 
 use super::replicator::BenchArgs;
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
+pub(super) fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -23,7 +23,7 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -49,7 +49,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     let dir = match &a.dir {
         Some(d) => d.clone(),
         None => {
-            tmp = tempfile_dir()?;
+            tmp = tempfile_dir("replicator-bench")?;
             tmp.clone()
         }
     };
@@ -255,10 +255,10 @@ async fn run_phase(
     })
 }
 
-/// A new empty directory under the system's temporary directory.
-fn tempfile_dir() -> Result<std::path::PathBuf> {
+/// A new empty directory under the system's temporary directory, named after `what`.
+pub(super) fn tempfile_dir(what: &str) -> Result<std::path::PathBuf> {
     let d = std::env::temp_dir().join(format!(
-        "strait-replicator-bench.{}.{}",
+        "strait-{what}.{}.{}",
         std::process::id(),
         Instant::now().elapsed().as_nanos()
     ));

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use super::replicator_bench::{ms, pct};
+
 #[derive(clap::Args, Clone)]
 pub struct FloorArgs {
     /// Records/s offered.
@@ -57,14 +59,6 @@ const MIB: usize = 1 << 20;
 /// A background file is synced and the previous one deleted after this many MiB.
 const BACKGROUND_FILE_MIB: usize = 64;
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
-}
-
 pub fn run(a: FloorArgs) -> Result<()> {
     if !(a.rate.is_finite() && a.rate > 0.0) {
         bail!("--rate must be a positive number of records per second");
@@ -83,11 +77,10 @@ pub fn run(a: FloorArgs) -> Result<()> {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
             (d.clone(), false)
         }
-        None => {
-            let d = std::env::temp_dir().join(format!("strait-floor.{}", std::process::id()));
-            std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
-            (d, true)
-        }
+        None => (
+            super::replicator_bench::tempfile_dir("replicator-floor")?,
+            true,
+        ),
     };
     let res = measure(&a, &dir);
     if remove {
@@ -274,20 +267,20 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     println!(
         "  {:.0} records/s committed   commit latency p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms   ({} appends, {:.0} records each)",
         sent as f64 / elapsed.as_secs_f64(),
-        pct(&lat, 0.5),
-        pct(&lat, 0.99),
-        pct(&lat, 1.0),
+        ms(pct(&lat, 0.5)),
+        ms(pct(&lat, 0.99)),
+        ms(pct(&lat, 1.0)),
         calls.len(),
         sent as f64 / calls.len().max(1) as f64
     );
     println!(
         "  append p50 {:>6.2} ms  p99 {:>6.2} ms   fdatasync p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
-        pct(&calls, 0.5),
-        pct(&calls, 0.99),
-        pct(&syncs, 0.5),
-        pct(&syncs, 0.99),
-        pct(&syncs, 0.999),
-        pct(&syncs, 1.0)
+        ms(pct(&calls, 0.5)),
+        ms(pct(&calls, 0.99)),
+        ms(pct(&syncs, 0.5)),
+        ms(pct(&syncs, 0.99)),
+        ms(pct(&syncs, 0.999)),
+        ms(pct(&syncs, 1.0))
     );
     Ok(())
 }
