@@ -151,8 +151,10 @@ const FLUSH_QUEUE: usize = 4096;
 
 /// Syncs the write-ahead log on its own thread and reports appends durable, in their order.
 /// An append writes its entries at once (readable, as openraft requires) and leaves the fsync
-/// to this thread, so a Raft core never blocks in fsync and appends that arrive during one
-/// sync share the next (group commit).
+/// to this thread, so no runtime worker blocks in fsync: the other nodes' tasks and the RPCs
+/// run meanwhile. openraft 0.9's Raft core itself waits for the report (`append_to_log`
+/// awaits the flush) before it replicates or takes the next write, so a leader's sync comes
+/// before its followers are sent the entries, and a node has one append to sync at a time.
 struct Flusher {
     tx: std::sync::mpsc::SyncSender<LogFlushed<TypeConfig>>,
 }

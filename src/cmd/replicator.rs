@@ -92,7 +92,8 @@ pub enum Action {
     /// with --delay-ms, every link between nodes gets that one-way delay (fault proxy).
     Bench(BenchArgs),
     /// The disk's floor for the benchmark's commit latency: three threads append and
-    /// fdatasync a file each, an append commits on two of them; no Raft, RPC or database.
+    /// fdatasync a file each, an append commits on two of them (or, with --leader-first, on
+    /// the leader's and then a follower's, openraft 0.9's order); no Raft, RPC or database.
     Floor(crate::cmd::replicator_floor::FloorArgs),
 }
 
@@ -122,8 +123,9 @@ pub struct BenchArgs {
     /// snapshots of a large log cost.
     #[arg(long)]
     pub snapshot_every: Option<u64>,
-    /// Skip the disk floor printed after phase 2 on plain loopback (`strait replicator
-    /// floor` at phase 2's rate, in the same directory, after the nodes have stopped).
+    /// Skip the disk floors printed after phase 2 on plain loopback (`strait replicator
+    /// floor` at phase 2's rate, in the same directory, after the nodes have stopped: with
+    /// the three syncs at once, then with `--leader-first`).
     #[arg(long)]
     pub no_floor: bool,
 }

@@ -141,20 +141,24 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     for n in nodes {
         n.shutdown().await;
     }
-    // the same latency for the disk alone, at the same rate, in the same directory
+    // the same latency for the disk alone, at the same rate, in the same directory: with the
+    // three syncs at once, then in openraft 0.9's order (the leader's before the followers')
     if a.delay_ms == 0 && !a.no_floor {
-        let f = super::replicator_floor::FloorArgs {
-            rate: offered,
-            seconds: a.seconds,
-            record_size: a.record_size,
-            batch: a.batch,
-            copies: 2.0,
-            background_mbps: 0.0,
-            dir: Some(dir.join("floor")),
-        };
-        tokio::task::spawn_blocking(move || super::replicator_floor::run(f))
-            .await
-            .context("the disk floor stopped")??;
+        for leader_first in [false, true] {
+            let f = super::replicator_floor::FloorArgs {
+                rate: offered,
+                seconds: a.seconds,
+                record_size: a.record_size,
+                batch: a.batch,
+                copies: 2.0,
+                background_mbps: 0.0,
+                leader_first,
+                dir: Some(dir.join("floor")),
+            };
+            tokio::task::spawn_blocking(move || super::replicator_floor::run(f))
+                .await
+                .context("the disk floor stopped")??;
+        }
     }
     if a.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);

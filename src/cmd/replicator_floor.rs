@@ -4,6 +4,9 @@
 //! It models only the I/O a commit must wait for, with no Raft, no RPC and no database:
 //! three threads ("nodes") each append an append's bytes to a file of their own and
 //! `fdatasync` it, and an append commits when two of the three have synced (a quorum).
+//! With `--leader-first`, node 1 (the leader) syncs before the other two are sent the
+//! append, and the append commits when one of them has synced too: the order openraft 0.9
+//! imposes, whose Raft core waits for the leader's own log flush before it replicates.
 //! Records arrive at `--rate` and each append takes every record that has arrived (up to
 //! `--batch`), with one append in flight, exactly as in the benchmark's phase 2, and the same
 //! latency is reported: from a record's arrival to the commit of the append that carried it.
@@ -47,6 +50,10 @@ pub struct FloorArgs {
     /// MB/s written in the background, as flushes of an LSM tree (0: none).
     #[arg(long, default_value_t = 0.0)]
     pub background_mbps: f64,
+    /// The leader syncs its copy before the followers are sent it (openraft 0.9's order),
+    /// instead of all three syncing at once.
+    #[arg(long)]
+    pub leader_first: bool,
     /// Scratch directory (default: a new one under the system's temporary directory,
     /// removed after). Put it on the disk the benchmark uses.
     #[arg(long)]
@@ -171,7 +178,13 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     let mut nodes = vec![];
     for i in 0..NODES {
         let (tx, rx) = mpsc::sync_channel::<(u64, usize)>(1024);
-        let file = dir.join(format!("node{}.log", i + 1));
+        // a file of its own per order: truncating the other order's file would free blocks,
+        // and their discard would stall this run's first syncs
+        let file = dir.join(format!(
+            "node{}{}.log",
+            i + 1,
+            if a.leader_first { "-leader-first" } else { "" }
+        ));
         let done = done_tx.clone();
         nodes.push(std::thread::spawn(move || node(&file, rx, done)));
         senders.push(tx);
@@ -201,18 +214,31 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
         let n = (arrived - sent).min(a.batch);
         let bytes = (n as f64 * a.record_size as f64 * a.copies) as usize + 64;
         let started = Instant::now();
-        for tx in &senders {
-            tx.send((seq, bytes))
-                .context("a node thread stopped (see its error below)")?;
-        }
-        let mut acks = 0;
-        while acks < QUORUM {
-            let (s, took) = done_rx
-                .recv()
-                .context("the node threads stopped (see their errors below)")?;
-            syncs.push(took);
-            if s == seq {
-                acks += 1;
+        // the leader first, then the followers; or all at once
+        let (first, then) = if a.leader_first {
+            (&senders[..1], &senders[1..])
+        } else {
+            (&senders[..], &senders[..0])
+        };
+        for stage in [first, then] {
+            if stage.is_empty() {
+                continue;
+            }
+            for tx in stage {
+                tx.send((seq, bytes))
+                    .context("a node thread stopped (see its error below)")?;
+            }
+            // all at once: a quorum; the leader first: the leader, then one follower
+            let need = if then.is_empty() { QUORUM } else { 1 };
+            let mut acks = 0;
+            while acks < need {
+                let (s, took) = done_rx
+                    .recv()
+                    .context("the node threads stopped (see their errors below)")?;
+                syncs.push(took);
+                if s == seq {
+                    acks += 1;
+                }
             }
         }
         let committed = Instant::now();
@@ -252,12 +278,15 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     calls.sort();
     syncs.sort();
     println!(
-        "disk floor: {} nodes writing to {}, commit on {} of {} fdatasyncs, records of {} B \
+        "disk floor: {} nodes writing to {}, {}, records of {} B \
          written {}x, {:.0} records/s offered, {} s, background {:.1} MB/s",
         NODES,
         dir.display(),
-        QUORUM,
-        NODES,
+        if a.leader_first {
+            "commit when the leader has synced and then one of two followers (openraft 0.9's order)"
+        } else {
+            "commit on 2 of 3 fdatasyncs at once"
+        },
         a.record_size,
         a.copies,
         a.rate,

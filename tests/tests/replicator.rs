@@ -333,8 +333,9 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
 }
 
 /// `strait replicator floor` (the disk's floor for the benchmark's commit latency) writes
-/// each node's file and the background files where it is told, reports figures in order, and
-/// refuses bad arguments with one line.
+/// each node's file and the background files where it is told, reports figures in order, in
+/// both orders of the syncs (every append in all three files), and refuses bad arguments with
+/// one line.
 #[test]
 fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_arguments() {
     use strait_tests::mount::strait_fails;
@@ -358,6 +359,25 @@ fn the_disk_floor_writes_its_files_reports_ordered_figures_and_refuses_bad_argum
     assert!(
         out.contains("background") && !out.contains("background 0.0 MB/s"),
         "{out}"
+    );
+    // the leader first (openraft 0.9's order): every append still reaches all three files
+    let lf = dir.path().join("leader-first");
+    let out = short_run("floor", &lf, &["--leader-first"]);
+    assert!(
+        out.contains("the leader has synced and then one of two followers"),
+        "{out}"
+    );
+    assert_ordered(&out, "records/s committed");
+    let lens: Vec<u64> = (1..=3)
+        .map(|i| {
+            std::fs::metadata(lf.join(format!("node{i}-leader-first.log")))
+                .unwrap_or_else(|e| panic!("node{i}-leader-first.log: {e}\n{out}"))
+                .len()
+        })
+        .collect();
+    assert!(
+        lens[0] >= 128 * 2 && lens.iter().all(|l| *l == lens[0]),
+        "{lens:?}\n{out}"
     );
     // bad arguments: one line, nothing written
     for (args, what) in [
@@ -412,7 +432,8 @@ fn assert_ordered(out: &str, marker: &str) {
 }
 
 /// `strait replicator bench` forms a three-node cluster, runs both phases and prints the
-/// disk floor after them, each with its figures in order.
+/// disk floors after them (syncs at once, then the leader first), each with its figures in
+/// order.
 #[test]
 fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
     use strait_tests::mount::strait_fails;
@@ -436,15 +457,19 @@ fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
         assert!(out.contains(marker), "no {marker:?}\n{out}");
     }
     assert_ordered(&out, "given rate");
-    // the floor's commit line is the first after its header
+    // two floors, syncs at once then the leader first, each commit line the first after
+    // its header
     let floor = &out[out.find("disk floor").unwrap()..];
     assert_ordered(floor, "records/s committed");
+    let at = out
+        .find("openraft 0.9's order")
+        .unwrap_or_else(|| panic!("no leader-first floor\n{out}"));
+    assert_ordered(&out[at..], "records/s committed");
     for i in 1..=3 {
         assert!(d.join(format!("node{i}")).is_dir(), "node{i}\n{out}");
-        assert!(
-            d.join("floor").join(format!("node{i}.log")).is_file(),
-            "{out}"
-        );
+        for name in [format!("node{i}.log"), format!("node{i}-leader-first.log")] {
+            assert!(d.join("floor").join(&name).is_file(), "{name}\n{out}");
+        }
     }
     // --no-floor leaves it out; a bad batch size is refused with one line
     let out = short_run("bench", &dir.path().join("no-floor"), &["--no-floor"]);
