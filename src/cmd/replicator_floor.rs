@@ -60,6 +60,9 @@ pub struct FloorArgs {
     pub dir: Option<PathBuf>,
 }
 
+/// What a node thread is sent: an append's sequence number and its bytes.
+type ToNode = mpsc::SyncSender<(u64, usize)>;
+
 const NODES: usize = 3;
 const QUORUM: usize = 2;
 const MIB: usize = 1 << 20;
@@ -177,7 +180,7 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     let mut senders = vec![];
     let mut nodes = vec![];
     for i in 0..NODES {
-        let (tx, rx) = mpsc::sync_channel::<(u64, usize)>(1024);
+        let (tx, rx): (ToNode, _) = mpsc::sync_channel(1024);
         // a file of its own per order: truncating the other order's file would free blocks,
         // and their discard would stall this run's first syncs
         let file = dir.join(format!(
@@ -214,22 +217,17 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
         let n = (arrived - sent).min(a.batch);
         let bytes = (n as f64 * a.record_size as f64 * a.copies) as usize + 64;
         let started = Instant::now();
-        // the leader first, then the followers; or all at once
-        let (first, then) = if a.leader_first {
-            (&senders[..1], &senders[1..])
+        // each stage: the nodes sent the append, and how many of their syncs it waits for
+        let stages: &[(&[ToNode], usize)] = if a.leader_first {
+            &[(&senders[..1], 1), (&senders[1..], 1)]
         } else {
-            (&senders[..], &senders[..0])
+            &[(&senders[..], QUORUM)]
         };
-        for stage in [first, then] {
-            if stage.is_empty() {
-                continue;
-            }
-            for tx in stage {
+        for &(group, need) in stages {
+            for tx in group {
                 tx.send((seq, bytes))
                     .context("a node thread stopped (see its error below)")?;
             }
-            // all at once: a quorum; the leader first: the leader, then one follower
-            let need = if then.is_empty() { QUORUM } else { 1 };
             let mut acks = 0;
             while acks < need {
                 let (s, took) = done_rx
