@@ -393,7 +393,12 @@ fn run_foreground(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Whether process `pid` is still running (a zombie waiting for its parent counts as gone).
+/// Whether process `pid` is still running. A zombie waiting for its parent counts as gone,
+/// but only once every thread of it has exited: when the main thread returns, the process's
+/// leader is a zombie at once while its other threads (RocksDB's, the heartbeat's) are still
+/// being torn down, and its files (the metadata engine's lock among them) are closed only when
+/// the last thread is gone. Counting that leader as gone let `umount` return while the lock was
+/// still held, and a mount started right after failed with "in use by another process".
 fn process_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
@@ -401,10 +406,20 @@ fn process_alive(pid: i32) -> bool {
             let state = stat
                 .rsplit_once(')')
                 .and_then(|(_, rest)| rest.split_whitespace().next());
-            !matches!(state, Some("Z") | Some("X"))
+            if !matches!(state, Some("Z") | Some("X")) {
+                return true;
+            }
+            threads_left(pid) > 1
         }
         Err(_) => false,
     }
+}
+
+/// The threads of process `pid` not yet gone, its leader included (0 when it is gone).
+fn threads_left(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 pub fn umount(a: UmountArgs) -> Result<()> {
@@ -442,4 +457,63 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     }
     println!("unmounted {}", a.mountpoint.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process whose main thread has exited while another thread still runs is a zombie
+    /// leader with its files still open: `umount` must keep waiting for it, and stop waiting
+    /// once its last thread is gone.
+    #[test]
+    fn a_zombie_leader_with_threads_left_is_still_alive() {
+        // Python's main thread leaves through the raw exit syscall (60 on x86_64: this thread
+        // only), so the leader turns zombie while the sleeping thread lives on for a second.
+        let script = "import threading, time, ctypes\n\
+                      threading.Thread(target=time.sleep, args=(1.0,)).start()\n\
+                      time.sleep(0.1)\n\
+                      ctypes.CDLL(None).syscall(60, 0)\n";
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .spawn()
+            .expect("python3 runs (it is on every machine this project supports)");
+        let pid = child.id() as i32;
+
+        // once the leader is a zombie, the other thread still holds the process
+        let start = Instant::now();
+        let mut saw_zombie_leader = false;
+        while start.elapsed() < Duration::from_millis(900) {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+                == Some(true)
+                && threads_left(pid) > 1
+            {
+                saw_zombie_leader = true;
+                assert!(
+                    process_alive(pid),
+                    "a zombie leader with a thread left counts as alive"
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            saw_zombie_leader,
+            "the test process never became a zombie leader"
+        );
+
+        // when the last thread is gone, the unreaped zombie counts as gone
+        let start = Instant::now();
+        while process_alive(pid) && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            !process_alive(pid),
+            "a zombie with no thread left counts as gone"
+        );
+        assert!(child.wait().expect("reap the child").success());
+    }
 }
