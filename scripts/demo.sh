@@ -33,7 +33,18 @@ if [[ $EUID -ne 0 ]]; then
     exit 1
 fi
 
-step() { printf '\n==> %s\n' "$*"; }
+# step TITLE: starts a step, after saying how long the one before took.
+STEP_TITLE=
+STEP_START=$SECONDS
+step() {
+    step_took
+    STEP_TITLE=$*
+    STEP_START=$SECONDS
+    printf '\n==> %s\n' "$*"
+}
+step_took() {
+    [[ -z "$STEP_TITLE" ]] || printf '    (took %d s)\n' $((SECONDS - STEP_START))
+}
 
 # shellcheck source=scripts/lib/prereqs.sh
 source "$ROOT/scripts/lib/prereqs.sh"
@@ -231,3 +242,4 @@ stop_dev
 
 step "done: the single-region file system stays in $DEMO (mount it again with: $STRAIT mount -d $META_URL $MNT);"
 echo "    run both regions again, mounted, until Ctrl-C: $STRAIT dev up --dir $DEV"
+echo "demo.sh: done in $SECONDS s"
