@@ -261,12 +261,12 @@ fn up(a: UpArgs) -> Result<()> {
         env: vec![],
     };
     // a Garage per region (killed when `dev up` ends), or none
-    let mut garages: Vec<strait_garage::Garage> = vec![];
+    let mut garages: Vec<strait_devkit::Garage> = vec![];
     let result = (|| -> Result<()> {
         if a.store == "garage" {
             for (region, name) in [(&ra, "A"), (&rb, "B")] {
                 println!("strait dev: starting region {name}'s Garage S3 server");
-                let g = strait_garage::Garage::start_in(&region.join("garage"))
+                let g = strait_devkit::Garage::start_in(&region.join("garage"))
                     .with_context(|| format!("start region {name}'s Garage"))?;
                 garages.push(g);
             }
@@ -514,9 +514,9 @@ fn up(a: UpArgs) -> Result<()> {
         if !garages.is_empty() {
             println!(
                 "    (credentials: AWS_ACCESS_KEY_ID={} AWS_SECRET_ACCESS_KEY={} AWS_REGION={})",
-                strait_garage::ACCESS_KEY,
-                strait_garage::SECRET_KEY,
-                strait_garage::REGION
+                strait_devkit::ACCESS_KEY,
+                strait_devkit::SECRET_KEY,
+                strait_devkit::REGION
             );
         }
         if let (Some(ma), Some(mb)) = (&topo.mount_a, &topo.mount_b) {

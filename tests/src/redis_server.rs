@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_garage::spawn_tied;
+use strait_devkit::spawn_tied;
 
 use anyhow::{bail, Context};
 
