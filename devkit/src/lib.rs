@@ -5,11 +5,13 @@
 //!   mounts that a test, a benchmark or `dev up` starts never outlive it;
 //! - [`ports`]: free ports on 127.0.0.1 that no other server of this process was given and
 //!   that an outgoing connection cannot take first ([`free_port`]);
-//! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]).
+//! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);
+//! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]).
 
 pub mod garage;
 pub mod ports;
 pub mod process;
+pub mod redis;
 
 pub use garage::{Garage, ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
 pub use ports::{distinct_free_ports, free_port};

@@ -1,16 +1,15 @@
 //! A throwaway `redis-server` on 127.0.0.1 for one test: no persistence, its own directory,
-//! killed when dropped.
+//! killed when dropped (the tests reach it through `strait_tests::redis_server`, which skips
+//! or fails when the program is missing).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_devkit::spawn_tied;
-
 use anyhow::{bail, Context};
 
-use crate::{free_port, require_program};
+use crate::{free_port, spawn_tied};
 
 /// How long a started server may take to answer PING.
 const START_TIMEOUT_MS: u64 = 10_000;
@@ -24,22 +23,12 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Start a server, or None (after printing SKIPPED) when `redis-server` is not installed.
-    /// Under `CI=true` a missing `redis-server` or a server that does not start is a panic.
-    pub fn start() -> Option<Self> {
-        if !require_program("redis-server") {
-            return None;
-        }
-        match Self::spawn() {
-            Ok(server) => Some(server),
-            Err(e) => panic!("start redis-server: {e:#}"),
-        }
-    }
-
-    fn spawn() -> anyhow::Result<Self> {
+    /// Start a server that answers PING, on a free port and in a temporary directory.
+    pub fn start() -> anyhow::Result<Self> {
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS_MAX {
-            match Self::spawn_on(free_port()) {
+            let port = free_port().context("find a free port for redis-server")?;
+            match Self::spawn_on(port) {
                 Ok(server) => return Ok(server),
                 Err(e) => last_err = Some(e),
             }
