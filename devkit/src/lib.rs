@@ -6,8 +6,11 @@
 //! - [`ports`]: free ports on 127.0.0.1 that no other server of this process was given and
 //!   that an outgoing connection cannot take first ([`free_port`]);
 //! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);
-//! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]).
+//! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]);
+//! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
+//!   proxies, mounts), started from the `strait` program.
 
+pub mod cluster;
 pub mod garage;
 pub mod ports;
 pub mod process;
