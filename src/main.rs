@@ -52,7 +52,7 @@ enum Command {
     /// Delete the blocks of dead slices now (a mount also does this in the background).
     Gc(cmd::gc::Args),
     /// Benchmark a mounted directory (strait's or any other file system's).
-    Bench(cmd::bench::Args),
+    Bench(cmd::bench::fs::Args),
 }
 
 fn main() {
@@ -93,7 +93,7 @@ fn main() {
         Command::Changelog(a) => cmd::changelog::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Gc(a) => cmd::gc::run(a),
-        Command::Bench(a) => cmd::bench::run(a),
+        Command::Bench(a) => cmd::bench::fs::run(a),
     };
     if let Err(e) = result {
         eprintln!("strait: {e:#}");

@@ -83,7 +83,7 @@ pub enum Action {
     /// Show each mirror's state, versions, lag and apply rate.
     Status(StatusArgs),
     /// A create/rename/setattr storm at the primary, and the mirror's lag during it.
-    Bench(super::mirror_bench::BenchArgs),
+    Bench(super::bench::mirror::BenchArgs),
     /// Stop a mirror's applier where it is (it keeps serving, staler and staler), for a while.
     Pause(PauseArgs),
     /// Let a paused mirror's applier go on at once.
@@ -203,7 +203,7 @@ impl ServeArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.action {
         Some(Action::Status(s)) => status(s),
-        Some(Action::Bench(b)) => super::mirror_bench::run(b),
+        Some(Action::Bench(b)) => super::bench::mirror::run(b),
         Some(Action::Pause(p)) => {
             let ms = pause_ms(p.seconds)?;
             let v = super::runtime()?.block_on(pause(&p.addr, &p.token, ms))?;

@@ -8,13 +8,10 @@ pub mod format;
 pub mod fsck;
 pub mod gc;
 pub mod mirror;
-pub mod mirror_bench;
 pub mod mirror_watch;
 pub mod mount;
 pub mod primary;
 pub mod replicator;
-pub mod replicator_bench;
-pub mod replicator_floor;
 pub mod status;
 
 use anyhow::{bail, Context, Result};

@@ -94,7 +94,7 @@ pub enum Action {
     /// The disk's floor for the benchmark's commit latency: three threads append and
     /// fdatasync a file each, an append commits on two of them (or, with --leader-first, on
     /// the leader's and then a follower's, openraft 0.9's order); no Raft, RPC or database.
-    Floor(crate::cmd::replicator_floor::FloorArgs),
+    Floor(crate::cmd::bench::floor::FloorArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -325,12 +325,10 @@ async fn admin(action: Action) -> Result<()> {
                 .map_err(|s| status_err(&addr, s))?;
             println!("removed node {id}");
         }
-        Action::Bench(b) => crate::cmd::replicator_bench::run(b).await?,
-        Action::Floor(f) => {
-            tokio::task::spawn_blocking(move || crate::cmd::replicator_floor::run(f))
-                .await
-                .context("the floor benchmark stopped")??
-        }
+        Action::Bench(b) => crate::cmd::bench::replicator::run(b).await?,
+        Action::Floor(f) => tokio::task::spawn_blocking(move || crate::cmd::bench::floor::run(f))
+            .await
+            .context("the floor benchmark stopped")??,
         Action::Retention {
             addr,
             max_bytes,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_garage::spawn_tied;
+use strait_devkit::spawn_tied;
 
 use crate::mount::Mount;
 use crate::{free_port, strait_bin};

@@ -1,13 +1,13 @@
-//! A Garage S3 server for one test ([`strait_garage::Garage`] in a temporary directory),
+//! A Garage S3 server for one test ([`strait_devkit::Garage`] in a temporary directory),
 //! killed when dropped; its log is printed when the test fails while it runs.
 
 use std::ops::Deref;
 
-pub use strait_garage::{ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
+pub use strait_devkit::{ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
 
 pub struct Garage {
     // dropped first: the server stops before its directory goes
-    server: strait_garage::Garage,
+    server: strait_devkit::Garage,
     _dir: tempfile::TempDir,
 }
 
@@ -22,7 +22,7 @@ impl Garage {
             .prefix("strait-garage-")
             .tempdir()
             .unwrap_or_else(|e| panic!("create a directory for Garage: {e}"));
-        match strait_garage::Garage::start_in(dir.path()) {
+        match strait_devkit::Garage::start_in(dir.path()) {
             Ok(server) => {
                 eprintln!(
                     "Garage ready at {} in {} ms (dir {})",
@@ -38,7 +38,7 @@ impl Garage {
 }
 
 impl Deref for Garage {
-    type Target = strait_garage::Garage;
+    type Target = strait_devkit::Garage;
 
     fn deref(&self) -> &Self::Target {
         &self.server

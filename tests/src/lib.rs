@@ -62,9 +62,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// A free TCP port on 127.0.0.1 for a test server, below the ephemeral range (see
-/// `strait_garage::free_port`).
+/// `strait_devkit::free_port`).
 pub fn free_port() -> u16 {
-    strait_garage::free_port().expect("find a free port on 127.0.0.1")
+    strait_devkit::free_port().expect("find a free port on 127.0.0.1")
 }
 
 /// Path of the strait binary built for these tests.

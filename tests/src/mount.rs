@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_garage::spawn_tied;
+use strait_devkit::spawn_tied;
 
 use crate::strait_bin;
 

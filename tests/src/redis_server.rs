@@ -1,169 +1,36 @@
-//! A throwaway `redis-server` on 127.0.0.1 for one test: no persistence, its own directory,
-//! killed when dropped.
+//! A throwaway `redis-server` for one test ([`strait_devkit::redis::RedisServer`]), or a skip
+//! when the program is missing.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use strait_garage::spawn_tied;
-
-use anyhow::{bail, Context};
-
-use crate::{free_port, require_program};
-
-/// How long a started server may take to answer PING.
-const START_TIMEOUT_MS: u64 = 10_000;
-/// Ports tried before giving up (another process may take the port `free_port` found).
-const START_ATTEMPTS_MAX: usize = 5;
+use std::ops::{Deref, DerefMut};
 
 pub struct RedisServer {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
+    server: strait_devkit::redis::RedisServer,
 }
 
 impl RedisServer {
     /// Start a server, or None (after printing SKIPPED) when `redis-server` is not installed.
     /// Under `CI=true` a missing `redis-server` or a server that does not start is a panic.
     pub fn start() -> Option<Self> {
-        if !require_program("redis-server") {
+        if !crate::require_program("redis-server") {
             return None;
         }
-        match Self::spawn() {
-            Ok(server) => Some(server),
+        match strait_devkit::redis::RedisServer::start() {
+            Ok(server) => Some(RedisServer { server }),
             Err(e) => panic!("start redis-server: {e:#}"),
         }
     }
+}
 
-    fn spawn() -> anyhow::Result<Self> {
-        let mut last_err = None;
-        for _ in 0..START_ATTEMPTS_MAX {
-            match Self::spawn_on(free_port()) {
-                Ok(server) => return Ok(server),
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no attempt made")))
-    }
+impl Deref for RedisServer {
+    type Target = strait_devkit::redis::RedisServer;
 
-    fn spawn_on(port: u16) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir().context("create a directory for redis-server")?;
-        let child = launch(port, dir.path())?;
-        let mut server = Self { child, port, dir };
-        server.wait_ready()?;
-        Ok(server)
-    }
-
-    /// Kill the server and start a new one on the same port (with no data: nothing is
-    /// persisted), as a crash and restart of the Redis machine.
-    pub fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let restarted = launch(self.port, self.dir.path()).and_then(|child| {
-            self.child = child;
-            self.wait_ready()
-        });
-        if let Err(e) = restarted {
-            panic!("restart redis-server on port {}: {e:#}", self.port);
-        }
-    }
-
-    /// Send one command and return the first line of its reply (`+OK`, `:1`, `$5`, `-ERR …`).
-    pub fn command(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut s =
-            TcpStream::connect(("127.0.0.1", self.port)).context("connect to redis-server")?;
-        s.set_read_timeout(Some(Duration::from_millis(START_TIMEOUT_MS)))?;
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        s.write_all(req.as_bytes())
-            .context("send a command to redis-server")?;
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while !line.ends_with(b"\r\n") {
-            s.read_exact(&mut byte)
-                .context("read a reply from redis-server")?;
-            line.push(byte[0]);
-        }
-        line.truncate(line.len() - 2);
-        Ok(String::from_utf8_lossy(&line).into_owned())
-    }
-
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_millis(START_TIMEOUT_MS);
-        loop {
-            if let Some(status) = self.child.try_wait().context("wait for redis-server")? {
-                bail!(
-                    "redis-server on port {} exited with {status}:\n{}",
-                    self.port,
-                    self.log()
-                );
-            }
-            if self.ping() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "redis-server on port {} did not answer PING within {START_TIMEOUT_MS} ms:\n{}",
-                    self.port,
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn ping(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let timeout = Some(Duration::from_millis(500));
-        if s.set_read_timeout(timeout).is_err() || s.write_all(b"PING\r\n").is_err() {
-            return false;
-        }
-        let mut buf = [0u8; 7];
-        s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-    }
-
-    /// The server's log so far, for failure messages.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// URL of database `db` on this server.
-    pub fn url(&self, db: u32) -> String {
-        format!("redis://127.0.0.1:{}/{db}", self.port)
+    fn deref(&self) -> &Self::Target {
+        &self.server
     }
 }
 
-fn launch(port: u16, dir: &std::path::Path) -> anyhow::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("redis.log"))
-        .context("open redis.log")?;
-    let log_err = log.try_clone().context("clone redis.log handle")?;
-    let mut cmd = Command::new("redis-server");
-    cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
-    spawn_tied(cmd).context("spawn redis-server")
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl DerefMut for RedisServer {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.server
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_garage::spawn_tied;
+use strait_devkit::spawn_tied;
 
 use strait_chaos::Proxy;
 use strait_replicator::pb;

@@ -26,7 +26,7 @@ impl DevUp {
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
             .stderr(f);
-        let child = strait_garage::spawn_tied(cmd).expect("start strait dev up");
+        let child = strait_devkit::spawn_tied(cmd).expect("start strait dev up");
         let mut d = DevUp {
             child,
             dir: dir.to_path_buf(),
@@ -201,9 +201,9 @@ fn dev_up_on_garage_gives_each_region_its_own_store_and_b_reads_its_copies_while
         .args(["--mem-cache-size", "0", "--log-file"])
         .arg(work.path().join("fresh.log"))
         .envs([
-            ("AWS_ACCESS_KEY_ID", strait_garage::ACCESS_KEY),
-            ("AWS_SECRET_ACCESS_KEY", strait_garage::SECRET_KEY),
-            ("AWS_REGION", strait_garage::REGION),
+            ("AWS_ACCESS_KEY_ID", strait_devkit::ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", strait_devkit::SECRET_KEY),
+            ("AWS_REGION", strait_devkit::REGION),
         ])
         .output()
         .unwrap();

@@ -4,93 +4,46 @@
 //! object store on its own tokio runtime.
 //!
 //! Do not call the VFS from inside a tokio runtime: it blocks on its own.
+//!
+//! This file holds [`Vfs`] (file handles and the calls FUSE makes) and [`Shared`], what the
+//! writer and the readers share. Beside it: `chunks` (the cached slice lists), `read` (the
+//! read path), `fallback` (at a mirror, blocks not in the region's store yet), `compact`
+//! (compaction), `store` (object store calls with retries), `writer` (the write path),
+//! `cache` (the block cache) and `gc` (deletion of dead slices' blocks).
 
 pub mod cache;
+mod chunks;
+mod compact;
+mod fallback;
 pub mod gc;
+mod read;
+mod store;
 mod writer;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::error::{sys, Error, Result};
-use crate::layout::{block_key, block_len, visible_segments, CHUNK_SIZE};
-use crate::meta::{
-    Attr, Ctx, DirEntry, FileKind, Ino, MetaClient, SetAttr, SliceRef, FILE_SIZE_MAX,
-};
-use crate::object::{DynStore, ObjectError};
+use crate::layout::CHUNK_SIZE;
+use crate::meta::{Attr, Ctx, DirEntry, FileKind, Ino, MetaClient, SetAttr, FILE_SIZE_MAX};
+use crate::object::DynStore;
 pub use cache::BlockCache;
+use chunks::SliceList;
+pub use compact::COMPACT_SLICES_MIN;
+pub use fallback::{BlockFallback, Fallback};
+use read::BlockCell;
+pub use store::{retry_store, STORE_ATTEMPTS_MAX};
 use writer::FileWriter;
 
-/// Slices in one chunk above which the chunk is compacted.
-pub const COMPACT_SLICES_MIN: usize = 24;
-/// Attempts for one object store call that fails transiently.
-pub const STORE_ATTEMPTS_MAX: u32 = 5;
-/// Chunks whose slice lists are kept in memory.
-const CHUNK_CACHE_ENTRIES_MAX: usize = 4096;
 /// Files whose size and mtime as last reported to the kernel are remembered.
 const SEEN_ENTRIES_MAX: usize = 100_000;
-/// Distinct corrupt blocks remembered for logging once.
-const REPORTED_CORRUPT_MAX: usize = 10_000;
 
-/// A chunk's slice list, shared by the readers of the chunk cache.
-type SliceList = Arc<ChunkView>;
-
-/// A chunk's slices and, at a mirror, which of their blocks the region's store does not hold
-/// yet (by slice id: bit `i % 8` of byte `i / 8` stands for block `i`).
-#[derive(Default)]
-struct ChunkView {
-    slices: Vec<SliceRef>,
-    unsynced: HashMap<u64, Vec<u8>>,
-}
-
-impl ChunkView {
-    fn unsynced(&self, id: u64, index: u32) -> bool {
-        self.unsynced
-            .get(&id)
-            .and_then(|m| m.get(index as usize / 8))
-            .is_some_and(|b| b & (1 << (index % 8)) != 0)
-    }
-}
-/// One block fetch that concurrent readers share.
-type BlockCell = tokio::sync::OnceCell<Result<Bytes, BlockError>>;
 /// A directory listing kept by its handle: entries with their attributes (readdirplus).
 pub type Listing = Arc<Vec<(DirEntry, Option<Attr>)>>;
-
-#[derive(Clone, Debug)]
-enum BlockError {
-    Corrupt(String),
-    Other(String),
-}
-
-/// Where a mount at a mirror gets a block that its region's object store does not hold yet,
-/// or holds corrupt: the mirror daemon, which fetches it from the primary's store ahead of
-/// its copy queue, keeps a copy and answers with the bytes (checked again by the caller).
-pub trait BlockFallback: Send + Sync {
-    /// `reason`: "missing" or "corrupt".
-    fn fetch<'a>(
-        &'a self,
-        key: &'a str,
-        len: u32,
-        crc: u32,
-        reason: &'a str,
-    ) -> crate::object::BoxFut<'a, Bytes>;
-}
-
-/// A [`BlockFallback`] in [`VfsOptions`].
-#[derive(Clone)]
-pub struct Fallback(pub Arc<dyn BlockFallback>);
-
-impl std::fmt::Debug for Fallback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Fallback")
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct VfsOptions {
@@ -144,359 +97,6 @@ pub struct Shared {
     reported_corrupt: Mutex<std::collections::HashSet<String>>,
     compacting: Mutex<std::collections::HashSet<(Ino, u32)>>,
     fallback: Option<Fallback>,
-}
-
-impl Shared {
-    fn chunk_changed(self: &Arc<Self>, ino: Ino, idx: u32) {
-        self.chunks.lock().remove(&(ino, idx));
-        self.maybe_compact(ino, idx);
-    }
-
-    fn forget_inode(&self, ino: Ino) {
-        self.chunks.lock().retain(|k, _| k.0 != ino);
-    }
-
-    fn slices(&self, ino: Ino, idx: u32) -> Result<SliceList> {
-        if let Some(s) = self.chunks.lock().get(&(ino, idx)) {
-            return Ok(s.clone());
-        }
-        let (slices, unsynced) = self.meta.read_chunk_unsynced(ino, idx)?;
-        Ok(self.keep_chunk(ino, idx, slices, unsynced))
-    }
-
-    /// Cache the slice list of a chunk as the metadata service gave it (with, at a mirror,
-    /// the bitmaps of the blocks the region's store does not hold yet).
-    fn keep_chunk(
-        &self,
-        ino: Ino,
-        idx: u32,
-        slices: Vec<SliceRef>,
-        unsynced: Vec<Vec<u8>>,
-    ) -> SliceList {
-        let unsynced = if unsynced.len() == slices.len() {
-            slices
-                .iter()
-                .zip(unsynced)
-                .filter(|(_, m)| !m.is_empty())
-                .map(|(s, m)| (s.id, m))
-                .collect()
-        } else {
-            HashMap::new()
-        };
-        let s = Arc::new(ChunkView { slices, unsynced });
-        let mut c = self.chunks.lock();
-        if c.len() >= CHUNK_CACHE_ENTRIES_MAX {
-            c.clear();
-        }
-        c.insert((ino, idx), s.clone());
-        s
-    }
-
-    /// One block, from memory, the disk cache or the object store (checked against its CRC).
-    /// `unsynced`: at a mirror, the region's store does not hold it yet (ask the mirror
-    /// without asking the store first).
-    async fn block(
-        self: &Arc<Self>,
-        slice: &SliceRef,
-        index: u32,
-        unsynced: bool,
-    ) -> Result<Bytes> {
-        let len = block_len(slice.size, self.block_size, index);
-        let key = block_key(slice.id, index, len);
-        if let Some(b) = self.cache.get_mem(&key) {
-            return Ok(b);
-        }
-        let crc = *slice.crcs.get(index as usize).ok_or_else(|| {
-            Error::corrupt(format!("slice {} has no crc for block {index}", slice.id))
-        })?;
-        let cell = {
-            let mut inflight = self.inflight.lock();
-            inflight.entry(key.clone()).or_default().clone()
-        };
-        let me = self.clone();
-        let k2 = key.clone();
-        let got = cell
-            .get_or_init(|| async move {
-                me.fetch(&k2, len, crc, unsynced)
-                    .await
-                    .map_err(|e| match e {
-                        Error::CorruptBlock { reason, .. } => BlockError::Corrupt(reason),
-                        other => BlockError::Other(other.to_string()),
-                    })
-            })
-            .await
-            .clone();
-        self.inflight.lock().remove(&key);
-        match got {
-            Ok(b) => Ok(b),
-            Err(BlockError::Corrupt(reason)) => Err(Error::CorruptBlock { key, reason }),
-            Err(BlockError::Other(msg)) => Err(Error::Object(ObjectError::Fatal(msg))),
-        }
-    }
-
-    /// Log a corrupt block once per mount (a reader retrying must not flood the log).
-    fn report_corrupt(&self, e: &Error) {
-        if let Error::CorruptBlock { key, .. } = e {
-            let mut seen = self.reported_corrupt.lock();
-            if seen.len() < REPORTED_CORRUPT_MAX && seen.insert(key.clone()) {
-                tracing::error!("{e}: the read fails with EIO");
-            }
-        }
-    }
-
-    async fn fetch(
-        self: &Arc<Self>,
-        key: &str,
-        len: u32,
-        crc: u32,
-        unsynced: bool,
-    ) -> Result<Bytes> {
-        if self.cache.has_disk() {
-            let cache = self.cache.clone();
-            let k = key.to_string();
-            if let Ok(Some(b)) =
-                tokio::task::spawn_blocking(move || cache.get_disk(&k, len, crc)).await
-            {
-                self.cache.put_mem(key, b.clone());
-                return Ok(b);
-            }
-        }
-        let data = if unsynced && self.fallback.is_some() {
-            // the mirror says this region's store does not hold it yet: no store slot, no miss
-            self.fetch_fallback(key, len, crc, "unsynced").await?
-        } else {
-            self.fetch_store(key, len, crc).await?
-        };
-        self.cache.put_mem(key, data.clone());
-        if self.cache.has_disk() {
-            let cache = self.cache.clone();
-            let k = key.to_string();
-            let d = data.clone();
-            tokio::task::spawn_blocking(move || cache.put_disk(&k, &d));
-        }
-        Ok(data)
-    }
-
-    /// A block from this region's object store (through the mirror when it is missing there
-    /// or corrupt), checked.
-    async fn fetch_store(&self, key: &str, len: u32, crc: u32) -> Result<Bytes> {
-        let permit = self
-            .download_slots
-            .acquire()
-            .await
-            .map_err(|_| Error::Meta("download slots closed".into()))?;
-        let mut attempt = 0;
-        let data = loop {
-            attempt += 1;
-            let got = retry_store(&format!("read block {key}"), || self.store.get(key)).await;
-            let data = match got {
-                Ok(d) => d,
-                // not in this region's store yet: the mirror gets it from the primary's
-                Err(Error::CorruptBlock { .. }) if self.fallback.is_some() => {
-                    // the wait across regions holds a fallback slot, not a download slot
-                    drop(permit);
-                    break self.fetch_fallback(key, len, crc, "missing").await?;
-                }
-                Err(e) => return Err(e),
-            };
-            match cache::verify(key, &data, len, crc) {
-                Ok(()) => break data,
-                // read it once more in case it was damaged on the way
-                Err(_) if attempt < 2 => {}
-                Err(e) if self.fallback.is_some() => {
-                    tracing::warn!(
-                        "{e}: in this region's object store; the mirror fetches it again from the primary's"
-                    );
-                    drop(permit);
-                    break self.fetch_fallback(key, len, crc, "corrupt").await?;
-                }
-                Err(e) => {
-                    self.report_corrupt(&e);
-                    return Err(e);
-                }
-            }
-        };
-        Ok(data)
-    }
-
-    /// A block from the mirror (see [`BlockFallback`]), checked again here.
-    async fn fetch_fallback(&self, key: &str, len: u32, crc: u32, reason: &str) -> Result<Bytes> {
-        let Some(fb) = &self.fallback else {
-            return Err(Error::Meta("no block fallback".into()));
-        };
-        let _slot = self
-            .fallback_slots
-            .acquire()
-            .await
-            .map_err(|_| Error::Meta("fallback slots closed".into()))?;
-        let data =
-            fb.0.fetch(key, len, crc, reason)
-                .await
-                .map_err(|e| match e {
-                    ObjectError::NotFound(_) => Error::CorruptBlock {
-                        key: key.to_string(),
-                        reason: "missing from this region's store and from the primary's".into(),
-                    },
-                    other => Error::Object(other),
-                })?;
-        if let Err(e) = cache::verify(key, &data, len, crc) {
-            self.report_corrupt(&e);
-            return Err(e);
-        }
-        Ok(data)
-    }
-
-    /// Read `[off, off + buf.len())` of chunk `idx` into `buf` (the range lies in the chunk).
-    async fn read_chunk(
-        self: &Arc<Self>,
-        view: &ChunkView,
-        from: u32,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        let to = from + buf.len() as u32;
-        let bs = self.block_size;
-        for seg in visible_segments(&view.slices, from, to) {
-            let out = &mut buf[(seg.pos - from) as usize..(seg.pos - from + seg.len) as usize];
-            let Some(slice) = seg.slice else {
-                out.fill(0);
-                continue;
-            };
-            let mut done = 0u32;
-            while done < seg.len {
-                let at = seg.off + done;
-                let index = at / bs;
-                let in_block = at % bs;
-                let block = self
-                    .block(slice, index, view.unsynced(slice.id, index))
-                    .await?;
-                let n = (seg.len - done).min(block.len() as u32 - in_block);
-                if n == 0 {
-                    return Err(Error::corrupt(format!(
-                        "slice {} is shorter than its references",
-                        slice.id
-                    )));
-                }
-                out[done as usize..(done + n) as usize]
-                    .copy_from_slice(&block[in_block as usize..(in_block + n) as usize]);
-                done += n;
-            }
-        }
-        Ok(())
-    }
-
-    /// Start fetching the blocks of `[off, off + len)` of `ino` into the cache.
-    fn prefetch(self: &Arc<Self>, ino: Ino, off: u64, len: u64, file_len: u64) {
-        let end = (off + len).min(file_len);
-        let mut pos = off;
-        while pos < end {
-            let idx = (pos / CHUNK_SIZE) as u32;
-            let from = (pos % CHUNK_SIZE) as u32;
-            let to = ((end - idx as u64 * CHUNK_SIZE).min(CHUNK_SIZE)) as u32;
-            let Ok(slices) = self.slices(ino, idx) else {
-                return;
-            };
-            for seg in visible_segments(&slices.slices, from, to) {
-                let Some(slice) = seg.slice else { continue };
-                let first = seg.off / self.block_size;
-                let last = (seg.off + seg.len - 1) / self.block_size;
-                for index in first..=last {
-                    let key = block_key(
-                        slice.id,
-                        index,
-                        block_len(slice.size, self.block_size, index),
-                    );
-                    if self.cache.get_mem(&key).is_some() || self.inflight.lock().contains_key(&key)
-                    {
-                        continue;
-                    }
-                    let me = self.clone();
-                    let s = slice.clone();
-                    let unsynced = slices.unsynced(slice.id, index);
-                    self.rt.spawn(async move {
-                        let _ = me.block(&s, index, unsynced).await;
-                    });
-                }
-            }
-            pos = idx as u64 * CHUNK_SIZE + to as u64;
-        }
-    }
-
-    fn maybe_compact(self: &Arc<Self>, ino: Ino, idx: u32) {
-        let Ok(slices) = self.slices(ino, idx) else {
-            return;
-        };
-        if slices.slices.len() < COMPACT_SLICES_MIN || !self.compacting.lock().insert((ino, idx)) {
-            return;
-        }
-        let me = self.clone();
-        std::thread::spawn(move || {
-            if let Err(e) = me.compact(ino, idx) {
-                tracing::warn!("compact chunk {idx} of inode {ino}: {e}");
-            }
-            me.compacting.lock().remove(&(ino, idx));
-        });
-    }
-
-    /// Rewrite the visible bytes of a fragmented chunk as one slice.
-    pub fn compact(self: &Arc<Self>, ino: Ino, idx: u32) -> Result<()> {
-        let old = self.meta.read_chunk(ino, idx)?;
-        if old.len() < 2 {
-            return Ok(());
-        }
-        let end = old.iter().map(|s| s.pos + s.len).max().unwrap_or(0);
-        let mut data = vec![0u8; end as usize];
-        let view = ChunkView {
-            slices: old.clone(),
-            unsynced: HashMap::new(),
-        };
-        self.rt.block_on(self.read_chunk(&view, 0, &mut data))?;
-        let id = self.meta.next_slice_id()?;
-        let bs = self.block_size as usize;
-        let mut crcs = vec![];
-        for (index, block) in data.chunks(bs).enumerate() {
-            let key = block_key(id, index as u32, block.len() as u32);
-            let bytes = Bytes::copy_from_slice(block);
-            self.rt
-                .block_on(retry_store(&format!("upload block {key}"), || {
-                    self.store.put(&key, bytes.clone())
-                }))?;
-            crcs.push(crc32fast::hash(block));
-        }
-        let new = SliceRef {
-            id,
-            size: end,
-            off: 0,
-            len: end,
-            pos: 0,
-            crcs,
-        };
-        if self.meta.compact_chunk(ino, idx, &old, vec![new])? {
-            tracing::debug!(
-                "compacted chunk {idx} of inode {ino}: {} slices into one",
-                old.len()
-            );
-        }
-        self.chunks.lock().remove(&(ino, idx));
-        Ok(())
-    }
-}
-
-/// Call an object store operation, retrying transient failures with exponential backoff
-/// ([`crate::object::retry`]); a missing object is a [`Error::CorruptBlock`].
-pub async fn retry_store<T, F, Fut>(what: &str, f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, ObjectError>>,
-{
-    crate::object::retry(what, STORE_ATTEMPTS_MAX, f)
-        .await
-        .map_err(|e| match e {
-            ObjectError::NotFound(_) => Error::CorruptBlock {
-                key: what.to_string(),
-                reason: "missing from the object store".into(),
-            },
-            other => Error::Object(other),
-        })
 }
 
 struct Handle {

@@ -14,7 +14,7 @@ fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
         .unwrap();
     let mut seen = HashSet::new();
     for _ in 0..50 {
-        let p = strait_garage::free_port().unwrap();
+        let p = strait_devkit::free_port().unwrap();
         assert!(seen.insert(p), "port {p} was handed out twice");
         if ephemeral_low > 21_000 {
             assert!(

@@ -7,18 +7,18 @@
 //!
 //! `strait dev up --store garage` runs one per region; the tests and benchmarks run one per
 //! test (through `strait_tests::garage`, which adds a temporary directory).
-//!
-//! [`spawn_tied`] starts a process that ends with this one; the tests' other servers, daemons
-//! and mounts are started with it too.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use crate::ports::distinct_free_ports;
+use crate::process::spawn_tied;
 
 /// The region Garage signs with (`[s3_api] s3_region`); clients must use the same.
 pub const REGION: &str = "garage";
@@ -28,109 +28,6 @@ const KEY_NAME: &str = "strait-test";
 /// every server of `dev up` takes the same ones).
 pub const ACCESS_KEY: &str = "GK5e1f0c2b9a8d7e6f5a4b3c2d";
 pub const SECRET_KEY: &str = "9c4b0d6e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4";
-
-/// A TCP port on 127.0.0.1 that is free now, below the kernel's range of ephemeral ports
-/// when there is room there, and never handed out twice by this process.
-///
-/// A port from the ephemeral range (what binding port 0 gives) can be taken, between this
-/// call and the server's own bind, as the local port of any outgoing connection on the
-/// machine; under a test suite's load that happens, and the server then cannot listen.
-/// Ports below the range are never given to outgoing connections.
-pub fn free_port() -> std::io::Result<u16> {
-    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let mut handed = HANDED_OUT
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| {
-            r.split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<u16>().ok())
-        })
-        .unwrap_or(32768);
-    let (low, high) = (FREE_PORT_LOW, ephemeral_low);
-    if high > low + 1000 {
-        for _ in 0..FREE_PORT_TRIES {
-            let p = low + rand::random::<u16>() % (high - low);
-            if handed.contains(&p) {
-                continue;
-            }
-            if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
-                handed.push(p);
-                return Ok(p);
-            }
-        }
-    }
-    // no room below the ephemeral range (or every try was taken): let the kernel choose
-    for _ in 0..FREE_PORT_TRIES {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let p = l.local_addr()?.port();
-        if !handed.contains(&p) {
-            handed.push(p);
-            return Ok(p);
-        }
-    }
-    Err(std::io::Error::other(format!(
-        "no free port on 127.0.0.1 after {FREE_PORT_TRIES} tries in each range"
-    )))
-}
-
-type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-/// Start `cmd` so that the process gets SIGTERM when this process ends, however it ends (a
-/// test binary killed at a timeout, a benchmark stopped halfway): the servers, daemons and
-/// mounts that tests, benchmarks and `dev up` start never outlive them.
-///
-/// Linux sends this "parent death" signal when the *thread* that started the child ends, so
-/// every child is started by one thread that lives as long as the process. Should that
-/// thread be impossible to start, children are started untied.
-pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
-    static SPAWNER: OnceLock<Option<Mutex<mpsc::Sender<SpawnJob>>>> = OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnJob>();
-        std::thread::Builder::new()
-            .name("strait-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .ok()
-            .map(|_| Mutex::new(tx))
-    });
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: prctl, getppid and _exit are async-signal-safe, and the closure touches no
-    // memory of this process but a copied pid
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // this process ended between the fork and the prctl: no signal will come
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-    let Some(spawner) = spawner else {
-        return cmd.spawn();
-    };
-    let (reply_tx, reply_rx) = mpsc::channel();
-    let gone = || std::io::Error::other("the thread that starts child processes is gone");
-    spawner
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .send((cmd, reply_tx))
-        .map_err(|_| gone())?;
-    reply_rx.recv().map_err(|_| gone())?
-}
-
-/// Lowest port [`free_port`] hands out, and how many ports it tries in each range (below
-/// the ephemeral range, then from it).
-const FREE_PORT_LOW: u16 = 20000;
-const FREE_PORT_TRIES: usize = 200;
 
 /// Longest wait for any one readiness condition.
 const READY_TIMEOUT_MS: u64 = 30_000;
@@ -181,7 +78,7 @@ impl Garage {
         let ports_guard = PORTS_LOCK
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let [s3_port, rpc_port, admin_port] = distinct_free_ports()?;
+        let [s3_port, rpc_port, admin_port] = distinct_free_ports().context("find a free port")?;
 
         let config = dir.join("garage.toml");
         let root = dir.display();
@@ -402,15 +299,6 @@ impl Drop for Garage {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Three free ports for one server (S3, RPC, admin); [`free_port`] never repeats one.
-fn distinct_free_ports() -> Result<[u16; 3]> {
-    let mut ports = [0u16; 3];
-    for p in &mut ports {
-        *p = free_port().context("find a free port")?;
-    }
-    Ok(ports)
 }
 
 fn port_open(port: u16) -> bool {

@@ -64,12 +64,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     path.display()
                 )
             })?;
-            let t: super::dev::Topology = serde_json::from_str(&text)?;
+            let t: crate::cmd::dev::Topology = serde_json::from_str(&text)?;
             (t.primary, t.mirror, t.token)
         }
     };
-    let rt = super::runtime()?;
-    let status = |addr: &str| rt.block_on(super::mirror::site_status(addr, &token));
+    let rt = crate::cmd::runtime()?;
+    let status = |addr: &str| rt.block_on(crate::cmd::mirror::site_status(addr, &token));
     let before = status(&mirror)?;
     if before.role != "mirror" {
         bail!("{mirror} is not a mirror (it says it is a {})", before.role);

@@ -25,7 +25,7 @@ fn a_tied_child_ends_with_its_parent_process() {
         let mut child = std::thread::spawn(|| {
             let mut cmd = Command::new("sleep");
             cmd.arg("600");
-            strait_garage::spawn_tied(cmd).expect("start sleep")
+            strait_devkit::spawn_tied(cmd).expect("start sleep")
         })
         .join()
         .expect("the starting thread");

@@ -13,7 +13,7 @@ use strait_replicator::node::{Node, NodeConfig};
 use strait_replicator::pb;
 use strait_replicator::pb::replicator_client::ReplicatorClient;
 
-use super::replicator::BenchArgs;
+use crate::cmd::replicator::BenchArgs;
 
 pub(super) fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

@@ -62,9 +62,9 @@ pub fn run(a: Args) -> Result<()> {
     if !a.dir.is_dir() {
         bail!("{} is not a directory", a.dir.display());
     }
-    let big = super::parse_size(&a.big_file_size)?;
-    let bs = super::parse_size(&a.block_size)? as usize;
-    let small = super::parse_size(&a.small_file_size)? as usize;
+    let big = crate::cmd::parse_size(&a.big_file_size)?;
+    let bs = crate::cmd::parse_size(&a.block_size)? as usize;
+    let small = crate::cmd::parse_size(&a.small_file_size)? as usize;
     if bs == 0 || a.threads == 0 {
         bail!("--block-size and --threads must be positive");
     }
@@ -124,7 +124,10 @@ fn bench_data(
         name: "write big file",
         value: mib_s(big, secs),
         unit: "MiB/s",
-        detail: format!("{} in {secs:.2} s, {bs} B writes", super::human_bytes(big)),
+        detail: format!(
+            "{} in {secs:.2} s, {bs} B writes",
+            crate::cmd::human_bytes(big)
+        ),
     });
     drop_caches();
     let t = Instant::now();
@@ -148,7 +151,7 @@ fn bench_data(
         name: "read big file",
         value: mib_s(big, secs),
         unit: "MiB/s",
-        detail: format!("{} in {secs:.2} s", super::human_bytes(big)),
+        detail: format!("{} in {secs:.2} s", crate::cmd::human_bytes(big)),
     });
     fs::remove_file(&path)?;
 
@@ -167,7 +170,7 @@ fn bench_data(
         unit: "files/s",
         detail: format!(
             "{n_small} x {}, {:.2} ms/file",
-            super::human_bytes(small as u64),
+            crate::cmd::human_bytes(small as u64),
             secs * 1e3 / n_small as f64
         ),
     });

@@ -1,0 +1,568 @@
+//! The two regions of `strait dev up`, started on this machine: region A runs the primary and
+//! replicator nodes 1 and 2; region B runs replicator node 3 and a mirror. Each region has its
+//! own RocksDB metadata and its own object store, a local directory or a Garage S3 server
+//! ([`crate::Garage`]): the mirror copies blocks from A's store into B's, and B's mounts read
+//! B's first. Traffic between the regions goes through fault proxies with a one-way delay and
+//! a bandwidth cap; a control socket changes them at run time (`strait dev fault`: delay,
+//! bandwidth, partition, heal).
+//!
+//! The daemons and mounts are the `strait` program itself ([`ClusterConfig::strait_bin`]),
+//! each with its log in its region's directory; they listen on ports from
+//! [`crate::free_port`] and end with this process ([`crate::spawn_tied`]).
+//!
+//! Known simplifications:
+//! - a proxy sits in front of each cross-region *listener*, so a connection delays both ways
+//!   whichever region opened it;
+//! - the bandwidth cap holds per proxy (per cross-region listener), not for all of them
+//!   together;
+//! - with a directory store the mirror reads region A's store as a directory, so block copies
+//!   do not cross the proxies; with Garage they do (the mirror reaches A's Garage through a
+//!   proxy).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use strait_chaos::{Faults, Proxy};
+
+use crate::{free_port, spawn_tied, Garage};
+
+/// What [`Cluster::start`] starts. The CLI checks the values (`strait dev up`'s flags).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The `strait` program that runs the daemons and the mounts.
+    pub strait_bin: PathBuf,
+    /// Working directory (emptied first): region-a/, region-b/, logs, dev.json.
+    pub dir: PathBuf,
+    /// One-way delay between the regions, in ms.
+    pub delay_ms: u64,
+    /// Mount both regions (region-a/mnt, region-b/mnt).
+    pub mount: bool,
+    /// The mirror's staleness window, ms.
+    pub window_ms: u64,
+    /// The mirror's policy outside its window: forward, wait or serve.
+    pub policy: String,
+    /// Which replicator node the mirror subscribes to first: `local` (node 3) or `leader`
+    /// (node 1, across the link).
+    pub source: String,
+    /// The mirror's background block copy: eager or lazy.
+    pub sync: String,
+    /// A Garage S3 server per region instead of a local directory.
+    pub garage: bool,
+    /// Bandwidth cap between the regions, MB/s per proxy (0: none).
+    pub link_mb_s: f64,
+}
+
+/// What `dev up` writes to DIR/dev.json once everything runs.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct Topology {
+    pub token: String,
+    pub primary: String,
+    pub mirror: String,
+    pub primary_metrics: String,
+    pub mirror_metrics: String,
+    pub replicator: Vec<String>,
+    pub control: String,
+    pub mount_a: Option<PathBuf>,
+    pub mount_b: Option<PathBuf>,
+    /// Each region's object store (data URL) and how the mirror reaches A's.
+    #[serde(default)]
+    pub data_a: String,
+    #[serde(default)]
+    pub data_b: String,
+    #[serde(default)]
+    pub mirror_data_a: String,
+}
+
+/// The running regions. Dropping it stops the daemons (SIGTERM, then SIGKILL after 10 s),
+/// then the Garages; [`Cluster::unmount`] first unmounts the regions.
+pub struct Cluster {
+    topology: Topology,
+    strait_bin: PathBuf,
+    // dropped after `kids` has been stopped (see `Parts`'s Drop)
+    _parts: Parts,
+}
+
+/// What a cluster that is starting already holds: dropped on a failed start as on a stop.
+struct Parts {
+    kids: Children,
+    /// A Garage per region (killed when `dev up` ends), or none.
+    garages: Vec<Garage>,
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        self.kids.stop_all();
+    }
+}
+
+fn free_addr() -> Result<SocketAddr> {
+    let port = free_port().context("find a free port")?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+struct Children {
+    /// The `strait` program.
+    bin: PathBuf,
+    list: Vec<(String, Child)>,
+    /// Environment of every child (the S3 credentials of `--store garage`).
+    env: Vec<(String, String)>,
+}
+
+impl Children {
+    fn spawn(&mut self, name: &str, log: &Path, args: &[String]) -> Result<()> {
+        let f = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args)
+            .envs(self.env.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().context("log file")?)
+            .stderr(f)
+            // a Ctrl-C at the terminal reaches `dev up` alone, which unmounts before it stops
+            // the daemons; if `dev up` dies, the daemons get SIGTERM (`spawn_tied`)
+            .process_group(0);
+        let child = spawn_tied(cmd).with_context(|| format!("start {name}"))?;
+        self.list.push((name.to_string(), child));
+        Ok(())
+    }
+
+    /// Wait until `log` holds `line`; fail when the child exits first.
+    fn wait_for(&mut self, name: &str, log: &Path, line: &str, within: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains(line)
+            {
+                return Ok(());
+            }
+            if let Some((_, c)) = self.list.iter_mut().find(|(n, _)| n == name) {
+                if let Ok(Some(st)) = c.try_wait() {
+                    bail!(
+                        "{name} exited ({st}); its log {}:\n{}",
+                        log.display(),
+                        tail(log)
+                    );
+                }
+            }
+            if start.elapsed() > within {
+                bail!(
+                    "{name} did not start within {within:?}; its log {}:\n{}",
+                    log.display(),
+                    tail(log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for (_, c) in self.list.iter_mut().rev() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let start = Instant::now();
+        for (name, c) in self.list.iter_mut().rev() {
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if start.elapsed() > Duration::from_secs(10) => {
+                        eprintln!("strait dev: {name} did not stop within 10 s: killing it");
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+    }
+}
+
+fn tail(log: &Path) -> String {
+    let t = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = t.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+fn strait(bin: &Path, env: &[(String, String)], args: &[&str]) -> Result<String> {
+    let out = Command::new(bin)
+        .args(args)
+        .envs(env.iter().cloned())
+        .output()
+        .with_context(|| format!("run strait {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "strait {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn s(v: impl ToString) -> String {
+    v.to_string()
+}
+
+impl Cluster {
+    /// Start both regions and write DIR/dev.json. `has_leader(node)`: whether the replicator
+    /// node at that address knows a leader (the caller asks it over gRPC); `progress`: a line
+    /// to show for each step that may take a while.
+    pub fn start(
+        cfg: &ClusterConfig,
+        rt: &tokio::runtime::Runtime,
+        has_leader: &dyn Fn(SocketAddr) -> bool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Cluster> {
+        let a = cfg;
+        if a.dir.exists() {
+            std::fs::remove_dir_all(&a.dir)
+                .with_context(|| format!("empty the working directory {}", a.dir.display()))?;
+        }
+        let ra = a.dir.join("region-a");
+        let rb = a.dir.join("region-b");
+        for d in [&ra, &rb] {
+            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+        }
+        let token = format!("dev-{:016x}", rand::random::<u64>());
+        let mut delay = Faults::delay(Duration::from_millis(a.delay_ms));
+        let cap = (a.link_mb_s > 0.0).then_some((a.link_mb_s * 1e6) as u64);
+        delay.up.bandwidth = cap;
+        delay.down.bandwidth = cap;
+        let mut parts = Parts {
+            kids: Children {
+                bin: cfg.strait_bin.clone(),
+                list: vec![],
+                env: vec![],
+            },
+            garages: vec![],
+        };
+        let Parts { kids, garages } = &mut parts;
+        if a.garage {
+            for (region, name) in [(&ra, "A"), (&rb, "B")] {
+                progress(&format!("starting region {name}'s Garage S3 server"));
+                let g = Garage::start_in(&region.join("garage"))
+                    .with_context(|| format!("start region {name}'s Garage"))?;
+                garages.push(g);
+            }
+            // both servers take the same fixed key
+            kids.env = garages[0].env();
+        }
+        let env = kids.env.clone();
+        let bin = cfg.strait_bin.as_path();
+        // region A's file system
+        let meta_a = format!("rocksdb://{}", ra.join("meta").display());
+        let (data_a, data_b) = match garages.as_slice() {
+            [ga, gb] => (ga.data_url(), gb.data_url()),
+            _ => (
+                format!("file://{}", ra.join("data").display()),
+                format!("file://{}", rb.join("data").display()),
+            ),
+        };
+        strait(bin, &env, &["format", &meta_a, &data_a, "--name", "dev"])?;
+
+        // replicator nodes 1, 2 (A) and 3 (B); node 3 is reached through the link
+        let nodes: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_>>()?;
+        let mut proxies: Vec<Arc<Proxy>> = vec![];
+        let link = |target: SocketAddr| -> Result<Arc<Proxy>> {
+            let p = rt
+                .block_on(Proxy::start("127.0.0.1:0".parse().expect("addr"), target))
+                .context("start a fault proxy")?;
+            p.set(delay);
+            Ok(Arc::new(p))
+        };
+        let p3 = link(nodes[2])?;
+        // region B reaches nodes 1 and 2 through the link too (node 3, and the mirror)
+        let to_n1 = link(nodes[0])?;
+        let to_n2 = link(nodes[1])?;
+        proxies.extend([p3.clone(), to_n1.clone(), to_n2.clone()]);
+        for (i, addr) in nodes.iter().enumerate() {
+            let region = if i < 2 { &ra } else { &rb };
+            let name = format!("replicator{}", i + 1);
+            let mut args = vec![
+                s("replicator"),
+                s("--id"),
+                s(i + 1),
+                s("--listen"),
+                s(addr),
+                s("--data-dir"),
+                region.join(&name).to_string_lossy().into_owned(),
+            ];
+            if i == 2 {
+                args.extend([
+                    s("--peer"),
+                    format!("1={}", to_n1.addr()),
+                    s("--peer"),
+                    format!("2={}", to_n2.addr()),
+                ]);
+            }
+            kids.spawn(&name, &region.join(format!("{name}.log")), &args)?;
+        }
+        let members = [
+            format!("1={}", nodes[0]),
+            format!("2={}", nodes[1]),
+            format!("3={}", p3.addr()),
+        ];
+        let start = Instant::now();
+        loop {
+            let r = strait(
+                bin,
+                &env,
+                &[
+                    "replicator",
+                    "init",
+                    "--addr",
+                    &nodes[0].to_string(),
+                    "--member",
+                    &members[0],
+                    "--member",
+                    &members[1],
+                    "--member",
+                    &members[2],
+                ],
+            );
+            match r {
+                Ok(_) => break,
+                Err(e) if start.elapsed() > Duration::from_secs(20) => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+        let start = Instant::now();
+        while !has_leader(nodes[0]) {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("the replicator elected no leader within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+
+        // the primary (A) ships to the three nodes
+        let primary = free_addr()?;
+        let primary_metrics = free_addr()?;
+        let plog = ra.join("primary.log");
+        kids.spawn(
+            "primary",
+            &plog,
+            &[
+                s("primary"),
+                s("--meta-url"),
+                meta_a.clone(),
+                s("--listen"),
+                s(primary),
+                s("--metrics-listen"),
+                s(primary_metrics),
+                s("--token"),
+                token.clone(),
+                s("--replicator"),
+                format!("{},{},{}", nodes[0], nodes[1], p3.addr()),
+            ],
+        )?;
+        kids.wait_for(
+            "primary",
+            &plog,
+            "strait primary: serving",
+            Duration::from_secs(30),
+        )?;
+
+        // the mirror (B) reaches region A through the link, its object store too
+        let to_primary = link(primary)?;
+        proxies.push(to_primary.clone());
+        let mirror_data_a = match garages.first() {
+            Some(ga) => {
+                let to_s3 = link(ga.s3_addr())?;
+                proxies.push(to_s3.clone());
+                ga.data_url_at("", &to_s3.addr().to_string())
+            }
+            // read as a directory, so not through the link
+            None => data_a.clone(),
+        };
+        let mut sources = [s(nodes[2]), s(to_n1.addr()), s(to_n2.addr())];
+        if a.source == "leader" {
+            sources.rotate_left(1);
+        }
+        let mirror = free_addr()?;
+        let mirror_metrics = free_addr()?;
+        let mlog = rb.join("mirror.log");
+        kids.spawn(
+            "mirror",
+            &mlog,
+            &[
+                s("mirror"),
+                s("--id"),
+                s("region-b"),
+                s("--meta-url"),
+                format!("rocksdb://{}", rb.join("meta").display()),
+                s("--listen"),
+                s(mirror),
+                s("--metrics-listen"),
+                s(mirror_metrics),
+                s("--token"),
+                token.clone(),
+                s("--primary"),
+                s(to_primary.addr()),
+                s("--replicator"),
+                sources.join(","),
+                s("--window-ms"),
+                s(a.window_ms),
+                s("--policy"),
+                a.policy.clone(),
+                s("--data-url"),
+                data_b.clone(),
+                s("--primary-data-url"),
+                mirror_data_a.clone(),
+                s("--sync"),
+                a.sync.clone(),
+            ],
+        )?;
+        kids.wait_for(
+            "mirror",
+            &mlog,
+            "strait mirror: serving",
+            Duration::from_secs(60),
+        )?;
+
+        // the control socket of `strait dev fault`
+        let control = std::net::TcpListener::bind("127.0.0.1:0").context("control socket")?;
+        let control_addr = control.local_addr().context("control socket")?;
+        {
+            let proxies = proxies.clone();
+            std::thread::spawn(move || serve_control(control, proxies));
+        }
+
+        let mut topo = Topology {
+            token: token.clone(),
+            primary: s(primary),
+            mirror: s(mirror),
+            primary_metrics: s(primary_metrics),
+            mirror_metrics: s(mirror_metrics),
+            replicator: nodes.iter().map(|n| n.to_string()).collect(),
+            control: s(control_addr),
+            mount_a: None,
+            mount_b: None,
+            data_a: data_a.clone(),
+            data_b: data_b.clone(),
+            mirror_data_a: mirror_data_a.clone(),
+        };
+        if a.mount {
+            for (region, addr, which) in [(&ra, primary, "a"), (&rb, mirror, "b")] {
+                let mnt = region.join("mnt");
+                std::fs::create_dir_all(&mnt).context("mount point")?;
+                strait(
+                    bin,
+                    &env,
+                    &[
+                        "mount",
+                        &format!("strait://{addr}"),
+                        &mnt.to_string_lossy(),
+                        "--token",
+                        &token,
+                        "--background",
+                        "--cache-dir",
+                        &region.join("cache").to_string_lossy(),
+                        "--log-file",
+                        &region.join("mount.log").to_string_lossy(),
+                    ],
+                )
+                .with_context(|| format!("mount region {which}"))?;
+                if which == "a" {
+                    topo.mount_a = Some(mnt);
+                } else {
+                    topo.mount_b = Some(mnt);
+                }
+            }
+        }
+        let json = serde_json::to_string_pretty(&topo)?;
+        std::fs::write(a.dir.join("dev.json"), &json).context("write dev.json")?;
+        Ok(Cluster {
+            topology: topo,
+            strait_bin: cfg.strait_bin.clone(),
+            _parts: parts,
+        })
+    }
+
+    /// What DIR/dev.json says: addresses, token, object stores, mount points.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Unmount region B, then region A; the errors of those that failed.
+    pub fn unmount(&self) -> Vec<anyhow::Error> {
+        let t = &self.topology;
+        [&t.mount_b, &t.mount_a]
+            .into_iter()
+            .flatten()
+            .filter_map(|m| strait(&self.strait_bin, &[], &["umount", &m.to_string_lossy()]).err())
+            .collect()
+    }
+}
+
+fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>) {
+    for conn in l.incoming().flatten() {
+        let mut r = BufReader::new(match conn.try_clone() {
+            Ok(c) => c,
+            Err(_) => continue,
+        });
+        let mut w = conn;
+        let mut line = String::new();
+        if r.read_line(&mut line).is_err() {
+            continue;
+        }
+        let cmd = line.trim();
+        let reply = match cmd {
+            "partition" => {
+                for p in &proxies {
+                    p.update(|f| {
+                        f.up.blackhole = true;
+                        f.down.blackhole = true;
+                    });
+                }
+                "partitioned: nothing crosses between the regions".to_string()
+            }
+            "heal" => {
+                for p in &proxies {
+                    p.update(|f| {
+                        f.up.blackhole = false;
+                        f.down.blackhole = false;
+                    });
+                }
+                "healed".to_string()
+            }
+            c if c.starts_with("delay=") => match c[6..].parse::<u64>() {
+                Ok(ms) => {
+                    for p in &proxies {
+                        p.update(|f| {
+                            f.up.latency = Duration::from_millis(ms);
+                            f.down.latency = Duration::from_millis(ms);
+                        });
+                    }
+                    format!("one-way delay now {ms} ms")
+                }
+                Err(_) => format!("error: {c:?}: delay=MS with MS a number"),
+            },
+            c if c.starts_with("bandwidth=") => match c["bandwidth=".len()..].parse::<f64>() {
+                Ok(mb) if mb >= 0.0 && mb.is_finite() => {
+                    let cap = (mb > 0.0).then_some((mb * 1e6) as u64);
+                    for p in &proxies {
+                        p.update(|f| {
+                            f.up.bandwidth = cap;
+                            f.down.bandwidth = cap;
+                        });
+                    }
+                    match cap {
+                        Some(_) => format!("bandwidth now {mb} MB/s per proxy"),
+                        None => "no bandwidth cap now".to_string(),
+                    }
+                }
+                _ => format!("error: {c:?}: bandwidth=MB_PER_S with a number, 0 for none"),
+            },
+            other => format!(
+                "error: unknown fault {other:?} (partition, heal, delay=MS, bandwidth=MB_PER_S)"
+            ),
+        };
+        let _ = writeln!(w, "{reply}");
+    }
+}

@@ -1,0 +1,21 @@
+//! strait's dev and test kit: what the tests, the benchmarks and `strait dev up` need to run
+//! strait on one machine.
+//!
+//! - [`process`]: child processes tied to this one ([`spawn_tied`]): the servers, daemons and
+//!   mounts that a test, a benchmark or `dev up` starts never outlive it;
+//! - [`ports`]: free ports on 127.0.0.1 that no other server of this process was given and
+//!   that an outgoing connection cannot take first ([`free_port`]);
+//! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);
+//! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]);
+//! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
+//!   proxies, mounts), started from the `strait` program.
+
+pub mod cluster;
+pub mod garage;
+pub mod ports;
+pub mod process;
+pub mod redis;
+
+pub use garage::{Garage, ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
+pub use ports::{distinct_free_ports, free_port};
+pub use process::spawn_tied;
