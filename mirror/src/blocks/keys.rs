@@ -4,12 +4,15 @@
 use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::{keys, Ino};
 
-pub(super) const COPY: u8 = b'J';
-pub(super) const DELETE: u8 = b'G';
-pub(super) const NAME: u8 = b'H';
-pub(super) const STATS: u8 = b'P';
-/// `L id index` (no value): block `index` of slice `id` is in this region's store.
-pub(super) const SYNCED: u8 = b'L';
+// The tags are in fs-core's registry of every KV key tag.
+pub(super) use strait_fs_core::kv::tags::{
+    MIRROR_COPY as COPY, MIRROR_DELETE as DELETE, MIRROR_NAME as NAME, MIRROR_STATS as STATS,
+    MIRROR_SYNCED as SYNCED,
+};
+/// The tag the marks had before they got their own ([`SYNCED`]): the change log's. A mark
+/// was `L id index`, [`OLD_MARK_LEN`] bytes long (a change record's key is longer).
+pub(super) const OLD_SYNCED: u8 = strait_fs_core::kv::tags::LOG;
+pub(super) const OLD_MARK_LEN: usize = strait_fs_core::kv::GROUP_LEN + 4;
 pub(super) const PENDING_BLOCKS: &str = "pending_blocks";
 pub(super) const PENDING_BYTES: &str = "pending_bytes";
 pub(super) const INDEXED: &str = "indexed";

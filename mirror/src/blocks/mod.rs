@@ -16,6 +16,11 @@
 //! - `G version id` -> `size`: the local blocks of a purged slice to delete;
 //! - `H ino` -> `parent name`: one name of each inode, for the per-path policies;
 //! - `P 0 name`: counters (blocks and bytes queued) and the indexed snapshot's version.
+//! - `B id index` (no value): block `index` of slice `id` is in this region's store. (These
+//!   marks were `L id index`, under the change log's tag, until they got their own; a start
+//!   moves any old ones, see `synced.rs`.)
+//!
+//! The tags are registered in `strait_fs_core::kv::tags`.
 //!
 //! # To ensure correctness
 //! - A block is copied only after its CRC32 matches the slice's record of it, and a block
@@ -167,6 +172,18 @@ impl Blocks {
                     .with_context(|| format!("open this region's object store {}", cfg.data_url))?,
             )
         };
+        let moved = {
+            let kv = kv.clone();
+            tokio::task::spawn_blocking(move || synced::move_old_marks(kv.as_ref()))
+                .await
+                .context("move the marks of this region's blocks to their own key tag")?
+                .context("move the marks of this region's blocks to their own key tag")?
+        };
+        if moved > 0 {
+            tracing::info!(
+                "moved {moved} marks of blocks in this region's store from the change log's key tag to their own"
+            );
+        }
         Ok(Arc::new(Blocks {
             rules: Rules::new(cfg),
             kv,

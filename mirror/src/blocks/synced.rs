@@ -3,11 +3,50 @@
 
 use std::collections::HashSet;
 
-use strait_fs_core::kv::{self, DynKv};
+use strait_fs_core::kv::{self, DynKv, KvEngine};
 use strait_fs_core::meta::SliceRef;
 
-use super::keys::{group, synced_key, u32_at, SYNCED};
+use super::keys::{group, synced_key, u32_at, OLD_MARK_LEN, OLD_SYNCED, SYNCED};
 use super::{kv_call, Blocks};
+
+/// Old marks moved per transaction (see [`move_old_marks`]).
+const MOVE_BATCH: usize = 1000;
+
+/// Move the marks kept under the change log's tag (`L id index`, before they had a tag of
+/// their own) to [`SYNCED`], so that an engine written by an older mirror keeps knowing which
+/// blocks its region's store holds; without them every such block would be read across
+/// regions once more. Keys under that tag of any other length (change records, which a
+/// mirror's engine does not hold anyway) are left alone. Each batch moves its marks in one
+/// transaction, so a crash in the middle leaves the rest for the next start. Returns how many
+/// were moved.
+pub(super) fn move_old_marks(kv: &dyn KvEngine) -> strait_fs_core::Result<u64> {
+    let mut moved = 0u64;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = kv::read(kv, |t| t.scan(&[OLD_SYNCED], after.as_deref(), MOVE_BATCH))?;
+        let full = page.len() == MOVE_BATCH;
+        after = page.last().map(|p| p.0.clone());
+        let old: Vec<(Vec<u8>, Vec<u8>)> = page
+            .into_iter()
+            .filter(|(k, _)| k.len() == OLD_MARK_LEN)
+            .collect();
+        if !old.is_empty() {
+            kv::txn(kv, |t| {
+                for (k, v) in &old {
+                    let mut new = k.clone();
+                    new[0] = SYNCED;
+                    t.put(&new, v);
+                    t.delete(k);
+                }
+                Ok(())
+            })?;
+            moved += old.len() as u64;
+        }
+        if !full {
+            return Ok(moved);
+        }
+    }
+}
 
 /// Which of a slice's `blocks` blocks are not among `synced` (their indexes): a bitmap, empty
 /// when none.
@@ -90,5 +129,49 @@ impl Blocks {
         if let Err(e) = mark(&self.kv, id, index, synced).await {
             self.error(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strait_fs_core::kv::memory::MemoryKv;
+
+    #[test]
+    fn old_marks_move_to_their_own_tag_and_change_records_stay() {
+        let kv = MemoryKv::new();
+        // an engine written by an older mirror: marks under `L`, beside a change record
+        let old = |id: u64, index: u32| {
+            let mut k = synced_key(id, index);
+            k[0] = OLD_SYNCED;
+            k
+        };
+        let marks: Vec<(u64, u32)> = (1..=1500u64).map(|i| (i, (i % 3) as u32)).collect();
+        kv::txn(&kv, |t| {
+            for &(id, index) in &marks {
+                t.put(&old(id, index), &[]);
+            }
+            t.put(&kv::log_key(7), b"a change record");
+            Ok(())
+        })
+        .unwrap();
+
+        // every mark moves, in more than one batch, and the record stays where it was
+        assert_eq!(move_old_marks(&kv).unwrap(), marks.len() as u64);
+        kv::read(&kv, |t| {
+            for &(id, index) in &marks {
+                assert!(t.get(&synced_key(id, index))?.is_some(), "{id} {index}");
+                assert!(t.get(&old(id, index))?.is_none(), "{id} {index}");
+            }
+            assert_eq!(
+                t.get(&kv::log_key(7))?.as_deref(),
+                Some(&b"a change record"[..])
+            );
+            Ok(())
+        })
+        .unwrap();
+
+        // a second start finds nothing left to move
+        assert_eq!(move_old_marks(&kv).unwrap(), 0);
     }
 }
