@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use tonic::metadata::AsciiMetadataValue;
@@ -17,6 +18,12 @@ use crate::remote_meta::RemoteMeta;
 const BLOCK_MESSAGE_BYTES_MAX: usize = 80 << 20;
 /// Attempts of one FetchBlock that fails for want of a connection.
 const FETCH_ATTEMPTS_MAX: u32 = 4;
+/// Waits between those attempts: 100 ms, doubling.
+const FETCH_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_factor(2.0)
+    .without_max_delay()
+    .with_max_times(FETCH_ATTEMPTS_MAX as usize - 1);
 
 /// [`strait_fs_core::vfs::BlockFallback`] over a mirror's FetchBlock.
 struct BlockFetcher {
@@ -60,29 +67,31 @@ impl strait_fs_core::vfs::BlockFallback for BlockFetcher {
                 crc,
                 reason: reason.to_string(),
             };
-            let mut delay = Duration::from_millis(100);
+            let again = |s: &Status| matches!(classify(s), Failure::NotSent | Failure::Broken);
             let mut attempt = 0;
-            loop {
-                attempt += 1;
-                match self.once(&req).await {
-                    Ok(data) => return Ok(data),
-                    Err(s) if s.code() == Code::NotFound => {
-                        return Err(ObjectError::NotFound(format!("{key}: {}", s.message())))
-                    }
-                    Err(s) => {
-                        let again = matches!(classify(&s), Failure::NotSent | Failure::Broken);
-                        let msg = format!("fetch block {key} from the mirror: {}", describe(&s));
-                        if !again || attempt >= FETCH_ATTEMPTS_MAX {
-                            return Err(if again {
-                                ObjectError::Transient(msg)
-                            } else {
-                                ObjectError::Fatal(msg)
-                            });
-                        }
-                        tracing::warn!("{msg} (attempt {attempt} of {FETCH_ATTEMPTS_MAX})");
-                        tokio::time::sleep(delay).await;
-                        delay *= 2;
-                    }
+            let r = (|| self.once(&req))
+                .retry(FETCH_BACKOFF)
+                .when(again)
+                .notify(|s, _| {
+                    attempt += 1;
+                    tracing::warn!(
+                        "fetch block {key} from the mirror: {} (attempt {attempt} of {FETCH_ATTEMPTS_MAX})",
+                        describe(s)
+                    );
+                })
+                .await;
+            match r {
+                Ok(data) => Ok(data),
+                Err(s) if s.code() == Code::NotFound => {
+                    Err(ObjectError::NotFound(format!("{key}: {}", s.message())))
+                }
+                Err(s) => {
+                    let msg = format!("fetch block {key} from the mirror: {}", describe(&s));
+                    Err(if again(&s) {
+                        ObjectError::Transient(msg)
+                    } else {
+                        ObjectError::Fatal(msg)
+                    })
                 }
             }
         })

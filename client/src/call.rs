@@ -1,10 +1,12 @@
 //! How a failed call is classified, and the retry loop around every call (the session's
 //! resumption included).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use backon::{BlockingRetryable, ExponentialBuilder};
 use strait_fs_core::error::{Error, Result};
 use strait_proto::meta as w;
 use tonic::{Code, Status};
@@ -13,9 +15,13 @@ use tracing::Instrument;
 use crate::connection::Client;
 use crate::remote_meta::RemoteMeta;
 
-/// First and largest wait between attempts to reach the daemon.
-const BACKOFF_FIRST: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Waits between attempts to reach the daemon: 50 ms first, doubling up to 2 s, for as long as
+/// the call's patience lasts.
+const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(50))
+    .with_max_delay(Duration::from_secs(2))
+    .with_factor(2.0)
+    .without_max_times();
 /// Resumptions of the session tried for one call before giving up.
 const RESUME_ATTEMPTS_MAX: u32 = 3;
 
@@ -29,6 +35,14 @@ pub(crate) enum Failure {
     Resume,
     /// A final answer.
     Final,
+}
+
+/// How one attempt of a call failed, for the retry around it.
+enum Attempt {
+    /// A final error.
+    Fail(Error),
+    /// The daemon could not be reached (or a call safe to repeat broke in flight): try again.
+    Unreachable(Status),
 }
 
 /// A status's message with the chain of errors under it (TLS and connection failures hide
@@ -125,65 +139,73 @@ impl RemoteMeta {
     {
         let span = tracing::info_span!("meta_rpc", op);
         let start = Instant::now();
-        let mut backoff = BACKOFF_FIRST;
-        let mut resumes = 0;
-        let mut warned = false;
-        loop {
-            let (rt, client) = self.connection()?;
-            // the connection's tasks only run inside block_on: let them first take in what
-            // arrived while this thread was idle (a closed connection is then known closed,
-            // and the call goes to a new one instead of failing on the dead one)
-            rt.block_on(tokio::task::yield_now());
-            let res = rt.block_on(f(client).instrument(span.clone()));
-            let s = match res {
-                Ok(r) => {
-                    if warned {
-                        tracing::info!("reached the site daemon {} again", self.target);
+        let resumes = Cell::new(0);
+        let warned = Cell::new(false);
+        // one attempt: the call, sent again at once after each resumption of the session
+        let attempt = || -> std::result::Result<T, Attempt> {
+            loop {
+                let (rt, client) = self.connection().map_err(Attempt::Fail)?;
+                // the connection's tasks only run inside block_on: let them first take in what
+                // arrived while this thread was idle (a closed connection is then known closed,
+                // and the call goes to a new one instead of failing on the dead one)
+                rt.block_on(tokio::task::yield_now());
+                let s = match rt.block_on(f(client).instrument(span.clone())) {
+                    Ok(r) => return Ok(r.into_inner()),
+                    Err(s) => s,
+                };
+                return Err(match classify(&s) {
+                    Failure::Resume if resumes.get() < RESUME_ATTEMPTS_MAX => {
+                        resumes.set(resumes.get() + 1);
+                        self.resume().map_err(Attempt::Fail)?;
+                        continue;
                     }
-                    return Ok(r.into_inner());
-                }
-                Err(s) => s,
-            };
-            match classify(&s) {
-                Failure::Final => return Err(to_error(op, &s)),
-                Failure::Resume if resumes < RESUME_ATTEMPTS_MAX => {
-                    resumes += 1;
-                    self.resume()?;
-                    continue;
-                }
-                Failure::Resume => return Err(to_error(op, &s)),
-                Failure::Broken if !reads => {
-                    let e = Error::Meta(format!(
-                        "{op}: the connection to {} broke while the call was in flight; \
-                         it may or may not have been applied: {}",
-                        self.target,
-                        s.message()
-                    ));
-                    tracing::error!("{e}");
-                    return Err(e);
-                }
-                Failure::NotSent | Failure::Broken => {
-                    if start.elapsed() >= patience {
+                    Failure::Final | Failure::Resume => Attempt::Fail(to_error(op, &s)),
+                    Failure::Broken if !reads => {
                         let e = Error::Meta(format!(
-                            "{op}: the site daemon {} has been unreachable for {:?}: {}",
+                            "{op}: the connection to {} broke while the call was in flight; \
+                             it may or may not have been applied: {}",
                             self.target,
-                            patience,
-                            describe(&s)
+                            s.message()
                         ));
                         tracing::error!("{e}");
-                        return Err(e);
+                        Attempt::Fail(e)
                     }
-                    if !warned {
-                        tracing::warn!(
-                            "{op}: cannot reach the site daemon {}; retrying: {}",
-                            self.target,
-                            describe(&s)
-                        );
-                        warned = true;
-                    }
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    Failure::NotSent | Failure::Broken => Attempt::Unreachable(s),
+                });
+            }
+        };
+        let r = attempt
+            .retry(BACKOFF)
+            .sleep(std::thread::sleep)
+            .when(|a| matches!(a, Attempt::Unreachable(_)) && start.elapsed() < patience)
+            .notify(|a, _| {
+                if let (Attempt::Unreachable(s), false) = (a, warned.get()) {
+                    tracing::warn!(
+                        "{op}: cannot reach the site daemon {}; retrying: {}",
+                        self.target,
+                        describe(s)
+                    );
+                    warned.set(true);
                 }
+            })
+            .call();
+        match r {
+            Ok(v) => {
+                if warned.get() {
+                    tracing::info!("reached the site daemon {} again", self.target);
+                }
+                Ok(v)
+            }
+            Err(Attempt::Fail(e)) => Err(e),
+            Err(Attempt::Unreachable(s)) => {
+                let e = Error::Meta(format!(
+                    "{op}: the site daemon {} has been unreachable for {:?}: {}",
+                    self.target,
+                    patience,
+                    describe(&s)
+                ));
+                tracing::error!("{e}");
+                Err(e)
             }
         }
     }
