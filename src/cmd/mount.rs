@@ -83,7 +83,7 @@ pub struct RemoteArgs {
 }
 
 impl RemoteArgs {
-    pub fn options(&self) -> Result<strait_client::ConnectOptions> {
+    pub fn options(&self) -> Result<strait_site_client::ConnectOptions> {
         let read = |p: &PathBuf, what: &str| {
             std::fs::read(p).with_context(|| format!("read the {what} {}", p.display()))
         };
@@ -102,7 +102,7 @@ impl RemoteArgs {
             bail!("a site daemon needs a token: pass --token, --token-file or STRAIT_TOKEN");
         }
         let tls = match &self.tls_ca {
-            Some(ca) => Some(strait_client::TlsOptions {
+            Some(ca) => Some(strait_site_client::TlsOptions {
                 ca_pem: read(ca, "CA certificate")?,
                 identity: match (&self.tls_cert, &self.tls_key) {
                     (Some(c), Some(k)) => {
@@ -116,7 +116,7 @@ impl RemoteArgs {
             None if self.tls_cert.is_some() => bail!("--tls-cert needs --tls-ca"),
             None => None,
         };
-        Ok(strait_client::ConnectOptions {
+        Ok(strait_site_client::ConnectOptions {
             token,
             tls,
             reconnect_timeout: Duration::from_secs(self.reconnect_timeout_s),
@@ -268,10 +268,10 @@ fn run_foreground(a: Args) -> Result<()> {
     // cleans up dead sessions and deletes dead slices' blocks, which a daemon does otherwise.
     let mut remote = None;
     let (meta, embedded): (Arc<dyn MetaClient>, Option<Arc<Meta>>) =
-        if strait_client::is_daemon_url(&a.meta_url) {
+        if strait_site_client::is_daemon_url(&a.meta_url) {
             let mut opts = a.remote.options()?;
             opts.read_only = a.read_only;
-            let client = strait_client::RemoteMeta::connect(&a.meta_url, opts)?;
+            let client = strait_site_client::RemoteMeta::connect(&a.meta_url, opts)?;
             remote = Some(client.clone());
             (client, None)
         } else {

@@ -34,6 +34,7 @@ pub mod memory;
 pub mod redis;
 #[cfg(feature = "rocksdb")]
 pub mod rocks;
+pub mod tags;
 
 use std::sync::Arc;
 
@@ -43,7 +44,7 @@ use crate::error::{Error, Result};
 pub const GROUP_LEN: usize = 9;
 
 /// Group of the change-log keys: `L` followed by owner 0; the version follows as 8 bytes BE.
-pub const LOG_GROUP: [u8; GROUP_LEN] = *b"L\0\0\0\0\0\0\0\0";
+pub const LOG_GROUP: [u8; GROUP_LEN] = [tags::LOG, 0, 0, 0, 0, 0, 0, 0, 0];
 
 /// Maximum number of times a transaction is retried after a conflict before giving up.
 pub const TXN_RETRIES_MAX: usize = 100;
@@ -125,8 +126,10 @@ pub fn log_key(version: u64) -> Vec<u8> {
     k
 }
 
-/// Key of the last-version counter kept beside the log.
-pub const LAST_VERSION_KEY: &[u8] = b"V\0\0\0\0\0\0\0\0last";
+/// Key of the last-version counter kept beside the log: its tag, owner 0, then `last`.
+#[rustfmt::skip]
+pub const LAST_VERSION_KEY: &[u8] =
+    &[tags::LAST_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, b'l', b'a', b's', b't'];
 
 pub fn decode_counter(v: Option<Vec<u8>>) -> Result<i64> {
     match v {

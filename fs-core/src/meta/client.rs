@@ -1,5 +1,5 @@
 //! [`MetaClient`]: the metadata API as the VFS sees it, whether the engine is in this process
-//! ([`Meta`], the embedded mode) or behind a site daemon (the gRPC client in `strait-client`).
+//! ([`Meta`], the embedded mode) or behind a site daemon (the gRPC client in `strait-site-client`).
 
 use super::types::*;
 use super::Meta;

@@ -1,29 +1,14 @@
 //! Key encoding of the metadata in the KV store. Every key is a group (a tag byte and a
-//! big-endian u64 owner) followed by an optional suffix; see [`crate::kv`].
+//! big-endian u64 owner) followed by an optional suffix; see [`crate::kv`]. The tag bytes are
+//! in [`crate::kv::tags`], with every other owner's.
 
 use super::types::Ino;
 
-pub const ATTR: u8 = b'A';
-pub const DENTRY: u8 = b'D';
-pub const CHUNK: u8 = b'C';
-pub const SYMLINK: u8 = b'S';
-pub const XATTR: u8 = b'X';
-/// Unlinked inodes kept alive by an open handle: `F 0 ino`.
-pub const DELFILE: u8 = b'F';
-/// Dead slices waiting for their blocks to be deleted: `K 0 id`.
-pub const DEADSLICE: u8 = b'K';
-/// Sessions of mounts: `E 0 sid`.
-pub const SESSION: u8 = b'E';
-/// flock table of an inode: `Q ino`.
-pub const FLOCK: u8 = b'Q';
-/// POSIX lock table of an inode: `W ino`.
-pub const PLOCK: u8 = b'W';
-/// Inodes on which a session holds locks: `Y sid ino`.
-pub const LOCKED: u8 = b'Y';
-/// Settings: `Z 0 name`.
-pub const SETTING: u8 = b'Z';
-/// Counters: `N 0 name`.
-pub const COUNTER: u8 = b'N';
+// The tags are in the registry of every KV key tag.
+pub use crate::kv::tags::{
+    ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, SESSION, SETTING,
+    SYMLINK, XATTR,
+};
 
 pub fn group(tag: u8, owner: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(32);

@@ -84,9 +84,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let t0 = Instant::now();
     let mut threads = vec![];
     for c in 0..a.clients {
-        let client = strait_client::RemoteMeta::connect(
+        let client = strait_site_client::RemoteMeta::connect(
             &format!("strait://{primary}"),
-            strait_client::ConnectOptions {
+            strait_site_client::ConnectOptions {
                 token: token.clone(),
                 ..Default::default()
             },

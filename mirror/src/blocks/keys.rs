@@ -1,0 +1,91 @@
+//! Key encoding: the mirror's keys in its engine (see the module docs of [`super`]) and the
+//! object store's block keys.
+
+use strait_fs_core::layout::block_key;
+use strait_fs_core::meta::{keys, Ino};
+
+// The tags are in fs-core's registry of every KV key tag.
+pub(super) use strait_fs_core::kv::tags::{
+    MIRROR_COPY as COPY, MIRROR_DELETE as DELETE, MIRROR_NAME as NAME, MIRROR_STATS as STATS,
+    MIRROR_SYNCED as SYNCED,
+};
+/// The tag the marks had before they got their own ([`SYNCED`]): the change log's. A mark
+/// was `L id index`, [`OLD_MARK_LEN`] bytes long (a change record's key is longer).
+pub(super) const OLD_SYNCED: u8 = strait_fs_core::kv::tags::LOG;
+pub(super) const OLD_MARK_LEN: usize = strait_fs_core::kv::GROUP_LEN + 4;
+pub(super) const PENDING_BLOCKS: &str = "pending_blocks";
+pub(super) const PENDING_BYTES: &str = "pending_bytes";
+pub(super) const INDEXED: &str = "indexed";
+
+pub(super) fn group(tag: u8, owner: u64) -> Vec<u8> {
+    keys::group(tag, owner)
+}
+
+pub(super) fn copy_key(version: u64, id: u64, index: u32) -> Vec<u8> {
+    let mut k = group(COPY, version);
+    k.extend_from_slice(&id.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+pub(super) fn delete_key(version: u64, id: u64) -> Vec<u8> {
+    let mut k = group(DELETE, version);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+pub(super) fn synced_key(id: u64, index: u32) -> Vec<u8> {
+    let mut k = group(SYNCED, id);
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+pub(super) fn name_key(ino: Ino) -> Vec<u8> {
+    group(NAME, ino)
+}
+
+pub(super) fn stat_key(name: &str) -> Vec<u8> {
+    let mut k = group(STATS, 0);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+pub(super) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    b.get(at..at + 4)
+        .and_then(|x| x.try_into().ok())
+        .map(u32::from_be_bytes)
+}
+
+/// The parts of a block key: (slice id, index, size of the block).
+pub(super) fn parse_block_key(key: &str) -> Option<(u64, u32, u32)> {
+    let name = key.strip_prefix("chunks/")?.rsplit('/').next()?;
+    let mut it = name.split('_');
+    let id = it.next()?.parse().ok()?;
+    let index = it.next()?.parse().ok()?;
+    let len = it.next()?.parse().ok()?;
+    if it.next().is_some() || block_key(id, index, len) != key {
+        return None;
+    }
+    Some((id, index, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_keys_parse_back() {
+        let k = block_key(1_234_567, 3, 4 << 20);
+        assert_eq!(parse_block_key(&k), Some((1_234_567, 3, 4 << 20)));
+        for bad in [
+            "",
+            "chunks/",
+            "chunks/1/1/1_2",
+            "chunks/0/0/1_2_3_4",
+            "x/0/0/1_2_3",
+            "chunks/9/9/1_2_3",
+        ] {
+            assert_eq!(parse_block_key(bad), None, "{bad}");
+        }
+    }
+}

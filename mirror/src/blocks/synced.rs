@@ -1,0 +1,177 @@
+//! Which blocks this region's store holds: a mark per block, set when a block lands in the
+//! store and cleared when it is found missing or corrupt.
+
+use std::collections::HashSet;
+
+use strait_fs_core::kv::{self, DynKv, KvEngine};
+use strait_fs_core::meta::SliceRef;
+
+use super::keys::{group, synced_key, u32_at, OLD_MARK_LEN, OLD_SYNCED, SYNCED};
+use super::{kv_call, Blocks};
+
+/// Old marks moved per transaction (see [`move_old_marks`]).
+const MOVE_BATCH: usize = 1000;
+
+/// Move the marks kept under the change log's tag (`L id index`, before they had a tag of
+/// their own) to [`SYNCED`], so that an engine written by an older mirror keeps knowing which
+/// blocks its region's store holds; without them every such block would be read across
+/// regions once more. Keys under that tag of any other length (change records, which a
+/// mirror's engine does not hold anyway) are left alone. Each batch moves its marks in one
+/// transaction, so a crash in the middle leaves the rest for the next start. Returns how many
+/// were moved.
+pub(super) fn move_old_marks(kv: &dyn KvEngine) -> strait_fs_core::Result<u64> {
+    let mut moved = 0u64;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = kv::read(kv, |t| t.scan(&[OLD_SYNCED], after.as_deref(), MOVE_BATCH))?;
+        let full = page.len() == MOVE_BATCH;
+        after = page.last().map(|p| p.0.clone());
+        let old: Vec<(Vec<u8>, Vec<u8>)> = page
+            .into_iter()
+            .filter(|(k, _)| k.len() == OLD_MARK_LEN)
+            .collect();
+        if !old.is_empty() {
+            kv::txn(kv, |t| {
+                for (k, v) in &old {
+                    let mut new = k.clone();
+                    new[0] = SYNCED;
+                    t.put(&new, v);
+                    t.delete(k);
+                }
+                Ok(())
+            })?;
+            moved += old.len() as u64;
+        }
+        if !full {
+            return Ok(moved);
+        }
+    }
+}
+
+/// Which of a slice's `blocks` blocks are not among `synced` (their indexes): a bitmap, empty
+/// when none.
+fn unsynced_bitmap(blocks: usize, synced: &HashSet<u32>) -> Vec<u8> {
+    let mut map = vec![0u8; blocks.div_ceil(8)];
+    let mut any = false;
+    for i in 0..blocks {
+        if !synced.contains(&(i as u32)) {
+            map[i / 8] |= 1 << (i % 8);
+            any = true;
+        }
+    }
+    if any {
+        map
+    } else {
+        vec![]
+    }
+}
+
+/// Record that block `index` of slice `id` is in this region's store (`synced`) or not.
+pub(super) async fn mark(kv: &DynKv, id: u64, index: u32, synced: bool) -> Result<(), String> {
+    let r = kv_call(kv, move |kv| {
+        kv::txn(kv, |t| {
+            let k = synced_key(id, index);
+            if synced {
+                t.put(&k, &[]);
+            } else {
+                t.delete(&k);
+            }
+            Ok(())
+        })
+    })
+    .await;
+    match r {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(format!("mark block {index} of slice {id}: {e}")),
+        None => Err(format!(
+            "mark block {index} of slice {id}: the call panicked"
+        )),
+    }
+}
+
+impl Blocks {
+    /// For each of `slices`, the blocks this region's store does not hold yet: a bitmap per
+    /// slice, empty when it holds them all (`ReadChunkReply.unsynced`). On a metadata error,
+    /// no bitmaps: the mounts then ask their store first.
+    pub fn unsynced(&self, slices: &[SliceRef]) -> Vec<Vec<u8>> {
+        let r = kv::read(self.kv.as_ref(), |t| {
+            let mut out = Vec::with_capacity(slices.len());
+            for s in slices {
+                if s.id == 0 || s.crcs.is_empty() {
+                    out.push(vec![]);
+                    continue;
+                }
+                let synced: HashSet<u32> = t
+                    .scan(&group(SYNCED, s.id), None, s.crcs.len())?
+                    .iter()
+                    .filter_map(|(k, _)| u32_at(k, 9))
+                    .collect();
+                out.push(unsynced_bitmap(s.crcs.len(), &synced));
+            }
+            Ok(out)
+        });
+        r.unwrap_or_else(|e| {
+            self.error(format!("read which blocks are in this region's store: {e}"));
+            vec![]
+        })
+    }
+
+    pub(super) async fn is_marked(&self, id: u64, index: u32) -> bool {
+        kv_call(&self.kv, move |kv| {
+            kv::read(kv, |t| Ok(t.get(&synced_key(id, index))?.is_some()))
+        })
+        .await
+        .and_then(|r| r.ok())
+        .unwrap_or(false)
+    }
+
+    pub(super) async fn mark(&self, id: u64, index: u32, synced: bool) {
+        if let Err(e) = mark(&self.kv, id, index, synced).await {
+            self.error(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strait_fs_core::kv::memory::MemoryKv;
+
+    #[test]
+    fn old_marks_move_to_their_own_tag_and_change_records_stay() {
+        let kv = MemoryKv::new();
+        // an engine written by an older mirror: marks under `L`, beside a change record
+        let old = |id: u64, index: u32| {
+            let mut k = synced_key(id, index);
+            k[0] = OLD_SYNCED;
+            k
+        };
+        let marks: Vec<(u64, u32)> = (1..=1500u64).map(|i| (i, (i % 3) as u32)).collect();
+        kv::txn(&kv, |t| {
+            for &(id, index) in &marks {
+                t.put(&old(id, index), &[]);
+            }
+            t.put(&kv::log_key(7), b"a change record");
+            Ok(())
+        })
+        .unwrap();
+
+        // every mark moves, in more than one batch, and the record stays where it was
+        assert_eq!(move_old_marks(&kv).unwrap(), marks.len() as u64);
+        kv::read(&kv, |t| {
+            for &(id, index) in &marks {
+                assert!(t.get(&synced_key(id, index))?.is_some(), "{id} {index}");
+                assert!(t.get(&old(id, index))?.is_none(), "{id} {index}");
+            }
+            assert_eq!(
+                t.get(&kv::log_key(7))?.as_deref(),
+                Some(&b"a change record"[..])
+            );
+            Ok(())
+        })
+        .unwrap();
+
+        // a second start finds nothing left to move
+        assert_eq!(move_old_marks(&kv).unwrap(), 0);
+    }
+}

@@ -1,0 +1,244 @@
+//! How a failed call is classified, and the retry loop around every call (the session's
+//! resumption included).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use backon::{BlockingRetryable, ExponentialBuilder};
+use strait_fs_core::error::{Error, Result};
+use strait_proto::meta as w;
+use tonic::{Code, Status};
+use tracing::Instrument;
+
+use crate::connection::Client;
+use crate::remote_meta::RemoteMeta;
+
+/// Waits between attempts to reach the daemon: 50 ms first, doubling up to 2 s, for as long as
+/// the call's patience lasts.
+const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(50))
+    .with_max_delay(Duration::from_secs(2))
+    .with_factor(2.0)
+    .without_max_times();
+/// Resumptions of the session tried for one call before giving up.
+const RESUME_ATTEMPTS_MAX: u32 = 3;
+
+/// How a failed call ended, for the retry loop.
+pub(crate) enum Failure {
+    /// The daemon never received the call: safe to send again.
+    NotSent,
+    /// The call broke in flight: it may or may not have been applied.
+    Broken,
+    /// The daemon does not hold our session: resume it, then send again.
+    Resume,
+    /// A final answer.
+    Final,
+}
+
+/// How one attempt of a call failed, for the retry around it.
+enum Attempt {
+    /// A final error.
+    Fail(Error),
+    /// The daemon could not be reached (or a call safe to repeat broke in flight): try again.
+    Unreachable(Status),
+}
+
+/// A status's message with the chain of errors under it (TLS and connection failures hide
+/// their cause there).
+pub(crate) fn describe(s: &Status) -> String {
+    let mut text = s.message().to_string();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = src {
+        let t = e.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        src = e.source();
+    }
+    text
+}
+
+pub(crate) fn classify(s: &Status) -> Failure {
+    if s.metadata().get(strait_proto::RESUME_HEADER).is_some() {
+        return Failure::Resume;
+    }
+    if s.metadata().get(strait_proto::ERRNO_HEADER).is_some() {
+        return Failure::Final;
+    }
+    match s.code() {
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => {
+            // tonic reports both "could not connect" and "connection broke" as Unavailable;
+            // only the first says "connect" in its source chain
+            let t = describe(s).to_ascii_lowercase();
+            if t.contains("certificate") || t.contains("alert") || t.contains("tls") {
+                // the daemon refused our certificate or we refused its: waiting cannot help
+                Failure::Final
+            } else if t.contains("connect") || t.contains("connection refused") {
+                Failure::NotSent
+            } else if s.code() == Code::Unknown && !t.contains("transport") && !t.contains("h2") {
+                Failure::Final
+            } else {
+                Failure::Broken
+            }
+        }
+        _ => Failure::Final,
+    }
+}
+
+/// The fs-core error for a final status.
+fn to_error(op: &str, s: &Status) -> Error {
+    if let Some(errno) = strait_proto::status_errno(s) {
+        if errno != libc::EIO {
+            return Error::Sys(errno);
+        }
+    }
+    match s.code() {
+        Code::Unauthenticated => Error::Meta(format!(
+            "{op}: the site daemon refused our token: {}",
+            s.message()
+        )),
+        Code::Unavailable | Code::Unknown => Error::Meta(format!(
+            "{op}: cannot talk to the site daemon: {}",
+            describe(s)
+        )),
+        _ => Error::Meta(format!("{op} at the site daemon: {}", s.message())),
+    }
+}
+
+pub(crate) fn wire_err(op: &str, e: strait_proto::WireError) -> Error {
+    Error::Meta(format!(
+        "{op}: the site daemon sent an invalid reply: {}",
+        e.0
+    ))
+}
+
+impl RemoteMeta {
+    /// Run one call with retries (see the crate docs); `reads` marks calls safe to repeat.
+    pub(crate) fn call<T, F, Fut>(&self, op: &'static str, reads: bool, f: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        self.call_for(op, reads, self.opts.reconnect_timeout, f)
+    }
+
+    /// [`Self::call`], giving up on an unreachable daemon after `patience`.
+    pub(crate) fn call_for<T, F, Fut>(
+        &self,
+        op: &'static str,
+        reads: bool,
+        patience: Duration,
+        f: F,
+    ) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let span = tracing::info_span!("meta_rpc", op);
+        let start = Instant::now();
+        let resumes = Cell::new(0);
+        let warned = Cell::new(false);
+        // one attempt: the call, sent again at once after each resumption of the session
+        let attempt = || -> std::result::Result<T, Attempt> {
+            loop {
+                let (rt, client) = self.connection().map_err(Attempt::Fail)?;
+                // the connection's tasks only run inside block_on: let them first take in what
+                // arrived while this thread was idle (a closed connection is then known closed,
+                // and the call goes to a new one instead of failing on the dead one)
+                rt.block_on(tokio::task::yield_now());
+                let s = match rt.block_on(f(client).instrument(span.clone())) {
+                    Ok(r) => return Ok(r.into_inner()),
+                    Err(s) => s,
+                };
+                return Err(match classify(&s) {
+                    Failure::Resume if resumes.get() < RESUME_ATTEMPTS_MAX => {
+                        resumes.set(resumes.get() + 1);
+                        self.resume().map_err(Attempt::Fail)?;
+                        continue;
+                    }
+                    Failure::Final | Failure::Resume => Attempt::Fail(to_error(op, &s)),
+                    Failure::Broken if !reads => {
+                        let e = Error::Meta(format!(
+                            "{op}: the connection to {} broke while the call was in flight; \
+                             it may or may not have been applied: {}",
+                            self.target,
+                            s.message()
+                        ));
+                        tracing::error!("{e}");
+                        Attempt::Fail(e)
+                    }
+                    Failure::NotSent | Failure::Broken => Attempt::Unreachable(s),
+                });
+            }
+        };
+        let r = attempt
+            .retry(BACKOFF)
+            .sleep(std::thread::sleep)
+            .when(|a| matches!(a, Attempt::Unreachable(_)) && start.elapsed() < patience)
+            .notify(|a, _| {
+                if let (Attempt::Unreachable(s), false) = (a, warned.get()) {
+                    tracing::warn!(
+                        "{op}: cannot reach the site daemon {}; retrying: {}",
+                        self.target,
+                        describe(s)
+                    );
+                    warned.set(true);
+                }
+            })
+            .call();
+        match r {
+            Ok(v) => {
+                if warned.get() {
+                    tracing::info!("reached the site daemon {} again", self.target);
+                }
+                Ok(v)
+            }
+            Err(Attempt::Fail(e)) => Err(e),
+            Err(Attempt::Unreachable(s)) => {
+                let e = Error::Meta(format!(
+                    "{op}: the site daemon {} has been unreachable for {:?}: {}",
+                    self.target,
+                    patience,
+                    describe(&s)
+                ));
+                tracing::error!("{e}");
+                Err(e)
+            }
+        }
+    }
+
+    /// Open the session again after the daemon lost it (restart or timeout).
+    fn resume(&self) -> Result<()> {
+        let old = self.session.load(Ordering::Relaxed);
+        let open_inodes: Vec<w::OpenInode> = self
+            .open
+            .lock()
+            .iter()
+            .map(|(&ino, &handles)| w::OpenInode { ino, handles })
+            .collect();
+        self.session.store(0, Ordering::Relaxed);
+        let req = w::OpenSessionRequest {
+            info: self.info.lock().clone(),
+            resume_session: old,
+            open_inodes,
+        };
+        let r = self.call("resume session", true, |mut c| {
+            let req = req.clone();
+            async move { c.open_session(req).await }
+        })?;
+        self.session.store(r.session, Ordering::Relaxed);
+        if r.resumed {
+            tracing::info!("resumed session {} with the site daemon", r.session);
+        } else {
+            tracing::warn!(
+                "the site daemon had closed session {old} (it timed out); continuing as session {}; \
+                 locks held before are lost",
+                r.session
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! Each calling thread's runtime and connection to the daemon, and the metadata every call
+//! carries (token, session, trace context).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use strait_fs_core::error::{Error, Result};
+use strait_proto::meta::meta_service_client::MetaServiceClient;
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use crate::remote_meta::RemoteMeta;
+
+/// Adds the token, the session id and the trace context to every call.
+#[derive(Clone)]
+pub(crate) struct Stamp {
+    pub(crate) auth: AsciiMetadataValue,
+    pub(crate) session: Arc<AtomicU64>,
+}
+
+impl tonic::service::Interceptor for Stamp {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let md = req.metadata_mut();
+        md.insert("authorization", self.auth.clone());
+        let sid = self.session.load(Ordering::Relaxed);
+        if sid != 0 {
+            if let Ok(v) = sid.to_string().parse() {
+                md.insert(strait_proto::SESSION_HEADER, v);
+            }
+        }
+        inject_trace_context(md);
+        Ok(req)
+    }
+}
+
+/// Writes the current span's OpenTelemetry context into `md` (`traceparent`).
+fn inject_trace_context(md: &mut MetadataMap) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    struct Injector<'a>(&'a mut MetadataMap);
+    impl opentelemetry::propagation::Injector for Injector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            if let (Ok(k), Ok(v)) = (
+                tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+                value.parse(),
+            ) {
+                self.0.insert(k, v);
+            }
+        }
+    }
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut Injector(md)));
+}
+
+pub(crate) type Client = MetaServiceClient<InterceptedService<Channel, Stamp>>;
+/// A thread's runtime and connection for one client.
+pub(crate) type Connection = (std::rc::Rc<tokio::runtime::Runtime>, Client);
+
+pub(crate) static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Each calling thread (a FUSE worker) has its own single-threaded runtime and HTTP/2
+    /// connection per client: a call then runs start to finish on the caller's thread, with
+    /// no hand-off to runtime workers (each hand-off is a thread wake-up, which on a small
+    /// machine costs more than the call itself).
+    static CONNECTIONS: std::cell::RefCell<HashMap<u64, Connection>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+impl RemoteMeta {
+    /// This thread's runtime and connection to the daemon (made on first use).
+    pub(crate) fn connection(&self) -> Result<Connection> {
+        CONNECTIONS.with(|c| {
+            let mut c = c.borrow_mut();
+            if let Some((rt, client)) = c.get(&self.id) {
+                return Ok((rt.clone(), client.clone()));
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::io("start the RPC runtime", e))?;
+            // the channel's background tasks run on this runtime, driven by block_on
+            let channel = {
+                let _guard = rt.enter();
+                self.endpoint.connect_lazy()
+            };
+            let client = MetaServiceClient::with_interceptor(channel, self.stamp.clone())
+                .max_decoding_message_size(64 << 20);
+            let rt = std::rc::Rc::new(rt);
+            c.insert(self.id, (rt.clone(), client.clone()));
+            Ok((rt, client))
+        })
+    }
+}

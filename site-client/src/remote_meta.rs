@@ -1,0 +1,149 @@
+//! [`RemoteMeta`], its options, and how it is made.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use strait_fs_core::error::{Error, Result};
+use strait_fs_core::meta::{Format, Ino};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+use crate::connection::{Stamp, NEXT_CLIENT_ID};
+
+/// TLS settings of a connection, as PEM bytes.
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    /// CA certificate(s) the daemon's certificate must chain to.
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key, for daemons that require mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to verify the daemon's certificate against (default: the host of the URL).
+    pub domain: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// The daemon's token (sent as `authorization: Bearer ...`).
+    pub token: String,
+    pub tls: Option<TlsOptions>,
+    /// Open the session read-only: every mutation answers EROFS at the mount.
+    pub read_only: bool,
+    /// How long a call keeps trying to reach an unreachable daemon before failing with EIO.
+    pub reconnect_timeout: Duration,
+    /// Deadline of one call.
+    pub rpc_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            token: String::new(),
+            tls: None,
+            read_only: false,
+            reconnect_timeout: Duration::from_secs(60),
+            rpc_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// [`MetaClient`] over a site daemon's gRPC service.
+///
+/// [`MetaClient`]: strait_fs_core::meta::MetaClient
+pub struct RemoteMeta {
+    /// Key of this client's connections in each thread's `CONNECTIONS`.
+    pub(crate) id: u64,
+    pub(crate) target: String,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) stamp: Stamp,
+    pub(crate) opts: ConnectOptions,
+    pub(crate) session: Arc<AtomicU64>,
+    pub(crate) info: Mutex<String>,
+    pub(crate) format: OnceLock<Format>,
+    pub(crate) read_only: AtomicU64,
+    pub(crate) session_timeout_ms: AtomicU64,
+    /// Handles this mount holds open per inode, as the daemon counts them (closes still
+    /// queued for the releaser included): sent back when the session is resumed.
+    pub(crate) open: Mutex<HashMap<Ino, u32>>,
+    /// The releaser's queue and thread, from the session's opening to its close.
+    pub(crate) releaser: Mutex<Option<(SyncSender<Ino>, std::thread::JoinHandle<()>)>>,
+    pub(crate) me: Weak<RemoteMeta>,
+    /// Slice ids taken from the daemon and not used yet: `[next, end)`.
+    pub(crate) slice_ids: Mutex<(u64, u64)>,
+    /// The daemon is a mirror that serves FetchBlock.
+    pub(crate) block_fallback: std::sync::atomic::AtomicBool,
+}
+
+impl RemoteMeta {
+    /// Prepare a connection to the daemon at `url` (`strait://host:port`). Nothing is sent
+    /// until [`MetaClient::open_session`].
+    ///
+    /// [`MetaClient::open_session`]: strait_fs_core::meta::MetaClient::open_session
+    pub fn connect(url: &str, opts: ConnectOptions) -> Result<Arc<Self>> {
+        let hostport = url
+            .strip_prefix("strait://")
+            .map(|r| r.trim_end_matches('/'))
+            .filter(|r| !r.is_empty() && !r.contains('/'))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{url:?} is not a site daemon address: expected strait://HOST:PORT"
+                ))
+            })?;
+        let host = hostport
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+            .ok_or_else(|| Error::Invalid(format!("{url:?} has no port")))?
+            .to_string();
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{hostport}"))
+            .map_err(|e| Error::Invalid(format!("site daemon address {url:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(opts.rpc_timeout)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+            .max_frame_size(strait_proto::HTTP2_FRAME_BYTES);
+        if let Some(tls) = &opts.tls {
+            let mut cfg = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                .domain_name(tls.domain.clone().unwrap_or(host));
+            if let Some((cert, key)) = &tls.identity {
+                cfg = cfg.identity(Identity::from_pem(cert, key));
+            }
+            ep = ep
+                .tls_config(cfg)
+                .map_err(|e| Error::Invalid(format!("TLS settings for {url}: {e}")))?;
+        }
+        let auth = format!("Bearer {}", opts.token).parse().map_err(|_| {
+            Error::Invalid("the token holds characters not allowed in a header".into())
+        })?;
+        let session = Arc::new(AtomicU64::new(0));
+        let stamp = Stamp {
+            auth,
+            session: session.clone(),
+        };
+        Ok(Arc::new_cyclic(|me| RemoteMeta {
+            me: me.clone(),
+            releaser: Mutex::new(None),
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            target: url.to_string(),
+            endpoint: ep,
+            stamp,
+            opts,
+            session,
+            info: Mutex::new(String::new()),
+            format: OnceLock::new(),
+            read_only: AtomicU64::new(0),
+            session_timeout_ms: AtomicU64::new(0),
+            open: Mutex::new(HashMap::new()),
+            slice_ids: Mutex::new((0, 0)),
+            block_fallback: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// The session timeout the daemon announced (zero before the session opens).
+    pub fn session_timeout(&self) -> Duration {
+        Duration::from_millis(self.session_timeout_ms.load(Ordering::Relaxed))
+    }
+}
