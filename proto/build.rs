@@ -4,8 +4,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // a block's bytes go from the object store to the wire without a copy
         .bytes(".strait.meta.v1.FetchBlockReply.data")
-        .compile_protos(&["proto/meta.proto", "proto/site.proto"], &["proto"])?;
+        .compile_protos(
+            &[
+                "proto/meta.proto",
+                "proto/site.proto",
+                "proto/replicator.proto",
+            ],
+            &["proto"],
+        )?;
     println!("cargo:rerun-if-changed=proto/meta.proto");
     println!("cargo:rerun-if-changed=proto/site.proto");
+    println!("cargo:rerun-if-changed=proto/replicator.proto");
     Ok(())
 }

@@ -16,17 +16,20 @@ use std::time::Duration;
 
 use strait_fs_core::changelog::{self, ChangeRecord, ReplicaError};
 use strait_fs_core::snapshot::Loader;
+use strait_proto::limits::{META_MESSAGE_BYTES_MAX, REPLICATOR_MESSAGE_BYTES_MAX};
+use strait_proto::replicator as pb;
+use strait_proto::replicator::replicator_client::ReplicatorClient;
 use strait_proto::site as s;
 use strait_proto::site::site_service_client::SiteServiceClient;
-use strait_replicator::pb;
-use strait_replicator::pb::replicator_client::ReplicatorClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::state::{Mirror, Phase};
 
-/// Records applied per transaction.
-pub const APPLY_BATCH_MAX_RECORDS: usize = 512;
+mod delivery;
+
+pub use delivery::APPLY_BATCH_MAX_RECORDS;
+use delivery::{decode_new, delivered, next_chunk, Decoded, Delivered};
 /// Backoff between attempts to subscribe or bootstrap.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
@@ -34,8 +37,6 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 const CLOCK_POLL_TIMEOUT: Duration = Duration::from_secs(2);
 /// A subscription silent for this many `silence_ms` moves to the next replicator node.
 const SILENCE_SWITCH_FACTOR: u64 = 3;
-/// Largest message from the replicator or the primary.
-pub const MESSAGE_BYTES_MAX: usize = 96 << 20;
 
 /// Why following stopped.
 enum Stop {
@@ -74,7 +75,7 @@ impl Primary {
         &self,
     ) -> SiteServiceClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>> {
         SiteServiceClient::with_interceptor(self.channel.clone(), Bearer(self.token.clone()))
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_decoding_message_size(META_MESSAGE_BYTES_MAX)
     }
 }
 
@@ -293,11 +294,12 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
 
 /// Subscribe at `addr` from `applied + 1` and apply until the stream ends.
 async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &CancellationToken) -> Stop {
-    let channel = match strait_replicator::network::channel(addr) {
+    let channel = match strait_replicator_client::channel(addr) {
         Ok(c) => c,
         Err(e) => return Stop::Retry(format!("replicator address {addr}: {e}")),
     };
-    let mut client = ReplicatorClient::new(channel).max_decoding_message_size(MESSAGE_BYTES_MAX);
+    let mut client =
+        ReplicatorClient::new(channel).max_decoding_message_size(REPLICATOR_MESSAGE_BYTES_MAX);
     let stream = tokio::select! {
         _ = stop.cancelled() => return Stop::Cancelled,
         r = client.subscribe(pb::SubscribeRequest { after_version: applied }) => r,
@@ -356,34 +358,20 @@ async fn apply_records(
     raw: Vec<Vec<u8>>,
     stop: &CancellationToken,
 ) -> Result<u64, Stop> {
-    if raw.is_empty() {
-        return Ok(at);
-    }
-    let last = first + raw.len() as u64 - 1;
-    if last <= at {
-        return Ok(at); // delivered again: already applied
-    }
-    if first > at + 1 {
-        return Err(Stop::Retry(format!(
-            "the subscription skipped from version {at} to {first}"
-        )));
-    }
+    let (skip, last) = match delivered(at, first, raw.len()) {
+        Delivered::Nothing => return Ok(at),
+        Delivered::Gap => {
+            return Err(Stop::Retry(format!(
+                "the subscription skipped from version {at} to {first}"
+            )))
+        }
+        Delivered::New { skip, last } => (skip, last),
+    };
     // decode first: a record that does not decode halts the applier after the ones before it
-    let mut recs = Vec::with_capacity(raw.len());
-    let mut undecodable = None;
-    for (i, b) in raw.iter().enumerate() {
-        let v = first + i as u64;
-        if v <= at {
-            continue;
-        }
-        match ChangeRecord::decode(b) {
-            Ok(r) => recs.push(r),
-            Err(e) => {
-                undecodable = Some(format!("record {v} is invalid: it does not decode: {e}"));
-                break;
-            }
-        }
-    }
+    let Decoded {
+        records: recs,
+        undecodable,
+    } = decode_new(first, &raw, skip, ChangeRecord::decode);
     if recs.is_empty() {
         return match undecodable {
             Some(why) => Err(Stop::Halt(why)),
@@ -397,10 +385,7 @@ async fn apply_records(
     while !rest.is_empty() {
         // a digest being taken at version h: apply nothing past h until it is done
         let (guard, limit) = wait_for_hold(mirror, next, stop).await?;
-        let n = rest
-            .len()
-            .min(APPLY_BATCH_MAX_RECORDS)
-            .min(limit.map(|h| (h + 1 - next) as usize).unwrap_or(usize::MAX));
+        let n = next_chunk(rest.len(), next, limit);
         let (batch, tail) = rest.split_at(n);
         let kv = mirror.kv.clone();
         let owned = batch.to_vec();
@@ -501,7 +486,7 @@ async fn wait_for_hold<'a>(
 
 /// Acknowledge the applied version to the replicator every `ack_interval_ms`.
 pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
-    let client = match strait_replicator::client::LogClient::new(&mirror.cfg.replicator) {
+    let client = match strait_replicator_client::LogClient::new(&mirror.cfg.replicator) {
         Ok(c) => c.with_attempts(2),
         Err(e) => {
             tracing::error!("no acknowledgements to the replicator: {}", e.message());

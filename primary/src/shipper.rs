@@ -21,9 +21,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use strait_fs_core::changelog::{read_log_raw, trim_log};
 use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
-use strait_replicator::client::{refusal, LogClient};
-use strait_replicator::log::APPEND_RECORDS_MAX;
-use strait_replicator::pb;
+use strait_proto::limits::APPEND_RECORDS_MAX;
+use strait_proto::replicator as pb;
+use strait_replicator_client::{refusal, LogClient};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 

@@ -1,5 +1,6 @@
-//! strait's wire protocol: the generated tonic/prost code for `proto/*.proto` and the
-//! conversions between wire and domain types. No logic lives here.
+//! strait's wire protocol: the generated tonic/prost code for `proto/*.proto`, the limits on
+//! its messages ([`limits`]) and the conversions between wire and domain types (feature
+//! `fs-core`, on by default). No logic lives here.
 
 pub mod meta {
     //! `strait.meta.v1`: the metadata service of a site daemon.
@@ -13,12 +14,26 @@ pub mod site {
     tonic::include_proto!("strait.site.v1");
 }
 
+pub mod replicator {
+    //! `strait.replicator.v1`: the change log's service, between replicator nodes and for the
+    //! primary, the mirrors and operators.
+    #![allow(clippy::all)]
+    tonic::include_proto!("strait.replicator.v1");
+
+    /// The metadata entry naming why an append was refused (`gap`, `overlap`, `stale-epoch`,
+    /// `future-epoch`, `malformed`).
+    pub const APPEND_HEADER: &str = "x-strait-append";
+    /// The metadata entry naming the leader (`<id>@<address>`) on a call a follower cannot
+    /// take.
+    pub const LEADER_HEADER: &str = "x-strait-leader";
+}
+
+pub mod limits;
+
+#[cfg(feature = "fs-core")]
 mod convert;
 
-/// The largest HTTP/2 frame strait's gRPC clients and servers accept
-/// (`SETTINGS_MAX_FRAME_SIZE`). At h2's default, 16 KiB, a 128 KiB block is sent as 8 frames,
-/// each its own `writev`, and read on the other side 8 KiB at a time: on loopback and LANs
-/// that costs CPU, not bandwidth. A frame is never bigger than the message it carries.
-pub const HTTP2_FRAME_BYTES: u32 = 1 << 20;
+pub use limits::HTTP2_FRAME_BYTES;
 
+#[cfg(feature = "fs-core")]
 pub use convert::*;

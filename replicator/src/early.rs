@@ -24,6 +24,8 @@ use openraft::ServerState;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use strait_proto::limits::RELAY_MESSAGE_BYTES_MAX;
+
 use crate::network::{peer_addr, PeerAddrs};
 use crate::pb::replicator_client::ReplicatorClient;
 use crate::store::ChangeLog;
@@ -38,8 +40,6 @@ const AHEAD_RECORDS_MAX: usize = 100_000;
 /// The leader's stream carries the primary's heartbeats several times a second: silent this
 /// long, it is taken for dead (a link that drops everything keeps it open) and made again.
 const SILENCE_MAX: Duration = Duration::from_secs(1);
-/// Largest relayed message (the leader's subscription batches are at most 4 MiB).
-const MESSAGE_BYTES_MAX: usize = 64 << 20;
 
 /// The relayed records beyond the state machine, shared with the subscriptions.
 #[derive(Clone)]
@@ -228,8 +228,8 @@ impl Relay {
             };
             let stream = match crate::network::channel(&addr) {
                 Ok(ch) => {
-                    let mut c =
-                        ReplicatorClient::new(ch).max_decoding_message_size(MESSAGE_BYTES_MAX);
+                    let mut c = ReplicatorClient::new(ch)
+                        .max_decoding_message_size(RELAY_MESSAGE_BYTES_MAX);
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         r = tokio::time::timeout(

@@ -11,8 +11,10 @@
 //!   membership).
 //! - [`early`]: a follower serves records its leader has applied as soon as it holds them.
 //! - [`node`]: starting a node.
+//!
+//! Its clients (the primary, the mirrors, the CLI) talk to it through
+//! `strait-replicator-client`, which links neither openraft nor RocksDB.
 
-pub mod client;
 pub mod early;
 pub mod log;
 pub mod network;
@@ -21,10 +23,9 @@ pub mod service;
 pub mod snapfile;
 pub mod store;
 
-/// The generated gRPC code of `proto/replicator.proto`.
-pub mod pb {
-    tonic::include_proto!("strait.replicator.v1");
-}
+/// The generated gRPC code of `proto/proto/replicator.proto` (strait-proto's), under the name
+/// the node's own code uses.
+pub use strait_proto::replicator as pb;
 
 pub use log::{AppendError, Command, Outcome};
 
@@ -43,8 +44,4 @@ openraft::declare_raft_types!(
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;
-
-/// The metadata entry naming why an append was refused.
-pub const APPEND_HEADER: &str = "x-strait-append";
-/// The metadata entry naming the leader (`<id>@<address>`) on a call a follower cannot take.
-pub const LEADER_HEADER: &str = "x-strait-leader";
+pub use strait_proto::replicator::{APPEND_HEADER, LEADER_HEADER};

@@ -5,11 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// Most records in one append.
-pub const APPEND_RECORDS_MAX: usize = 65_536;
-/// Most bytes of records in one append. An append is one Raft entry, and each replication
-/// call must finish within the heartbeat interval (see `node::PAYLOAD_ENTRIES_MAX`).
-pub const APPEND_BYTES_MAX: usize = 4 << 20;
+pub use strait_proto::limits::{APPEND_BYTES_MAX, APPEND_RECORDS_MAX};
 /// Longest mirror name.
 pub const MIRROR_NAME_MAX: usize = 256;
 /// Default retention caps: the log keeps at most this many bytes of records, and records at

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -14,7 +13,8 @@ use openraft::raft::{
 use openraft::{AnyError, BasicNode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use strait_proto::limits::RAFT_MESSAGE_BYTES_MAX;
+use tonic::transport::Channel;
 
 use crate::pb;
 use crate::pb::replicator_client::ReplicatorClient;
@@ -24,25 +24,7 @@ pub const KIND_APPEND: u32 = 1;
 pub const KIND_VOTE: u32 = 2;
 pub const KIND_SNAPSHOT: u32 = 3;
 
-/// Largest Raft message accepted (a snapshot chunk or a batch of entries).
-pub const RAFT_MESSAGE_MAX: usize = 256 << 20;
-
-/// The largest HTTP/2 frame a replicator accepts (h2's default is 16 KiB: a batch of records
-/// would be cut into many frames, each its own write).
-pub const HTTP2_FRAME_BYTES: u32 = 1 << 20;
-
-/// A lazily connected channel to `addr` (`host:port`).
-pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .max_frame_size(HTTP2_FRAME_BYTES)
-        .tcp_keepalive(Some(Duration::from_secs(10)))
-        .http2_keep_alive_interval(Duration::from_secs(2))
-        .keep_alive_timeout(Duration::from_secs(4))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
-}
+pub use strait_replicator_client::channel;
 
 /// Addresses by which this node reaches some peers, instead of the addresses in the
 /// membership (which every node shares): a region that reaches the others through a gateway,
@@ -69,8 +51,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             client: channel(&addr).ok().map(|c| {
                 ReplicatorClient::new(c)
-                    .max_decoding_message_size(RAFT_MESSAGE_MAX)
-                    .max_encoding_message_size(RAFT_MESSAGE_MAX)
+                    .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+                    .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
             }),
             addr,
         }

@@ -10,8 +10,10 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use strait_proto::limits::RAFT_MESSAGE_BYTES_MAX;
+
 use crate::early::Early;
-use crate::network::{Network, RAFT_MESSAGE_MAX};
+use crate::network::Network;
 use crate::pb::replicator_server::ReplicatorServer;
 use crate::service::ReplicatorService;
 use crate::store::{open_db, ChangeLog, LogStore, StateMachine};
@@ -109,14 +111,14 @@ impl Node {
             .with_context(|| format!("listen on {}", cfg.listen))?;
         let addr = listener.local_addr()?;
         let svc = ReplicatorServer::new(ReplicatorService::new(raft.clone(), log.clone(), early))
-            .max_decoding_message_size(RAFT_MESSAGE_MAX)
-            .max_encoding_message_size(RAFT_MESSAGE_MAX);
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         let s2 = stop.clone();
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
-                .max_frame_size(crate::network::HTTP2_FRAME_BYTES)
+                .max_frame_size(strait_proto::limits::HTTP2_FRAME_BYTES)
                 .http2_keepalive_interval(Some(Duration::from_secs(2)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(4)))
                 .add_service(svc)

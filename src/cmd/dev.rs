@@ -183,12 +183,12 @@ fn up(a: UpArgs) -> Result<()> {
 }
 
 async fn has_leader(node: SocketAddr) -> bool {
-    let Ok(ch) = strait_replicator::network::channel(&node.to_string()) else {
+    let Ok(ch) = strait_replicator_client::channel(&node.to_string()) else {
         return false;
     };
-    let mut c = strait_replicator::pb::replicator_client::ReplicatorClient::new(ch);
+    let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
     matches!(
-        tokio::time::timeout(Duration::from_secs(2), c.status(strait_replicator::pb::Empty {})).await,
+        tokio::time::timeout(Duration::from_secs(2), c.status(strait_proto::replicator::Empty {})).await,
         Ok(Ok(r)) if r.get_ref().leader.is_some()
     )
 }

@@ -398,13 +398,13 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut cursors = vec![];
     let mut heard = None;
     for r in &replicators {
-        let Ok(ch) = strait_replicator::network::channel(r) else {
+        let Ok(ch) = strait_replicator_client::channel(r) else {
             continue;
         };
-        let mut c = strait_replicator::pb::replicator_client::ReplicatorClient::new(ch);
+        let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
         if let Ok(Ok(st)) = tokio::time::timeout(
             Duration::from_secs(3),
-            c.status(strait_replicator::pb::Empty {}),
+            c.status(strait_proto::replicator::Empty {}),
         )
         .await
         {

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use strait_proto::replicator as pb;
+use strait_proto::replicator::replicator_client::ReplicatorClient;
 use strait_replicator::node::{Node, NodeConfig};
-use strait_replicator::pb;
-use strait_replicator::pb::replicator_client::ReplicatorClient;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -223,7 +223,7 @@ async fn wait_for_signal() {
 }
 
 async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channel>> {
-    let ch = strait_replicator::network::channel(addr)
+    let ch = strait_replicator_client::channel(addr)
         .with_context(|| format!("{addr:?} is not a host:port address"))?;
     Ok(ReplicatorClient::new(ch))
 }
@@ -255,8 +255,8 @@ fn parse_age_ms(s: &str) -> Result<u64> {
 }
 
 /// A client for calls only the leader takes: it follows the leader named by `addr`'s node.
-fn leader_client(addr: &str) -> Result<strait_replicator::client::LogClient> {
-    strait_replicator::client::LogClient::new(&[addr.to_string()])
+fn leader_client(addr: &str) -> Result<strait_replicator_client::LogClient> {
+    strait_replicator_client::LogClient::new(&[addr.to_string()])
         .map(|c| c.with_attempts(4))
         .map_err(|s| anyhow::anyhow!("{}", s.message()))
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use strait_devkit::spawn_tied;
 
 use strait_chaos::Proxy;
-use strait_replicator::pb;
-use strait_replicator::pb::replicator_client::ReplicatorClient;
+use strait_proto::replicator as pb;
+use strait_proto::replicator::replicator_client::ReplicatorClient;
 
 use crate::{free_port, strait_bin};
 
@@ -93,7 +93,7 @@ impl Drop for Replica {
 }
 
 pub async fn client(addr: SocketAddr) -> ReplicatorClient<tonic::transport::Channel> {
-    ReplicatorClient::new(strait_replicator::network::channel(&addr.to_string()).unwrap())
+    ReplicatorClient::new(strait_replicator_client::channel(&addr.to_string()).unwrap())
 }
 
 pub async fn leader(addrs: &[SocketAddr]) -> Option<u64> {

@@ -152,8 +152,8 @@ fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
         },
     };
     rt.block_on(async {
-        let c = strait_replicator::client::LogClient::new(&addrs).unwrap();
-        c.append(strait_replicator::pb::AppendRequest {
+        let c = strait_replicator_client::LogClient::new(&addrs).unwrap();
+        c.append(strait_proto::replicator::AppendRequest {
             epoch: 0,
             first_version: end + 1,
             records: vec![bogus.encode().unwrap(), bogus2.encode().unwrap()],
@@ -358,7 +358,7 @@ fn a_mirror_left_behind_by_the_logs_retention_bootstraps_again_by_itself() {
         rt.block_on(async {
             strait_tests::replicator::client(a.parse().unwrap())
                 .await
-                .status(strait_replicator::pb::Empty {})
+                .status(strait_proto::replicator::Empty {})
                 .await
                 .unwrap()
                 .into_inner()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strait_chaos::{Faults, Link};
-use strait_replicator::pb;
+use strait_proto::replicator as pb;
 use strait_tests::replicator::{client, leader, Cluster};
 use strait_tests::strait_bin;
 
@@ -260,7 +260,7 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     // the log is tracked at points set under the old caps: the new cap is met fully once
     // appends made under it follow
     rt.block_on(async {
-        let lc = strait_replicator::client::LogClient::new(&[direct[0].to_string()]).unwrap();
+        let lc = strait_replicator_client::LogClient::new(&[direct[0].to_string()]).unwrap();
         for b in 0..4u64 {
             let first = total + 1 + b * 25;
             lc.append(pb::AppendRequest {

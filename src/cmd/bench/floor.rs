@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::replicator_bench::{ms, pct};
+use super::replicator_bench::Latencies;
 
 #[derive(clap::Args, Clone)]
 pub struct FloorArgs {
@@ -205,7 +205,7 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     let t0 = Instant::now();
     let arrival = |i: u64| t0 + Duration::from_secs_f64(i as f64 / a.rate);
     let (mut sent, mut seq) = (0u64, 0u64);
-    let (mut lat, mut calls, mut syncs) = (vec![], vec![], vec![]);
+    let (mut lat, mut calls, mut syncs) = (Latencies::new(), Latencies::new(), Latencies::new());
     while t0.elapsed() < phase {
         let arrived = (t0.elapsed().as_secs_f64() * a.rate) as u64 + 1;
         if arrived <= sent {
@@ -233,15 +233,17 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
                 let (s, took) = done_rx
                     .recv()
                     .context("the node threads stopped (see their errors below)")?;
-                syncs.push(took);
+                syncs.record(took);
                 if s == seq {
                     acks += 1;
                 }
             }
         }
         let committed = Instant::now();
-        calls.push(committed - started);
-        lat.extend((sent..sent + n).map(|i| committed.duration_since(arrival(i))));
+        calls.record(committed - started);
+        for i in sent..sent + n {
+            lat.record(committed.duration_since(arrival(i)));
+        }
         sent += n;
         seq += 1;
     }
@@ -256,7 +258,9 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
             Err(_) => errors.push("a node thread panicked".into()),
         }
     }
-    syncs.extend(done_rx.try_iter().map(|(_, d)| d));
+    for (_, d) in done_rx.try_iter() {
+        syncs.record(d);
+    }
     let bg_bytes = match bg.map(|h| h.join()) {
         None => 0,
         Some(Ok(Ok(b))) => b,
@@ -272,9 +276,6 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     if !errors.is_empty() {
         bail!("{}", errors.join("; "));
     }
-    lat.sort();
-    calls.sort();
-    syncs.sort();
     println!(
         "disk floor: {} nodes writing to {}, {}, records of {} B \
          written {}x, {:.0} records/s offered, {} s, background {:.1} MB/s",
@@ -294,20 +295,20 @@ fn measure(a: &FloorArgs, dir: &Path) -> Result<()> {
     println!(
         "  {:.0} records/s committed   commit latency p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms   ({} appends, {:.0} records each)",
         sent as f64 / elapsed.as_secs_f64(),
-        ms(pct(&lat, 0.5)),
-        ms(pct(&lat, 0.99)),
-        ms(pct(&lat, 1.0)),
+        lat.ms(0.5),
+        lat.ms(0.99),
+        lat.max_ms(),
         calls.len(),
         sent as f64 / calls.len().max(1) as f64
     );
     println!(
         "  append p50 {:>6.2} ms  p99 {:>6.2} ms   fdatasync p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
-        ms(pct(&calls, 0.5)),
-        ms(pct(&calls, 0.99)),
-        ms(pct(&syncs, 0.5)),
-        ms(pct(&syncs, 0.99)),
-        ms(pct(&syncs, 0.999)),
-        ms(pct(&syncs, 1.0))
+        calls.ms(0.5),
+        calls.ms(0.99),
+        syncs.ms(0.5),
+        syncs.ms(0.99),
+        syncs.ms(0.999),
+        syncs.max_ms()
     );
     Ok(())
 }

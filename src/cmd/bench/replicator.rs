@@ -9,40 +9,56 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use strait_chaos::{Faults, Proxy};
+use strait_proto::replicator as pb;
+use strait_proto::replicator::replicator_client::ReplicatorClient;
 use strait_replicator::node::{Node, NodeConfig};
-use strait_replicator::pb;
-use strait_replicator::pb::replicator_client::ReplicatorClient;
 
 use crate::cmd::replicator::BenchArgs;
 
-pub(super) fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
+/// Latencies in microseconds to 3 significant figures (an HDR histogram): percentiles without
+/// keeping and sorting every sample.
+pub(super) struct Latencies(hdrhistogram::Histogram<u64>);
 
-pub(super) fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+impl Latencies {
+    pub(super) fn new() -> Self {
+        Latencies(hdrhistogram::Histogram::new(3).expect("3 significant figures are allowed"))
+    }
+
+    pub(super) fn record(&mut self, d: Duration) {
+        self.0
+            .saturating_record(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// The `q` quantile (0..=1) in ms (0 with no samples).
+    pub(super) fn ms(&self, q: f64) -> f64 {
+        self.0.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    pub(super) fn max_ms(&self) -> f64 {
+        self.0.max() as f64 / 1000.0
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.0.len()
+    }
 }
 
 pub async fn run(a: BenchArgs) -> Result<()> {
-    if a.batch == 0 || a.batch > strait_replicator::log::APPEND_RECORDS_MAX as u64 {
+    if a.batch == 0 || a.batch > strait_proto::limits::APPEND_RECORDS_MAX as u64 {
         bail!(
             "--batch must be between 1 and {}",
-            strait_replicator::log::APPEND_RECORDS_MAX
+            strait_proto::limits::APPEND_RECORDS_MAX
         );
     }
     if a.snapshot_every == Some(0) {
         bail!("--snapshot-every must be at least 1");
     }
     if a.record_size == 0
-        || a.batch as usize * a.record_size > strait_replicator::log::APPEND_BYTES_MAX
+        || a.batch as usize * a.record_size > strait_proto::limits::APPEND_BYTES_MAX
     {
         bail!(
             "--record-size must be positive and a batch at most {} bytes",
-            strait_replicator::log::APPEND_BYTES_MAX
+            strait_proto::limits::APPEND_BYTES_MAX
         );
     }
     let tmp;
@@ -75,7 +91,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         nodes.push(n);
     }
     let direct: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
-    let mut c = ReplicatorClient::new(strait_replicator::network::channel(&direct[0].to_string())?);
+    let mut c = ReplicatorClient::new(strait_replicator_client::channel(&direct[0].to_string())?);
     c.init(pb::InitRequest { members })
         .await
         .context("form the cluster")?;
@@ -90,7 +106,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let mut lc = ReplicatorClient::new(strait_replicator::network::channel(
+    let mut lc = ReplicatorClient::new(strait_replicator_client::channel(
         &direct[(leader - 1) as usize].to_string(),
     )?);
     let record = vec![0x5au8; a.record_size];
@@ -171,9 +187,9 @@ struct PhaseResult {
     appends: usize,
     records: u64,
     /// From a record's arrival to the commit of the append that carried it.
-    record_latency: Vec<Duration>,
+    record_latency: Latencies,
     /// Of each append call.
-    append_latency: Vec<Duration>,
+    append_latency: Latencies,
 }
 
 impl PhaseResult {
@@ -182,9 +198,9 @@ impl PhaseResult {
             "{:<40} {:>10.0} records/s committed   commit latency p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms   ({} appends, {:.0} records each)",
             name,
             self.rate,
-            ms(pct(&self.record_latency, 0.5)),
-            ms(pct(&self.record_latency, 0.99)),
-            ms(self.record_latency.last().copied().unwrap_or_default()),
+            self.record_latency.ms(0.5),
+            self.record_latency.ms(0.99),
+            self.record_latency.max_ms(),
             self.appends,
             self.records as f64 / self.appends.max(1) as f64
         );
@@ -192,9 +208,9 @@ impl PhaseResult {
             "{:<40} {:>10}                       append call    p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms",
             "",
             "",
-            ms(pct(&self.append_latency, 0.5)),
-            ms(pct(&self.append_latency, 0.99)),
-            ms(self.append_latency.last().copied().unwrap_or_default()),
+            self.append_latency.ms(0.5),
+            self.append_latency.ms(0.99),
+            self.append_latency.max_ms(),
         );
     }
 }
@@ -217,8 +233,8 @@ async fn run_phase(
     };
     let mut sent = 0u64; // records of this phase sent so far
     let mut appends = 0;
-    let mut lat = vec![];
-    let mut calls = vec![];
+    let mut lat = Latencies::new();
+    let mut calls = Latencies::new();
     while t0.elapsed() < phase {
         let now = Instant::now();
         let arrived = match rate {
@@ -238,18 +254,16 @@ async fn run_phase(
         let started = Instant::now();
         lc.append(req).await.context("append")?;
         let done = Instant::now();
-        calls.push(done.duration_since(started));
+        calls.record(done.duration_since(started));
         for i in sent..sent + n {
             // unbounded arrivals: a record arrives when its append is sent
             let at = if rate.is_some() { arrival(i) } else { started };
-            lat.push(done.duration_since(at));
+            lat.record(done.duration_since(at));
         }
         *next += n;
         sent += n;
         appends += 1;
     }
-    lat.sort();
-    calls.sort();
     Ok(PhaseResult {
         rate: sent as f64 / t0.elapsed().as_secs_f64(),
         appends,

@@ -15,16 +15,15 @@ use parking_lot::Mutex;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::pb;
-use crate::pb::replicator_client::ReplicatorClient;
-use crate::{APPEND_HEADER, LEADER_HEADER};
+use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
+use strait_proto::replicator as pb;
+use strait_proto::replicator::replicator_client::ReplicatorClient;
+use strait_proto::replicator::{APPEND_HEADER, LEADER_HEADER};
 
 /// How long one attempt of a call may take.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of one call before its last error is returned.
 pub const ATTEMPTS_MAX: usize = 8;
-/// Largest message sent or received (an append of many records).
-pub const MESSAGE_MAX: usize = 96 << 20;
 
 struct Target {
     addr: String,
@@ -39,13 +38,13 @@ pub struct LogClient {
 }
 
 fn connect(addr: &str) -> Result<Target, Status> {
-    let ch = crate::network::channel(addr)
+    let ch = crate::channel(addr)
         .map_err(|e| Status::invalid_argument(format!("replicator address {addr:?}: {e}")))?;
     Ok(Target {
         addr: addr.to_string(),
         client: ReplicatorClient::new(ch)
-            .max_decoding_message_size(MESSAGE_MAX)
-            .max_encoding_message_size(MESSAGE_MAX),
+            .max_decoding_message_size(REPLICATOR_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(REPLICATOR_MESSAGE_BYTES_MAX),
     })
 }
 

@@ -1,0 +1,40 @@
+//! How big strait's gRPC messages and batches may be, in one place: a server and its clients
+//! read the same bound, and a reader finds every limit on the wire here.
+//!
+//! A limit on a message (`*_MESSAGE_BYTES_MAX`) is what tonic is told to decode and encode
+//! (`max_decoding_message_size`, `max_encoding_message_size`); a limit on a batch
+//! (`APPEND_*_MAX`) is checked by the replicator on every append and respected by its callers.
+
+/// The largest HTTP/2 frame strait's gRPC clients and servers accept
+/// (`SETTINGS_MAX_FRAME_SIZE`). At h2's default, 16 KiB, a 128 KiB block is sent as 8 frames,
+/// each its own `writev`, and read on the other side 8 KiB at a time: on loopback and LANs
+/// that costs CPU, not bandwidth. A frame is never bigger than the message it carries.
+pub const HTTP2_FRAME_BYTES: u32 = 1 << 20;
+
+/// Largest message of a site daemon's metadata and site services, either way (a directory
+/// page, a snapshot chunk, a digest).
+pub const META_MESSAGE_BYTES_MAX: usize = 64 << 20;
+
+/// Largest message a mount's connection to its site daemon sends or receives (a block fetched
+/// through the site daemon, with its envelope).
+pub const BLOCK_MESSAGE_BYTES_MAX: usize = 80 << 20;
+
+/// Largest message a client of the replicator (the primary's shipper, a mirror, the CLI)
+/// sends or receives: an append of many records, a batch of a subscription.
+pub const REPLICATOR_MESSAGE_BYTES_MAX: usize = 96 << 20;
+
+/// Largest message a replicator node receives when it relays its leader's subscription
+/// (batches of at most `APPEND_BYTES_MAX`-sized records).
+pub const RELAY_MESSAGE_BYTES_MAX: usize = 64 << 20;
+
+/// Largest message between replicator nodes, and any message a replicator node accepts: a
+/// snapshot chunk or a batch of Raft entries.
+pub const RAFT_MESSAGE_BYTES_MAX: usize = 256 << 20;
+
+/// Most records in one append.
+pub const APPEND_RECORDS_MAX: usize = 65_536;
+
+/// Most bytes of records in one append (their sum, and so the largest record). An append is
+/// one Raft entry, and each replication call must finish within the heartbeat interval (see
+/// the replicator's `node::PAYLOAD_ENTRIES_MAX`).
+pub const APPEND_BYTES_MAX: usize = 4 << 20;

@@ -1,0 +1,32 @@
+//! A light client of the replicator: what the primary, the mirrors and the CLI need to talk to
+//! the change log's Raft cluster, without linking openraft or RocksDB.
+//!
+//! - [`channel`]: a lazily connected gRPC channel to one node, tuned as every replicator
+//!   connection is (keep-alives, large HTTP/2 frames).
+//! - [`LogClient`]: the calls only the leader takes (append, heartbeat, bump epoch, ack,
+//!   retention, membership), following the leader by itself.
+//! - A subscription is served by any node: open one with
+//!   `ReplicatorClient::new(channel(addr)?)` and `subscribe` (the mirror's follower does).
+//!
+//! The messages are `strait_proto::replicator`'s.
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+mod log_client;
+
+pub use log_client::{refusal, transient, LogClient, ATTEMPTS_MAX, ATTEMPT_TIMEOUT};
+
+/// A lazily connected channel to `addr` (`host:port`).
+pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .max_frame_size(strait_proto::limits::HTTP2_FRAME_BYTES)
+        .tcp_keepalive(Some(Duration::from_secs(10)))
+        .http2_keep_alive_interval(Duration::from_secs(2))
+        .keep_alive_timeout(Duration::from_secs(4))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}

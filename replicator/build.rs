@@ -1,7 +1,0 @@
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // protoc comes from the vendored crate, so a fresh machine needs no system package
-    std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
-    tonic_prost_build::configure().compile_protos(&["proto/replicator.proto"], &["proto"])?;
-    println!("cargo:rerun-if-changed=proto/replicator.proto");
-    Ok(())
-}
