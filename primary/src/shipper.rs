@@ -11,10 +11,11 @@
 //!   replicator's last one, or the replicator holds versions this primary never wrote, or a
 //!   newer epoch fenced this primary, it stops shipping and says why (log, status, and every
 //!   operation waiting in `replicated` mode fails at once).
-//! - [`TappedKv`] records the version of each transaction on the thread that ran it, so an
-//!   operation in `replicated` mode waits for its own version, not a later one.
+//! - An operation in `replicated` mode waits for the version its own transaction committed
+//!   (the engine returns it), not a later one: see [`ShippedWait`].
 
-use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,6 +29,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::service::ReplicationWait;
 
 /// Most records in one append.
 pub const BATCH_RECORDS: usize = 8192;
@@ -47,16 +49,6 @@ const STALL_PAUSE: Duration = Duration::from_secs(2);
 
 const _: () = assert!(BATCH_RECORDS <= APPEND_RECORDS_MAX);
 
-thread_local! {
-    /// The highest version committed by a transaction on this thread since the last take.
-    static TXN_VERSION: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The highest version committed on this thread since the last call, and reset it (0: none).
-pub fn take_txn_version() -> u64 {
-    TXN_VERSION.with(|c| c.replace(0))
-}
-
 /// Tells the shipper about commits as they happen.
 #[derive(Default)]
 pub struct CommitSignal {
@@ -70,8 +62,8 @@ impl CommitSignal {
     }
 }
 
-/// A metadata engine that reports each committed version to [`take_txn_version`] and to the
-/// shipper.
+/// A metadata engine that tells the shipper about each committed version, so it ships at once
+/// instead of at its next poll.
 pub struct TappedKv {
     inner: DynKv,
     signal: Arc<CommitSignal>,
@@ -101,7 +93,6 @@ impl KvEngine for TappedKv {
     ) -> strait_fs_core::Result<Option<u64>> {
         let v = self.inner.txn(f)?;
         if let Some(v) = v {
-            TXN_VERSION.with(|c| c.set(c.get().max(v)));
             self.signal.latest.fetch_max(v, Ordering::AcqRel);
             self.signal.notify.notify_one();
         }
@@ -475,6 +466,20 @@ impl Shipper {
                 }
             }
         }
+    }
+}
+
+/// `replicated` durability over the shipper: waits for [`Shipper::watch`] to reach a version,
+/// at most `timeout`.
+pub struct ShippedWait {
+    pub shipped: watch::Receiver<Shipped>,
+    pub timeout: Duration,
+}
+
+impl ReplicationWait for ShippedWait {
+    fn wait(&self, version: u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        let mut rx = self.shipped.clone();
+        Box::pin(async move { wait_committed(&mut rx, version, self.timeout).await })
     }
 }
 

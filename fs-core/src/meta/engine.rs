@@ -7,6 +7,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use super::committed::Committed;
 use super::keys;
 use super::locks;
 use super::perm::{access, sticky_ok, MAY_EXEC, MAY_READ, MAY_WRITE};
@@ -332,7 +333,7 @@ impl Meta {
     /// Remove session `sid`: drop its handles, release its locks and delete the unlinked files
     /// that no live session holds open any more (those `sid` sustained, and those whose
     /// sustaining session is gone).
-    pub fn close_session(&self, sid: u64) -> Result<()> {
+    pub fn close_session_versioned(&self, sid: u64) -> Result<Committed<()>> {
         {
             let mut of = self.open_files.lock();
             for by_session in of.values_mut() {
@@ -355,13 +356,14 @@ impl Meta {
             }
             Ok(v)
         })?;
+        let mut version = None;
         for ino in sustained {
             if self.open_count(ino) == 0 {
-                self.delete_unlinked(ino)?;
+                version = version.max(self.delete_unlinked(ino)?);
             }
         }
         self.release_session_locks(sid)?;
-        Ok(())
+        Ok(Committed::new((), version))
     }
 
     /// Close every session whose heartbeat is older than `timeout_ns`; returns their ids.
@@ -370,7 +372,7 @@ impl Meta {
         let mut closed = vec![];
         for (sid, hb, _) in self.sessions()? {
             if sid != self.session_id() && now - hb > timeout_ns {
-                self.close_session(sid)?;
+                self.close_session_versioned(sid)?;
                 closed.push(sid);
             }
         }
@@ -475,9 +477,9 @@ impl Meta {
 
     // ---- attribute changes -------------------------------------------------------------------
 
-    pub fn setattr(&self, ctx: &Ctx, ino: Ino, req: &SetAttr) -> Result<Attr> {
+    pub fn setattr_versioned(&self, ctx: &Ctx, ino: Ino, req: &SetAttr) -> Result<Committed<Attr>> {
         self.writable()?;
-        let (attr, _) = kv::txn(self.kv.as_ref(), |t| {
+        kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let old = need_attr(t, ino)?;
             let mut a = old.clone();
@@ -558,8 +560,8 @@ impl Meta {
             };
             commit(t, change, now)?;
             Ok(a)
-        })?;
-        Ok(attr)
+        })
+        .map(Committed::from)
     }
 
     // ---- creating entries -------------------------------------------------------------------
@@ -613,14 +615,14 @@ impl Meta {
         umask: u32,
         rdev: u32,
         target: Option<&[u8]>,
-    ) -> Result<(Ino, Attr)> {
+    ) -> Result<Committed<(Ino, Attr)>> {
         self.writable()?;
         if is_dot(name) {
             return sys(libc::EEXIST);
         }
         check_name(name)?;
         let ino = self.next_inode()?;
-        let (attr, _) = kv::txn(self.kv.as_ref(), |t| {
+        let (attr, version) = kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let mut pa = need_dir_attr(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
@@ -658,10 +660,10 @@ impl Meta {
             )?;
             Ok(a)
         })?;
-        Ok((ino, attr))
+        Ok(Committed::new((ino, attr), version))
     }
 
-    pub fn mknod(
+    pub fn mknod_versioned(
         &self,
         ctx: &Ctx,
         parent: Ino,
@@ -669,7 +671,7 @@ impl Meta {
         mode: u32,
         umask: u32,
         rdev: u32,
-    ) -> Result<(Ino, Attr)> {
+    ) -> Result<Committed<(Ino, Attr)>> {
         let kind = FileKind::from_mode(mode).ok_or(Error::Sys(libc::EINVAL))?;
         if kind == FileKind::Dir || kind == FileKind::Symlink {
             return sys(libc::EINVAL);
@@ -680,39 +682,38 @@ impl Meta {
         self.create_entry(ctx, parent, name, kind, mode, umask, rdev, None)
     }
 
-    pub fn mkdir(
+    pub fn mkdir_versioned(
         &self,
         ctx: &Ctx,
         parent: Ino,
         name: &[u8],
         mode: u32,
         umask: u32,
-    ) -> Result<(Ino, Attr)> {
+    ) -> Result<Committed<(Ino, Attr)>> {
         self.create_entry(ctx, parent, name, FileKind::Dir, mode, umask, 0, None)
     }
 
     /// Create a regular file and count it open (O_CREAT); an existing name is EEXIST.
-    pub fn create(
+    pub fn create_versioned(
         &self,
         ctx: &Ctx,
         parent: Ino,
         name: &[u8],
         mode: u32,
         umask: u32,
-    ) -> Result<(Ino, Attr)> {
-        let (ino, attr) =
-            self.create_entry(ctx, parent, name, FileKind::File, mode, umask, 0, None)?;
-        self.opened(ino);
-        Ok((ino, attr))
+    ) -> Result<Committed<(Ino, Attr)>> {
+        let made = self.create_entry(ctx, parent, name, FileKind::File, mode, umask, 0, None)?;
+        self.opened(made.value.0);
+        Ok(made)
     }
 
-    pub fn symlink(
+    pub fn symlink_versioned(
         &self,
         ctx: &Ctx,
         parent: Ino,
         name: &[u8],
         target: &[u8],
-    ) -> Result<(Ino, Attr)> {
+    ) -> Result<Committed<(Ino, Attr)>> {
         if target.is_empty() || target.contains(&0) {
             return sys(libc::EINVAL);
         }
@@ -731,13 +732,19 @@ impl Meta {
         )
     }
 
-    pub fn link(&self, ctx: &Ctx, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+    pub fn link_versioned(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        parent: Ino,
+        name: &[u8],
+    ) -> Result<Committed<Attr>> {
         self.writable()?;
         if is_dot(name) {
             return sys(libc::EEXIST);
         }
         check_name(name)?;
-        let (attr, _) = kv::txn(self.kv.as_ref(), |t| {
+        kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let mut pa = need_dir_attr(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
@@ -769,13 +776,13 @@ impl Meta {
                 now,
             )?;
             Ok(a)
-        })?;
-        Ok(attr)
+        })
+        .map(Committed::from)
     }
 
     // ---- removing entries -------------------------------------------------------------------
 
-    pub fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+    pub fn unlink_versioned(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Committed<()>> {
         self.writable()?;
         if is_dot(name) {
             return sys(libc::EISDIR);
@@ -806,8 +813,8 @@ impl Meta {
                 },
                 now,
             )
-        })?;
-        Ok(())
+        })
+        .map(Committed::from)
     }
 
     fn fate(&self, ino: Ino, mut a: Attr, now: i64, sid: u64) -> (Attr, Unlinked) {
@@ -822,7 +829,7 @@ impl Meta {
         }
     }
 
-    pub fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+    pub fn rmdir_versioned(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Committed<()>> {
         self.writable()?;
         if name == b"." {
             return sys(libc::EINVAL);
@@ -856,12 +863,12 @@ impl Meta {
                 },
                 now,
             )
-        })?;
-        Ok(())
+        })
+        .map(Committed::from)
     }
 
     /// rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE (`flags` as in renameat2).
-    pub fn rename(
+    pub fn rename_versioned(
         &self,
         ctx: &Ctx,
         sp: Ino,
@@ -869,7 +876,7 @@ impl Meta {
         dp: Ino,
         dn: &[u8],
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<Committed<()>> {
         self.writable()?;
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -1005,8 +1012,8 @@ impl Meta {
                 },
                 now,
             )
-        })?;
-        Ok(())
+        })
+        .map(Committed::from)
     }
 
     // ---- open files ---------------------------------------------------------------------------
@@ -1055,7 +1062,7 @@ impl Meta {
     }
 
     /// A handle on `ino` closed; the last close of an unlinked file deletes it.
-    pub fn release(&self, ino: Ino) -> Result<()> {
+    pub fn release_versioned(&self, ino: Ino) -> Result<Committed<()>> {
         let sid = self.session_id();
         let last = {
             let mut of = self.open_files.lock();
@@ -1078,18 +1085,20 @@ impl Meta {
                 None => false,
             }
         };
+        let mut version = None;
         if last && !self.read_only {
-            self.delete_unlinked(ino)?;
+            version = self.delete_unlinked(ino)?;
         }
-        Ok(())
+        Ok(Committed::new((), version))
     }
 
-    fn delete_unlinked(&self, ino: Ino) -> Result<()> {
-        kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
+    /// Delete `ino` if no entry links it any more; returns the version that did.
+    fn delete_unlinked(&self, ino: Ino) -> Result<Option<u64>> {
+        let ((), version) = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
             Some(a) if a.nlink == 0 => commit(t, Change::DeleteInode { ino }, now_ns()),
             _ => Ok(()),
         })?;
-        Ok(())
+        Ok(version)
     }
 
     // ---- data -------------------------------------------------------------------------------
@@ -1099,14 +1108,20 @@ impl Meta {
     }
 
     /// Commit a written slice into chunk `idx` of `ino`; returns the new attributes.
-    pub fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {
+    pub fn write_slice_versioned(
+        &self,
+        ino: Ino,
+        idx: u32,
+        slice: SliceRef,
+        mtime_ns: i64,
+    ) -> Result<Committed<Attr>> {
         self.writable()?;
         check_slice(&slice, self.format.block_size)?;
         let end = idx as u64 * CHUNK_SIZE + slice.pos as u64 + slice.len as u64;
         if end > FILE_SIZE_MAX {
             return sys(libc::EFBIG);
         }
-        let (attr, _) = kv::txn(self.kv.as_ref(), |t| {
+        kv::txn(self.kv.as_ref(), |t| {
             let mut a = need_attr(t, ino)?;
             if a.kind != FileKind::File {
                 return sys(libc::EBADF);
@@ -1125,24 +1140,24 @@ impl Meta {
                 now_ns(),
             )?;
             Ok(a)
-        })?;
-        Ok(attr)
+        })
+        .map(Committed::from)
     }
 
     /// Replace the first `old.len()` slices of a chunk with `new` — only if the chunk still
     /// starts with exactly `old` (writers may have appended meanwhile). Returns false if not.
-    pub fn compact_chunk(
+    pub fn compact_chunk_versioned(
         &self,
         ino: Ino,
         idx: u32,
         old: &[SliceRef],
         new: Vec<SliceRef>,
-    ) -> Result<bool> {
+    ) -> Result<Committed<bool>> {
         self.writable()?;
         for s in &new {
             check_slice(s, self.format.block_size)?;
         }
-        let (done, _) = kv::txn(self.kv.as_ref(), |t| {
+        kv::txn(self.kv.as_ref(), |t| {
             let list = get_chunk(t, ino, idx)?;
             if list.len() < old.len() || list[..old.len()] != *old {
                 return Ok(false);
@@ -1158,8 +1173,8 @@ impl Meta {
                 now_ns(),
             )?;
             Ok(true)
-        })?;
-        Ok(done)
+        })
+        .map(Committed::from)
     }
 
     /// Dead slices freed before `before_ns`, at most `limit`.
@@ -1183,14 +1198,14 @@ impl Meta {
     }
 
     /// Record that the blocks of these dead slices are deleted.
-    pub fn purge_slices(&self, ids: Vec<u64>) -> Result<()> {
+    pub fn purge_slices(&self, ids: Vec<u64>) -> Result<Committed<()>> {
         if ids.is_empty() {
-            return Ok(());
+            return Ok(Committed::unversioned(()));
         }
         kv::txn(self.kv.as_ref(), |t| {
             commit(t, Change::PurgeSlices { ids: ids.clone() }, now_ns())
-        })?;
-        Ok(())
+        })
+        .map(Committed::from)
     }
 
     // ---- xattrs -------------------------------------------------------------------------------
@@ -1251,14 +1266,14 @@ impl Meta {
     }
 
     /// setxattr with XATTR_CREATE (fail if it exists) / XATTR_REPLACE (fail if it does not).
-    pub fn setxattr(
+    pub fn setxattr_versioned(
         &self,
         ctx: &Ctx,
         ino: Ino,
         name: &[u8],
         value: &[u8],
         flags: i32,
-    ) -> Result<()> {
+    ) -> Result<Committed<()>> {
         self.writable()?;
         if value.len() > XATTR_VALUE_LEN_MAX {
             return sys(libc::E2BIG);
@@ -1288,11 +1303,11 @@ impl Meta {
                 },
                 now,
             )
-        })?;
-        Ok(())
+        })
+        .map(Committed::from)
     }
 
-    pub fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
+    pub fn removexattr_versioned(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Committed<()>> {
         self.writable()?;
         kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
@@ -1311,8 +1326,8 @@ impl Meta {
                 },
                 now,
             )
-        })?;
-        Ok(())
+        })
+        .map(Committed::from)
     }
 
     // ---- locks --------------------------------------------------------------------------------
