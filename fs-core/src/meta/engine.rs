@@ -1544,3 +1544,90 @@ fn store_table<T: serde::Serialize>(t: &mut dyn KvTxn, key: &[u8], table: &[T]) 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: u64 = CHUNK_SIZE;
+
+    /// The hole `truncate_plan` should hide in chunk `idx`: bytes `pos..pos + len` of it.
+    fn hole(idx: u32, pos: u64, len: u64) -> Option<(u32, SliceRef)> {
+        Some((
+            idx,
+            SliceRef {
+                id: 0,
+                size: 0,
+                off: 0,
+                len: len as u32,
+                pos: pos as u32,
+                crcs: vec![],
+            },
+        ))
+    }
+
+    #[test]
+    fn growing_or_keeping_the_size_changes_no_chunk() {
+        assert_eq!(truncate_plan(0, 0), (u32::MAX, None));
+        assert_eq!(truncate_plan(0, 1), (u32::MAX, None));
+        assert_eq!(truncate_plan(10, 10), (u32::MAX, None));
+        assert_eq!(truncate_plan(10, 3 * C + 5), (u32::MAX, None));
+        assert_eq!(truncate_plan(C, C), (u32::MAX, None));
+    }
+
+    #[test]
+    fn truncating_to_zero_drops_every_chunk() {
+        assert_eq!(truncate_plan(1, 0), (0, None));
+        assert_eq!(truncate_plan(C, 0), (0, None));
+        assert_eq!(truncate_plan(3 * C + 5, 0), (0, None));
+    }
+
+    #[test]
+    fn truncating_to_a_chunk_boundary_drops_the_chunks_after_it() {
+        assert_eq!(truncate_plan(C + 1, C), (1, None));
+        assert_eq!(truncate_plan(2 * C, C), (1, None));
+        assert_eq!(truncate_plan(5 * C + 7, 3 * C), (3, None));
+    }
+
+    #[test]
+    fn shrinking_within_a_chunk_hides_the_old_bytes_behind_a_hole() {
+        // one chunk: the hole runs from the new end to the old one
+        assert_eq!(truncate_plan(1000, 100), (1, hole(0, 100, 900)));
+        assert_eq!(truncate_plan(C, 10), (1, hole(0, 10, C - 10)));
+        // a byte before the boundary
+        assert_eq!(truncate_plan(C, C - 1), (1, hole(0, C - 1, 1)));
+        // in a later chunk
+        assert_eq!(
+            truncate_plan(2 * C + 300, 2 * C + 100),
+            (3, hole(2, 100, 200))
+        );
+    }
+
+    #[test]
+    fn shrinking_across_chunks_drops_the_later_ones_and_holes_the_rest_of_the_last() {
+        // the hole ends at the end of the kept chunk, not at the old size
+        assert_eq!(truncate_plan(3 * C, C + 10), (2, hole(1, 10, C - 10)));
+        assert_eq!(truncate_plan(2 * C, C - 1), (1, hole(0, C - 1, 1)));
+        assert_eq!(truncate_plan(C + 1, 1), (1, hole(0, 1, C - 1)));
+    }
+
+    #[test]
+    fn the_largest_file_is_planned_without_overflow() {
+        let (dropped, h) = truncate_plan(FILE_SIZE_MAX, FILE_SIZE_MAX - 1);
+        let last = (FILE_SIZE_MAX / C - 1) as u32;
+        assert_eq!((dropped, h), (last + 1, hole(last, C - 1, 1)));
+    }
+
+    #[test]
+    fn every_hole_is_a_slice_the_engine_accepts() {
+        let sizes = [0, 1, 100, C - 1, C, C + 1, 2 * C + 5, 3 * C];
+        for &old in &sizes {
+            for &new in &sizes {
+                if let (_, Some((_, s))) = truncate_plan(old, new) {
+                    check_slice(&s, 4 << 20).unwrap_or_else(|e| panic!("{old} -> {new}: {e}"));
+                    assert!(s.len > 0, "{old} -> {new}: an empty hole");
+                }
+            }
+        }
+    }
+}
