@@ -382,7 +382,7 @@ mod tests {
     use crate::kv::memory::MemoryKv;
     use crate::kv::DynKv;
     use crate::meta::conformance::fresh;
-    use crate::meta::{Ctx, Meta, SetAttr};
+    use crate::meta::{Ctx, Meta, MetaClient, SetAttr};
 
     fn memory() -> DynKv {
         Arc::new(MemoryKv::new())

@@ -13,7 +13,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use crate::config::{Durability, PrimaryConfig};
 use crate::metrics::{self, Metrics};
 use crate::service::{Auth, MetaServer};
-use crate::shipper::{Shipper, ShipperConfig, TappedKv};
+use crate::shipper::{ShippedWait, Shipper, ShipperConfig, TappedKv};
 
 /// Largest request or reply message (a directory listing of a huge directory is the biggest).
 pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
@@ -75,10 +75,10 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             metrics.clone(),
         )?;
         if cfg.durability == Durability::Replicated {
-            server = server.replicated(
-                shipper.watch(),
-                Duration::from_millis(cfg.replicated_timeout_ms),
-            );
+            server = server.replicated(Arc::new(ShippedWait {
+                shipped: shipper.watch(),
+                timeout: Duration::from_millis(cfg.replicated_timeout_ms),
+            }));
         }
         shipper.spawn(ship_stop.clone());
         shipped = Some(shipper.watch());

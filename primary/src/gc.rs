@@ -38,12 +38,56 @@ pub struct Pass {
     pub horizon: Option<u64>,
 }
 
+/// What the passes remember of the dead slices they listed: the decision of the GC horizon,
+/// without I/O (the pass brings the versions and the time).
+#[derive(Debug, Default)]
+struct DeadSlices {
+    /// slice id -> (a version at or after its death, when every mirror got there)
+    seen: HashMap<u64, (u64, Option<Instant>)>,
+}
+
+impl DeadSlices {
+    /// Whether dead slice `id` may be deleted at `now`, with `horizon` the lowest applied
+    /// version among the mirrors and `died_by` a version read after the slice was listed dead
+    /// (the first one given for a slice is kept: later ones are only looser bounds). It may
+    /// go once every mirror has applied `died_by` and `grace` has passed since that was first
+    /// seen.
+    fn may_delete(
+        &mut self,
+        id: u64,
+        died_by: u64,
+        horizon: u64,
+        now: Instant,
+        grace: Duration,
+    ) -> bool {
+        let entry = self.seen.entry(id).or_insert((died_by, None));
+        if horizon < entry.0 {
+            return false;
+        }
+        let passed = *entry.1.get_or_insert(now);
+        now.duration_since(passed) >= grace
+    }
+
+    /// Keep only the slices still listed dead (the others are purged, here or elsewhere).
+    fn retain_listed(&mut self, listed: &[u64]) {
+        let listed: std::collections::HashSet<u64> = listed.iter().copied().collect();
+        self.seen.retain(|id, _| listed.contains(id));
+    }
+
+    /// Forget everything when the memory has grown past [`REMEMBERED_MAX`] (safe: a slice
+    /// seen again gets a newer bound, which only delays its deletion).
+    fn bound_memory(&mut self) {
+        if self.seen.len() > REMEMBERED_MAX {
+            self.seen.clear();
+        }
+    }
+}
+
 /// The mirrors' horizon, remembered between passes.
 pub struct MirrorHorizon {
     client: Option<LogClient>,
     grace: Duration,
-    /// slice id -> (a version at or after its death, when every mirror got there)
-    seen: HashMap<u64, (u64, Option<Instant>)>,
+    seen: DeadSlices,
     /// Said once until it changes, so a cut-off replicator does not flood the log.
     last_problem: Option<String>,
 }
@@ -62,7 +106,7 @@ impl MirrorHorizon {
         Ok(MirrorHorizon {
             client,
             grace,
-            seen: HashMap::new(),
+            seen: DeadSlices::default(),
             last_problem: None,
         })
     }
@@ -121,9 +165,7 @@ impl MirrorHorizon {
         let s = store.clone();
         let rt = tokio::runtime::Handle::current();
         let mut seen = std::mem::take(&mut self.seen);
-        if seen.len() > REMEMBERED_MAX {
-            seen.clear();
-        }
+        seen.bound_memory();
         let grace = self.grace;
         let mirrors = self.client.is_some() && horizon.is_some();
         let r = tokio::task::spawn_blocking(move || {
@@ -148,21 +190,14 @@ impl MirrorHorizon {
                         }
                     },
                 };
-                let entry = seen.entry(id).or_insert((b, None));
-                if h < entry.0 {
-                    held += 1;
-                    return false;
-                }
-                let passed = *entry.1.get_or_insert(now);
-                if now.duration_since(passed) < grace {
+                if !seen.may_delete(id, b, h, now, grace) {
                     held += 1;
                     return false;
                 }
                 true
             });
             // forget the slices that are gone (purged here or by another pass)
-            let listed: std::collections::HashSet<u64> = listed.into_iter().collect();
-            seen.retain(|id, _| listed.contains(id));
+            seen.retain_listed(&listed);
             (r, held, seen)
         })
         .await
@@ -175,5 +210,75 @@ impl MirrorHorizon {
             held,
             horizon,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_mirror_behind_the_death_holds_the_slice() {
+        // the slice died by version 10; the slowest mirror has applied 9
+        let mut d = DeadSlices::default();
+        let t0 = Instant::now();
+        assert!(!d.may_delete(7, 10, 9, t0, GRACE));
+        // still held much later while the mirror does not move
+        assert!(!d.may_delete(7, 10, 9, t0 + 10 * GRACE, GRACE));
+    }
+
+    #[test]
+    fn the_grace_delay_counts_from_when_every_mirror_got_there() {
+        let mut d = DeadSlices::default();
+        let t0 = Instant::now();
+        // behind for a long time: the waiting does not count towards the grace delay
+        assert!(!d.may_delete(7, 10, 5, t0, GRACE));
+        let t1 = t0 + 5 * GRACE;
+        // every mirror at the death's version: held for the grace delay from now
+        assert!(!d.may_delete(7, 10, 10, t1, GRACE));
+        assert!(!d.may_delete(7, 10, 12, t1 + GRACE - Duration::from_millis(1), GRACE));
+        assert!(d.may_delete(7, 10, 12, t1 + GRACE, GRACE));
+    }
+
+    #[test]
+    fn without_grace_a_slice_goes_as_soon_as_every_mirror_is_past() {
+        let mut d = DeadSlices::default();
+        let t0 = Instant::now();
+        assert!(d.may_delete(7, 10, 10, t0, Duration::ZERO));
+        assert!(d.may_delete(8, 10, 11, t0, Duration::ZERO));
+    }
+
+    #[test]
+    fn the_first_bound_is_kept() {
+        // the first pass bounded the death by version 10; a later pass reads 50 (the primary
+        // moved on): the slice still goes once the mirrors pass 10, not 50
+        let mut d = DeadSlices::default();
+        let t0 = Instant::now();
+        assert!(!d.may_delete(7, 10, 8, t0, Duration::ZERO));
+        assert!(d.may_delete(7, 50, 10, t0, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_mirror_going_back_holds_the_slice_again() {
+        // a mirror's cursor below the bound again (a new mirror registered at an older
+        // version): held, although the grace delay had started
+        let mut d = DeadSlices::default();
+        let t0 = Instant::now();
+        assert!(!d.may_delete(7, 10, 10, t0, GRACE));
+        assert!(!d.may_delete(7, 10, 3, t0 + 2 * GRACE, GRACE));
+    }
+
+    #[test]
+    fn slices_no_longer_listed_are_forgotten() {
+        let mut d = DeadSlices::default();
+        let t0 = Instant::now();
+        d.may_delete(7, 10, 10, t0, GRACE);
+        d.may_delete(8, 10, 10, t0, GRACE);
+        d.retain_listed(&[8]);
+        assert_eq!(d.seen.keys().copied().collect::<Vec<_>>(), vec![8]);
+        // slice 7, listed again, starts over with a new bound and a new grace delay
+        assert!(!d.may_delete(7, 20, 15, t0 + 2 * GRACE, GRACE));
     }
 }

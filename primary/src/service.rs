@@ -6,13 +6,15 @@
 //! runs on tokio's blocking pool.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use strait_fs_core::error::Error;
-use strait_fs_core::meta::{Attr, Ctx, FileKind, Ino, Meta, SliceRef};
+use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
 use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
@@ -21,7 +23,13 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
-use crate::shipper::{take_txn_version, wait_committed, Shipped};
+
+/// `replicated` durability: a mutation is answered only once the replicator holds its version.
+pub trait ReplicationWait: Send + Sync + 'static {
+    /// Resolve when every version up to `version` is replicated, or say why it will not be
+    /// (shipping stopped, or it took too long).
+    fn wait(&self, version: u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+}
 
 /// Most slice ids one call may take.
 pub const ALLOC_SLICE_IDS_MAX: u32 = 100_000;
@@ -96,8 +104,8 @@ pub struct MetaServer {
     sessions: RwLock<HashMap<u64, Arc<Meta>>>,
     session_timeout_ms: u64,
     metrics: Arc<Metrics>,
-    /// In `replicated` mode: what the replicator has committed, and how long to wait for it.
-    replicated: Option<(tokio::sync::watch::Receiver<Shipped>, std::time::Duration)>,
+    /// In `replicated` durability: waits until the replicator holds a version.
+    replicated: Option<Arc<dyn ReplicationWait>>,
     /// At a mirror: the region's own object store (told to mounts instead of the primary's)
     /// and what serves FetchBlock.
     blocks: Option<(String, Arc<dyn BlockSource>)>,
@@ -198,13 +206,9 @@ impl MetaServer {
         self
     }
 
-    /// Answer a mutation only once the replicator has committed its version.
-    pub fn replicated(
-        mut self,
-        shipped: tokio::sync::watch::Receiver<Shipped>,
-        timeout: std::time::Duration,
-    ) -> Self {
-        self.replicated = Some((shipped, timeout));
+    /// Answer a mutation only once `wait` says the replicator holds its version.
+    pub fn replicated(mut self, wait: Arc<dyn ReplicationWait>) -> Self {
+        self.replicated = Some(wait);
         self
     }
 
@@ -249,23 +253,17 @@ impl MetaServer {
         T: Send + 'static,
         F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
     {
-        self.blocking_v(op, f).await.map(|(v, _)| v)
+        self.blocking_v(op, unversioned(f)).await.map(|(v, _)| v)
     }
 
-    /// [`MetaServer::blocking`], also returning the highest change-log version the call's
-    /// transactions committed (0: it changed nothing).
+    /// [`MetaServer::blocking`] for a call that reports the version it committed; returns
+    /// that version (0: it changed nothing) once, in `replicated` durability, it is replicated.
     async fn blocking_v<T, F>(&self, op: &'static str, f: F) -> Result<(T, u64), Status>
     where
         T: Send + 'static,
-        F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
+        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
     {
         let start = Instant::now();
-        // the call runs on one thread: the version its transactions committed is read there
-        let f = move || {
-            take_txn_version();
-            let r = f();
-            (r, take_txn_version())
-        };
         let res = if self.inline {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
                 .map_err(|_| "the engine call panicked")
@@ -274,13 +272,11 @@ impl MetaServer {
                 .await
                 .map_err(|_| "the engine call panicked")
         };
-        let committed;
-        let res = match res {
-            Ok((r, version)) => {
-                committed = version;
-                if let (Ok(_), Some((rx, timeout)), true) = (&r, &self.replicated, version > 0) {
-                    let mut rx = rx.clone();
-                    if let Err(why) = wait_committed(&mut rx, version, *timeout).await {
+        let (res, committed) = match res {
+            Ok(r) => {
+                let version = r.as_ref().ok().and_then(|c| c.version).unwrap_or(0);
+                if let (Some(wait), true) = (&self.replicated, version > 0) {
+                    if let Err(why) = wait.wait(version).await {
                         tracing::error!("{op}: {why}");
                         self.metrics.replication_timeouts.inc();
                         self.metrics.observe(op, "EIO", start.elapsed());
@@ -289,7 +285,7 @@ impl MetaServer {
                         ))));
                     }
                 }
-                r
+                (r.map(Committed::into_value), version)
             }
             Err(e) => {
                 tracing::error!("{op}: the engine call failed: {e}");
@@ -318,9 +314,40 @@ impl MetaServer {
     }
 }
 
-/// One call: find the session, then run `$body` (with `$m` the session view and `$r` the
-/// request message) on the blocking pool, inside the call's span.
-macro_rules! rpc {
+/// A call that commits nothing, as [`MetaServer::blocking_v`] takes it.
+fn unversioned<T>(
+    f: impl FnOnce() -> strait_fs_core::Result<T>,
+) -> impl FnOnce() -> strait_fs_core::Result<Committed<T>> {
+    move || f().map(Committed::unversioned)
+}
+
+/// MkNod, MkDir and Create: one request, three kinds of entry.
+#[derive(Clone, Copy)]
+enum NewEntry {
+    Node,
+    Dir,
+    File,
+}
+
+fn make_entry(
+    m: &Meta,
+    what: NewEntry,
+    r: w::MkNodRequest,
+) -> Result<Committed<w::EntryReply>, Error> {
+    let ctx = ctx_of(r.ctx)?;
+    let made = match what {
+        NewEntry::Node => m.mknod_versioned(&ctx, r.parent, &r.name, r.mode, r.umask, r.rdev),
+        NewEntry::Dir => m.mkdir_versioned(&ctx, r.parent, &r.name, r.mode, r.umask),
+        NewEntry::File => m.create_versioned(&ctx, r.parent, &r.name, r.mode, r.umask),
+    }?;
+    Ok(made.map(entry_reply))
+}
+
+/// One mutation: find the session, then run `$body` (with `$m` the session view and `$r` the
+/// request message) on the blocking pool, inside the call's span. `$body` returns a
+/// [`Committed`] value: its version is named in the reply and, in `replicated` durability,
+/// waited for.
+macro_rules! mutation {
     ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let span = rpc_span($op, $req.metadata());
         async {
@@ -338,6 +365,13 @@ macro_rules! rpc {
         .instrument(span)
         .await
     }};
+}
+
+/// One call that commits nothing: [`mutation!`] with a plain value.
+macro_rules! rpc {
+    ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {
+        mutation!($self, $req, $op, |$m, $r| unversioned(move || $body)())
+    };
 }
 
 #[tonic::async_trait]
@@ -407,10 +441,9 @@ impl MetaService for MetaServer {
     }
 
     async fn close_session(&self, req: Request<w::Empty>) -> Reply<w::Empty> {
-        let out: Reply<w::Empty> = rpc!(self, req, "close_session", |m, _r| {
+        let out: Reply<w::Empty> = mutation!(self, req, "close_session", |m, _r| {
             let sid = m.session_id();
-            m.close_session(sid)?;
-            Ok(w::Empty {})
+            Ok(m.close_session_versioned(sid)?.map(|()| w::Empty {}))
         });
         if out.is_ok() {
             // the engine forgot the session; forget its view too
@@ -471,77 +504,57 @@ impl MetaService for MetaServer {
     }
 
     async fn set_attr(&self, req: Request<w::SetAttrRequest>) -> Reply<w::AttrReply> {
-        rpc!(self, req, "setattr", |m, r| {
+        mutation!(self, req, "setattr", |m, r| {
             let set = strait_proto::setattr_from_wire(&r).map_err(invalid)?;
-            Ok(attr_reply(&m.setattr(&ctx_of(r.ctx)?, r.ino, &set)?))
+            Ok(m.setattr_versioned(&ctx_of(r.ctx)?, r.ino, &set)?
+                .map(|a| attr_reply(&a)))
         })
     }
 
     async fn mk_nod(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
-        rpc!(self, req, "mknod", |m, r| Ok(entry_reply(m.mknod(
-            &ctx_of(r.ctx)?,
-            r.parent,
-            &r.name,
-            r.mode,
-            r.umask,
-            r.rdev
-        )?)))
+        mutation!(self, req, "mknod", |m, r| make_entry(&m, NewEntry::Node, r))
     }
 
     async fn mk_dir(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
-        rpc!(self, req, "mkdir", |m, r| Ok(entry_reply(m.mkdir(
-            &ctx_of(r.ctx)?,
-            r.parent,
-            &r.name,
-            r.mode,
-            r.umask
-        )?)))
+        mutation!(self, req, "mkdir", |m, r| make_entry(&m, NewEntry::Dir, r))
     }
 
     async fn create(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
-        rpc!(self, req, "create", |m, r| Ok(entry_reply(m.create(
-            &ctx_of(r.ctx)?,
-            r.parent,
-            &r.name,
-            r.mode,
-            r.umask
-        )?)))
+        mutation!(self, req, "create", |m, r| make_entry(
+            &m,
+            NewEntry::File,
+            r
+        ))
     }
 
     async fn symlink(&self, req: Request<w::SymlinkRequest>) -> Reply<w::EntryReply> {
-        rpc!(self, req, "symlink", |m, r| Ok(entry_reply(m.symlink(
-            &ctx_of(r.ctx)?,
-            r.parent,
-            &r.name,
-            &r.target
-        )?)))
+        mutation!(self, req, "symlink", |m, r| Ok(m
+            .symlink_versioned(&ctx_of(r.ctx)?, r.parent, &r.name, &r.target)?
+            .map(entry_reply)))
     }
 
     async fn link(&self, req: Request<w::LinkRequest>) -> Reply<w::AttrReply> {
-        rpc!(self, req, "link", |m, r| Ok(attr_reply(&m.link(
-            &ctx_of(r.ctx)?,
-            r.ino,
-            r.new_parent,
-            &r.new_name
-        )?)))
+        mutation!(self, req, "link", |m, r| Ok(m
+            .link_versioned(&ctx_of(r.ctx)?, r.ino, r.new_parent, &r.new_name)?
+            .map(|a| attr_reply(&a))))
     }
 
     async fn unlink(&self, req: Request<w::NameRequest>) -> Reply<w::Empty> {
-        rpc!(self, req, "unlink", |m, r| {
-            m.unlink(&ctx_of(r.ctx)?, r.parent, &r.name)?;
-            Ok(w::Empty {})
+        mutation!(self, req, "unlink", |m, r| {
+            Ok(m.unlink_versioned(&ctx_of(r.ctx)?, r.parent, &r.name)?
+                .map(|()| w::Empty {}))
         })
     }
 
     async fn rm_dir(&self, req: Request<w::NameRequest>) -> Reply<w::Empty> {
-        rpc!(self, req, "rmdir", |m, r| {
-            m.rmdir(&ctx_of(r.ctx)?, r.parent, &r.name)?;
-            Ok(w::Empty {})
+        mutation!(self, req, "rmdir", |m, r| {
+            Ok(m.rmdir_versioned(&ctx_of(r.ctx)?, r.parent, &r.name)?
+                .map(|()| w::Empty {}))
         })
     }
 
     async fn rename(&self, req: Request<w::RenameRequest>) -> Reply<w::Empty> {
-        rpc!(self, req, "rename", |m, r| {
+        mutation!(self, req, "rename", |m, r| {
             let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
             if r.flags & !known != 0 {
                 return Err(Error::Invalid(format!(
@@ -549,15 +562,15 @@ impl MetaService for MetaServer {
                     r.flags
                 )));
             }
-            m.rename(
+            Ok(m.rename_versioned(
                 &ctx_of(r.ctx)?,
                 r.parent,
                 &r.name,
                 r.new_parent,
                 &r.new_name,
                 r.flags,
-            )?;
-            Ok(w::Empty {})
+            )?
+            .map(|()| w::Empty {}))
         })
     }
 
@@ -579,7 +592,7 @@ impl MetaService for MetaServer {
     }
 
     async fn release(&self, req: Request<w::ReleaseRequest>) -> Reply<w::Empty> {
-        rpc!(self, req, "release", |m, r| {
+        mutation!(self, req, "release", |m, r| {
             if r.inos.len() > strait_proto::RELEASE_BATCH_MAX {
                 return Err(Error::Invalid(format!(
                     "the request names {} handles; at most {} are allowed",
@@ -589,12 +602,16 @@ impl MetaService for MetaServer {
             }
             // every handle is released even when deleting one unlinked file fails
             let mut first_err = None;
+            let mut version = None;
             for ino in r.inos {
-                if let Err(e) = m.release(ino) {
-                    first_err.get_or_insert(e);
+                match m.release_versioned(ino) {
+                    Ok(c) => version = version.max(c.version),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
-            first_err.map_or(Ok(w::Empty {}), Err)
+            first_err.map_or(Ok(Committed::new(w::Empty {}, version)), Err)
         })
     }
 
@@ -607,15 +624,14 @@ impl MetaService for MetaServer {
     }
 
     async fn write_slice(&self, req: Request<w::WriteSliceRequest>) -> Reply<w::AttrReply> {
-        rpc!(self, req, "write_slice", |m, r| {
+        mutation!(self, req, "write_slice", |m, r| {
             let slice = r
                 .slice
                 .ok_or_else(|| Error::Invalid("the request names no slice".into()))?
                 .try_into()
                 .map_err(invalid)?;
-            Ok(attr_reply(
-                &m.write_slice(r.ino, r.index, slice, r.mtime_ns)?,
-            ))
+            Ok(m.write_slice_versioned(r.ino, r.index, slice, r.mtime_ns)?
+                .map(|a| attr_reply(&a)))
         })
     }
 
@@ -623,12 +639,11 @@ impl MetaService for MetaServer {
         &self,
         req: Request<w::CompactChunkRequest>,
     ) -> Reply<w::CompactChunkReply> {
-        rpc!(self, req, "compact_chunk", |m, r| {
+        mutation!(self, req, "compact_chunk", |m, r| {
             let old = strait_proto::slices_from_wire(r.old).map_err(invalid)?;
             let new = strait_proto::slices_from_wire(r.new).map_err(invalid)?;
-            Ok(w::CompactChunkReply {
-                done: m.compact_chunk(r.ino, r.index, &old, new)?,
-            })
+            Ok(m.compact_chunk_versioned(r.ino, r.index, &old, new)?
+                .map(|done| w::CompactChunkReply { done }))
         })
     }
 
@@ -660,16 +675,18 @@ impl MetaService for MetaServer {
     }
 
     async fn set_xattr(&self, req: Request<w::SetXattrRequest>) -> Reply<w::Empty> {
-        rpc!(self, req, "setxattr", |m, r| {
-            m.setxattr(&ctx_of(r.ctx)?, r.ino, &r.name, &r.value, r.flags)?;
-            Ok(w::Empty {})
+        mutation!(self, req, "setxattr", |m, r| {
+            Ok(
+                m.setxattr_versioned(&ctx_of(r.ctx)?, r.ino, &r.name, &r.value, r.flags)?
+                    .map(|()| w::Empty {}),
+            )
         })
     }
 
     async fn remove_xattr(&self, req: Request<w::XattrRequest>) -> Reply<w::Empty> {
-        rpc!(self, req, "removexattr", |m, r| {
-            m.removexattr(&ctx_of(r.ctx)?, r.ino, &r.name)?;
-            Ok(w::Empty {})
+        mutation!(self, req, "removexattr", |m, r| {
+            Ok(m.removexattr_versioned(&ctx_of(r.ctx)?, r.ino, &r.name)?
+                .map(|()| w::Empty {}))
         })
     }
 

@@ -11,10 +11,11 @@
 //!   replicator's last one, or the replicator holds versions this primary never wrote, or a
 //!   newer epoch fenced this primary, it stops shipping and says why (log, status, and every
 //!   operation waiting in `replicated` mode fails at once).
-//! - [`TappedKv`] records the version of each transaction on the thread that ran it, so an
-//!   operation in `replicated` mode waits for its own version, not a later one.
+//! - An operation in `replicated` mode waits for the version its own transaction committed
+//!   (the engine returns it), not a later one: see [`ShippedWait`].
 
-use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,6 +29,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::service::ReplicationWait;
 
 /// Most records in one append.
 pub const BATCH_RECORDS: usize = 8192;
@@ -47,16 +49,6 @@ const STALL_PAUSE: Duration = Duration::from_secs(2);
 
 const _: () = assert!(BATCH_RECORDS <= APPEND_RECORDS_MAX);
 
-thread_local! {
-    /// The highest version committed by a transaction on this thread since the last take.
-    static TXN_VERSION: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The highest version committed on this thread since the last call, and reset it (0: none).
-pub fn take_txn_version() -> u64 {
-    TXN_VERSION.with(|c| c.replace(0))
-}
-
 /// Tells the shipper about commits as they happen.
 #[derive(Default)]
 pub struct CommitSignal {
@@ -70,8 +62,8 @@ impl CommitSignal {
     }
 }
 
-/// A metadata engine that reports each committed version to [`take_txn_version`] and to the
-/// shipper.
+/// A metadata engine that tells the shipper about each committed version, so it ships at once
+/// instead of at its next poll.
 pub struct TappedKv {
     inner: DynKv,
     signal: Arc<CommitSignal>,
@@ -101,7 +93,6 @@ impl KvEngine for TappedKv {
     ) -> strait_fs_core::Result<Option<u64>> {
         let v = self.inner.txn(f)?;
         if let Some(v) = v {
-            TXN_VERSION.with(|c| c.set(c.get().max(v)));
             self.signal.latest.fetch_max(v, Ordering::AcqRel);
             self.signal.notify.notify_one();
         }
@@ -166,6 +157,58 @@ async fn blocking<T: Send + 'static>(
         Ok(Err(e)) => Err(e.to_string()),
         Err(e) => Err(format!("the engine call failed: {e}")),
     }
+}
+
+/// What the replicator's epoch means for this primary.
+#[derive(Debug, PartialEq, Eq)]
+enum EpochCheck {
+    /// The same epoch: ship.
+    Same,
+    /// The replicator is at an older epoch: raise it to this primary's, then ask again.
+    Raise,
+    /// A newer epoch fenced this primary: why it must not ship.
+    Fenced(String),
+}
+
+fn check_epoch(own: u64, replicator: u64) -> EpochCheck {
+    if replicator > own {
+        EpochCheck::Fenced(format!(
+            "fenced: the replicator is at epoch {replicator}, this primary's epoch is {own} \
+             (another primary was promoted; this one must not write)"
+        ))
+    } else if replicator < own {
+        EpochCheck::Raise
+    } else {
+        EpochCheck::Same
+    }
+}
+
+/// Where shipping resumes: after `replicated`, the replicator's last version, when the
+/// replicator continues this primary's log (which ends at `local`); otherwise why it cannot.
+/// A follower's status may lag the leader: resuming from an older version makes an append
+/// the replicator acknowledges as a duplicate or an overlap, never a loss.
+fn resume_after(replicated: u64, local: u64) -> Result<u64, String> {
+    if replicated > local {
+        return Err(format!(
+            "the replicator holds versions up to {replicated} but this primary's change log \
+             ends at {local}: it follows another primary's log (or this primary's metadata \
+             was restored from an older copy)"
+        ));
+    }
+    Ok(replicated)
+}
+
+/// Whether the outbox, whose first record is `first`, continues a replicator log that ends at
+/// `shipped`; if not, why shipping must stop (the versions between are lost to both).
+fn check_outbox(shipped: u64, first: u64) -> Result<(), String> {
+    if first != shipped + 1 {
+        return Err(format!(
+            "the replicator's log ends at version {shipped} but the outbox starts at \
+             {first}: the versions between are neither in the outbox nor in the replicator \
+             (was the replicator's data reset?)"
+        ));
+    }
+    Ok(())
 }
 
 enum Step {
@@ -299,44 +342,31 @@ impl Shipper {
             .status()
             .await
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
-        if status.epoch > self.cfg.epoch {
-            return Err(Step::Stall(format!(
-                "fenced: the replicator is at epoch {}, this primary's epoch is {} (another \
-                 primary was promoted; this one must not write)",
-                status.epoch, self.cfg.epoch
-            )));
-        }
-        if status.epoch < self.cfg.epoch {
-            let r =
-                self.client
-                    .bump_epoch(self.cfg.epoch)
-                    .await
-                    .map_err(|s| match refusal(&s) {
-                        Some(_) => Step::Stall(format!("raise the epoch: {}", s.message())),
-                        None => Step::Unreachable(format!("raise the epoch: {}", s.message())),
+        match check_epoch(self.cfg.epoch, status.epoch) {
+            EpochCheck::Same => {}
+            EpochCheck::Fenced(why) => return Err(Step::Stall(why)),
+            EpochCheck::Raise => {
+                let r =
+                    self.client.bump_epoch(self.cfg.epoch).await.map_err(|s| {
+                        match refusal(&s) {
+                            Some(_) => Step::Stall(format!("raise the epoch: {}", s.message())),
+                            None => Step::Unreachable(format!("raise the epoch: {}", s.message())),
+                        }
                     })?;
-            tracing::info!(
-                "raised the replicator's epoch from {} to {} (its log ends at version {})",
-                status.epoch,
-                r.epoch,
-                r.last_version
-            );
-            return Err(Step::Resync);
+                tracing::info!(
+                    "raised the replicator's epoch from {} to {} (its log ends at version {})",
+                    status.epoch,
+                    r.epoch,
+                    r.last_version
+                );
+                return Err(Step::Resync);
+            }
         }
         let kv = self.kv.clone();
         let local = blocking(move || kv.last_version())
             .await
             .map_err(|e| Step::Unreachable(format!("read the latest version: {e}")))?;
-        // a follower's status may lag the leader: an append from there is a duplicate or an
-        // overlap the replicator checks record by record, never a loss
-        let replicated = status.last_version;
-        if replicated > local {
-            return Err(Step::Stall(format!(
-                "the replicator holds versions up to {replicated} but this primary's change log \
-                 ends at {local}: it follows another primary's log (or this primary's metadata \
-                 was restored from an older copy)"
-            )));
-        }
+        let replicated = resume_after(status.last_version, local).map_err(Step::Stall)?;
         self.committed(replicated, false);
         Ok(replicated)
     }
@@ -356,13 +386,8 @@ impl Shipper {
                 let _ = tokio::time::timeout(POLL, self.signal.notify.notified()).await;
                 continue;
             }
-            if batch[0].0 != shipped + 1 {
-                return Step::Stall(format!(
-                    "the replicator's log ends at version {shipped} but the outbox starts at \
-                     {}: the versions between are neither in the outbox nor in the replicator \
-                     (was the replicator's data reset?)",
-                    batch[0].0
-                ));
+            if let Err(why) = check_outbox(shipped, batch[0].0) {
+                return Step::Stall(why);
             }
             let mut bytes = 0;
             let mut records = Vec::with_capacity(batch.len());
@@ -478,6 +503,20 @@ impl Shipper {
     }
 }
 
+/// `replicated` durability over the shipper: waits for [`Shipper::watch`] to reach a version,
+/// at most `timeout`.
+pub struct ShippedWait {
+    pub shipped: watch::Receiver<Shipped>,
+    pub timeout: Duration,
+}
+
+impl ReplicationWait for ShippedWait {
+    fn wait(&self, version: u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        let mut rx = self.shipped.clone();
+        Box::pin(async move { wait_committed(&mut rx, version, self.timeout).await })
+    }
+}
+
 /// Wait until the replicator has committed `version`, at most `timeout`.
 pub async fn wait_committed(
     rx: &mut watch::Receiver<Shipped>,
@@ -501,5 +540,63 @@ pub async fn wait_committed(
         Err(_) => Err(format!(
             "committed locally as version {version}, but the replicator did not commit it within {timeout:?}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_epoch_fences_this_primary() {
+        match check_epoch(3, 4) {
+            EpochCheck::Fenced(why) => assert!(why.contains("epoch 4"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_older_epoch_is_raised_first() {
+        assert_eq!(check_epoch(3, 2), EpochCheck::Raise);
+        assert_eq!(check_epoch(1, 0), EpochCheck::Raise);
+    }
+
+    #[test]
+    fn the_same_epoch_ships() {
+        assert_eq!(check_epoch(3, 3), EpochCheck::Same);
+    }
+
+    #[test]
+    fn shipping_resumes_after_the_replicators_last_version() {
+        // the replicator is behind this primary: resume after its last version
+        assert_eq!(resume_after(5, 9), Ok(5));
+        // it holds everything: resume at the end (new commits follow)
+        assert_eq!(resume_after(9, 9), Ok(9));
+        // a fresh replicator: from the start
+        assert_eq!(resume_after(0, 9), Ok(0));
+        assert_eq!(resume_after(0, 0), Ok(0));
+    }
+
+    #[test]
+    fn a_replicator_ahead_of_the_local_log_stops_shipping() {
+        let why = resume_after(10, 9).unwrap_err();
+        assert!(
+            why.contains("up to 10") && why.contains("ends at 9"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_outbox_must_continue_the_replicators_log() {
+        assert_eq!(check_outbox(5, 6), Ok(()));
+        assert_eq!(check_outbox(0, 1), Ok(()));
+        // trimmed past what the replicator holds: a gap neither side can fill
+        let why = check_outbox(5, 8).unwrap_err();
+        assert!(
+            why.contains("ends at version 5") && why.contains("starts at 8"),
+            "{why}"
+        );
+        // starting at or before the replicator's end is not a continuation either
+        assert!(check_outbox(5, 5).is_err());
     }
 }

@@ -2,7 +2,7 @@
 //! ([`Meta`], the embedded mode) or behind a site daemon (the gRPC client in `strait-site-client`).
 
 use super::types::*;
-use super::Meta;
+use super::{Committed, Meta};
 use crate::error::Result;
 
 /// What a mount needs from the metadata service.
@@ -144,6 +144,8 @@ pub trait MetaClient: Send + Sync {
     }
 }
 
+/// The embedded mode: the mount's calls go to the engine in this process, and the versions
+/// the mutations committed are dropped (nothing here waits for replication).
 impl MetaClient for Meta {
     fn settings(&self) -> &Format {
         Meta::settings(self)
@@ -158,7 +160,8 @@ impl MetaClient for Meta {
         Meta::heartbeat(self)
     }
     fn close_session(&self) -> Result<()> {
-        Meta::close_session(self, self.session_id())
+        self.close_session_versioned(self.session_id())
+            .map(Committed::into_value)
     }
     fn getattr(&self, ino: Ino) -> Result<Attr> {
         Meta::getattr(self, ino)
@@ -179,7 +182,8 @@ impl MetaClient for Meta {
         Meta::statfs(self)
     }
     fn setattr(&self, ctx: &Ctx, ino: Ino, req: &SetAttr) -> Result<Attr> {
-        Meta::setattr(self, ctx, ino, req)
+        self.setattr_versioned(ctx, ino, req)
+            .map(Committed::into_value)
     }
     fn mknod(
         &self,
@@ -190,7 +194,8 @@ impl MetaClient for Meta {
         umask: u32,
         rdev: u32,
     ) -> Result<(Ino, Attr)> {
-        Meta::mknod(self, ctx, parent, name, mode, umask, rdev)
+        self.mknod_versioned(ctx, parent, name, mode, umask, rdev)
+            .map(Committed::into_value)
     }
     fn mkdir(
         &self,
@@ -200,7 +205,8 @@ impl MetaClient for Meta {
         mode: u32,
         umask: u32,
     ) -> Result<(Ino, Attr)> {
-        Meta::mkdir(self, ctx, parent, name, mode, umask)
+        self.mkdir_versioned(ctx, parent, name, mode, umask)
+            .map(Committed::into_value)
     }
     fn create(
         &self,
@@ -210,28 +216,34 @@ impl MetaClient for Meta {
         mode: u32,
         umask: u32,
     ) -> Result<(Ino, Attr)> {
-        Meta::create(self, ctx, parent, name, mode, umask)
+        self.create_versioned(ctx, parent, name, mode, umask)
+            .map(Committed::into_value)
     }
     fn symlink(&self, ctx: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<(Ino, Attr)> {
-        Meta::symlink(self, ctx, parent, name, target)
+        self.symlink_versioned(ctx, parent, name, target)
+            .map(Committed::into_value)
     }
     fn link(&self, ctx: &Ctx, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
-        Meta::link(self, ctx, ino, parent, name)
+        self.link_versioned(ctx, ino, parent, name)
+            .map(Committed::into_value)
     }
     fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
-        Meta::unlink(self, ctx, parent, name)
+        self.unlink_versioned(ctx, parent, name)
+            .map(Committed::into_value)
     }
     fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
-        Meta::rmdir(self, ctx, parent, name)
+        self.rmdir_versioned(ctx, parent, name)
+            .map(Committed::into_value)
     }
     fn rename(&self, ctx: &Ctx, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> Result<()> {
-        Meta::rename(self, ctx, sp, sn, dp, dn, flags)
+        self.rename_versioned(ctx, sp, sn, dp, dn, flags)
+            .map(Committed::into_value)
     }
     fn open_inode(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Attr> {
         Meta::open_inode(self, ctx, ino, flags)
     }
     fn release(&self, ino: Ino) -> Result<()> {
-        Meta::release(self, ino)
+        self.release_versioned(ino).map(Committed::into_value)
     }
     fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
         Meta::read_chunk(self, ino, idx)
@@ -240,7 +252,8 @@ impl MetaClient for Meta {
         Meta::next_slice_id(self)
     }
     fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {
-        Meta::write_slice(self, ino, idx, slice, mtime_ns)
+        self.write_slice_versioned(ino, idx, slice, mtime_ns)
+            .map(Committed::into_value)
     }
     fn compact_chunk(
         &self,
@@ -249,7 +262,8 @@ impl MetaClient for Meta {
         old: &[SliceRef],
         new: Vec<SliceRef>,
     ) -> Result<bool> {
-        Meta::compact_chunk(self, ino, idx, old, new)
+        self.compact_chunk_versioned(ino, idx, old, new)
+            .map(Committed::into_value)
     }
     fn getxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         Meta::getxattr(self, ctx, ino, name)
@@ -258,10 +272,12 @@ impl MetaClient for Meta {
         Meta::listxattr(self, ctx, ino)
     }
     fn setxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
-        Meta::setxattr(self, ctx, ino, name, value, flags)
+        self.setxattr_versioned(ctx, ino, name, value, flags)
+            .map(Committed::into_value)
     }
     fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
-        Meta::removexattr(self, ctx, ino, name)
+        self.removexattr_versioned(ctx, ino, name)
+            .map(Committed::into_value)
     }
     fn flock(&self, ino: Ino, owner: u64, typ: LockType) -> Result<()> {
         Meta::flock(self, ino, owner, typ)

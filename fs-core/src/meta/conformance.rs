@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::types::*;
-use super::{Meta, MetaOptions};
+use super::{Meta, MetaClient, MetaOptions};
 use crate::changelog::{read_log, replay};
 use crate::error::Error;
 use crate::kv::DynKv;
@@ -613,7 +613,7 @@ pub fn locks(make: &dyn Fn() -> DynKv) {
     m.flock(f, 10, LockType::Unlock).unwrap();
     m.flock(f, 11, LockType::Read).unwrap();
     // a closed session's locks go away
-    m.close_session(m.session_id()).unwrap();
+    m.close_session_versioned(m.session_id()).unwrap();
     assert!(m
         .getlk(f, 99, LockType::Write, 0, u64::MAX)
         .unwrap()

@@ -4,6 +4,7 @@
 //! (2) computes a self-contained [`crate::changelog::Change`], (3) applies it with the same
 //! [`crate::changelog::apply`] a replica uses and (4) appends it to the outbox.
 
+mod committed;
 pub mod conformance;
 mod engine;
 pub mod keys;
@@ -13,5 +14,6 @@ pub mod types;
 
 mod client;
 pub use client::MetaClient;
+pub use committed::Committed;
 pub use engine::{Meta, MetaOptions};
 pub use types::*;

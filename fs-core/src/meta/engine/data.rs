@@ -1,0 +1,117 @@
+//! Data: chunks' slice lists, written slices, compaction, and dead slices for GC.
+
+use super::{check_slice, need_attr, Meta};
+use crate::changelog::{commit, decode, get_chunk, Change, DeadSlice};
+use crate::error::{sys, Error, Result};
+use crate::kv;
+use crate::layout::CHUNK_SIZE;
+use crate::meta::keys;
+use crate::meta::types::*;
+use crate::meta::Committed;
+
+impl Meta {
+    pub fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
+        kv::read(self.kv.as_ref(), |t| get_chunk(t, ino, idx))
+    }
+
+    /// Commit a written slice into chunk `idx` of `ino`; returns the new attributes.
+    pub fn write_slice_versioned(
+        &self,
+        ino: Ino,
+        idx: u32,
+        slice: SliceRef,
+        mtime_ns: i64,
+    ) -> Result<Committed<Attr>> {
+        self.writable()?;
+        check_slice(&slice, self.format.block_size)?;
+        let end = idx as u64 * CHUNK_SIZE + slice.pos as u64 + slice.len as u64;
+        if end > FILE_SIZE_MAX {
+            return sys(libc::EFBIG);
+        }
+        kv::txn(self.kv.as_ref(), |t| {
+            let mut a = need_attr(t, ino)?;
+            if a.kind != FileKind::File {
+                return sys(libc::EBADF);
+            }
+            a.length = a.length.max(end);
+            a.mtime_ns = mtime_ns;
+            a.ctime_ns = mtime_ns;
+            commit(
+                t,
+                Change::WriteSlice {
+                    ino,
+                    chunk: idx,
+                    slice: slice.clone(),
+                    attr: a.clone(),
+                },
+                now_ns(),
+            )?;
+            Ok(a)
+        })
+        .map(Committed::from)
+    }
+
+    /// Replace the first `old.len()` slices of a chunk with `new` — only if the chunk still
+    /// starts with exactly `old` (writers may have appended meanwhile). Returns false if not.
+    pub fn compact_chunk_versioned(
+        &self,
+        ino: Ino,
+        idx: u32,
+        old: &[SliceRef],
+        new: Vec<SliceRef>,
+    ) -> Result<Committed<bool>> {
+        self.writable()?;
+        for s in &new {
+            check_slice(s, self.format.block_size)?;
+        }
+        kv::txn(self.kv.as_ref(), |t| {
+            let list = get_chunk(t, ino, idx)?;
+            if list.len() < old.len() || list[..old.len()] != *old {
+                return Ok(false);
+            }
+            commit(
+                t,
+                Change::Compact {
+                    ino,
+                    chunk: idx,
+                    replaced: old.len() as u32,
+                    slices: new.clone(),
+                },
+                now_ns(),
+            )?;
+            Ok(true)
+        })
+        .map(Committed::from)
+    }
+
+    /// Dead slices freed before `before_ns`, at most `limit`.
+    pub fn dead_slices(&self, before_ns: i64, limit: usize) -> Result<Vec<(u64, DeadSlice)>> {
+        kv::read(self.kv.as_ref(), |t| {
+            let mut out = vec![];
+            for (k, v) in t.scan(&keys::group(keys::DEADSLICE, 0), None, usize::MAX)? {
+                let d: DeadSlice = decode(&v)?;
+                if d.freed_ns < before_ns {
+                    out.push((
+                        keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("dead slice key"))?,
+                        d,
+                    ));
+                    if out.len() >= limit {
+                        break;
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Record that the blocks of these dead slices are deleted.
+    pub fn purge_slices(&self, ids: Vec<u64>) -> Result<Committed<()>> {
+        if ids.is_empty() {
+            return Ok(Committed::unversioned(()));
+        }
+        kv::txn(self.kv.as_ref(), |t| {
+            commit(t, Change::PurgeSlices { ids: ids.clone() }, now_ns())
+        })
+        .map(Committed::from)
+    }
+}

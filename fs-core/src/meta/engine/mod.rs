@@ -1,0 +1,292 @@
+//! [`Meta`]: the metadata API over any [`KvEngine`].
+
+mod create;
+mod data;
+mod digest;
+mod locking;
+mod lookup;
+mod open;
+mod remove;
+mod sessions;
+mod setattr;
+mod xattr;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::keys;
+use super::types::*;
+use crate::changelog::{commit, decode, get_attr, Change};
+use crate::error::{sys, Error, Result};
+use crate::kv::{self, DynKv, KvTxn};
+use crate::layout::CHUNK_SIZE;
+
+/// How many inode numbers / slice ids a client takes from the shared counter at once.
+const INODE_BATCH: i64 = 100;
+const SLICE_BATCH: i64 = 1000;
+/// Most entries a directory listing returns in one call of the KV scan.
+const READDIR_PAGE: usize = 4096;
+/// Deepest directory nesting walked when checking a rename.
+const PARENT_CHAIN_MAX: usize = 1 << 20;
+
+#[derive(Clone, Debug, Default)]
+pub struct MetaOptions {
+    pub read_only: bool,
+    /// With `read_only`: this engine's mutations are made elsewhere (a mirror forwards them
+    /// to the primary), so opening for writing and access(W_OK) are allowed; the mutations
+    /// themselves still answer EROFS here.
+    pub writes_elsewhere: bool,
+}
+
+/// Handles open on each inode, per session. The views of one daemon's sessions share one
+/// table, so a file unlinked at one mount stays alive while another mount holds it open.
+type OpenTable = Arc<Mutex<HashMap<Ino, HashMap<u64, u32>>>>;
+
+pub struct Meta {
+    kv: DynKv,
+    format: Format,
+    read_only: bool,
+    writes_elsewhere: bool,
+    sid: AtomicU64,
+    inodes: Mutex<(u64, u64)>,
+    slices: Mutex<(u64, u64)>,
+    /// Handles open on each inode, by session.
+    open_files: OpenTable,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return sys(libc::EINVAL);
+    }
+    if name.len() > NAME_LEN_MAX {
+        return sys(libc::ENAMETOOLONG);
+    }
+    Ok(())
+}
+
+/// Refuse a slice reference that could not have been written: out of its chunk, beyond its
+/// object, or with a checksum list that does not match its blocks. A client is never trusted
+/// with this: a bad reference would make readers fail or read past an object.
+fn check_slice(s: &SliceRef, block_size: u32) -> Result<()> {
+    let inside_chunk = s.pos as u64 + s.len as u64 <= CHUNK_SIZE;
+    let ok = if s.id == 0 {
+        s.crcs.is_empty() && inside_chunk
+    } else {
+        inside_chunk
+            && s.size as u64 <= CHUNK_SIZE
+            && s.off as u64 + s.len as u64 <= s.size as u64
+            && s.crcs.len() as u64 == crate::layout::block_count(s.size, block_size) as u64
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "slice {} (size {}, off {}, len {}, pos {}, {} checksums) does not fit its chunk or its blocks",
+            s.id,
+            s.size,
+            s.off,
+            s.len,
+            s.pos,
+            s.crcs.len()
+        )))
+    }
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+fn need_attr(t: &mut dyn KvTxn, ino: Ino) -> Result<Attr> {
+    get_attr(t, ino)?.ok_or(Error::Sys(libc::ENOENT))
+}
+
+fn need_dir_attr(t: &mut dyn KvTxn, ino: Ino) -> Result<Attr> {
+    let a = need_attr(t, ino)?;
+    if !a.is_dir() {
+        return sys(libc::ENOTDIR);
+    }
+    Ok(a)
+}
+
+fn touch_dir(a: &mut Attr, now: i64) {
+    a.mtime_ns = now;
+    a.ctime_ns = now;
+}
+
+/// Whether directory `dir` is `ancestor` or lies below it.
+fn is_ancestor(t: &mut dyn KvTxn, ancestor: Ino, dir: Ino) -> Result<bool> {
+    let mut cur = dir;
+    // a parent chain longer than this is corrupt (a loop)
+    for _ in 0..PARENT_CHAIN_MAX {
+        if cur == ancestor {
+            return Ok(true);
+        }
+        if cur == ROOT_INO {
+            return Ok(false);
+        }
+        cur = need_attr(t, cur)?.parent;
+    }
+    Err(Error::corrupt(format!(
+        "the parents of directory {dir} form a loop"
+    )))
+}
+
+fn dir_is_empty(t: &mut dyn KvTxn, ino: Ino) -> Result<bool> {
+    Ok(t.scan(&keys::group(keys::DENTRY, ino), None, 1)?.is_empty())
+}
+
+impl Meta {
+    /// Write a new file system's settings and root directory into an empty engine.
+    pub fn format(kv: &DynKv, format: Format) -> Result<()> {
+        let now = now_ns();
+        let root = Attr {
+            kind: FileKind::Dir,
+            perm: 0o777,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            length: 4096,
+            rdev: 0,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            parent: ROOT_INO,
+        };
+        kv::txn(kv.as_ref(), |t| {
+            if let Some(b) = t.get(&keys::setting(keys::FORMAT))? {
+                let existing: Format = decode(&b)?;
+                return Err(Error::Invalid(format!(
+                    "this metadata engine already holds file system {:?} (uuid {}); refusing to format it again",
+                    existing.name, existing.uuid
+                )));
+            }
+            commit(
+                t,
+                Change::Format {
+                    format: format.clone(),
+                    root: root.clone(),
+                },
+                now,
+            )
+        })?;
+        kv.sync()
+    }
+
+    /// The settings of the file system in `kv`, or an error if it was never formatted.
+    pub fn load_format(kv: &dyn kv::KvEngine) -> Result<Format> {
+        kv::read(kv, |t| match t.get(&keys::setting(keys::FORMAT))? {
+            Some(b) => decode(&b),
+            None => Err(Error::Invalid(format!(
+                "the {} metadata engine holds no strait file system: run `strait format` first",
+                kv.name()
+            ))),
+        })
+    }
+
+    pub fn open(kv: DynKv, opts: MetaOptions) -> Result<Arc<Self>> {
+        let format = Self::load_format(kv.as_ref())?;
+        Ok(Arc::new(Meta {
+            kv,
+            format,
+            read_only: opts.read_only,
+            writes_elsewhere: opts.writes_elsewhere,
+            sid: AtomicU64::new(0),
+            inodes: Mutex::new((0, 0)),
+            slices: Mutex::new((0, 0)),
+            open_files: Arc::new(Mutex::new(HashMap::new())),
+        }))
+    }
+
+    /// A view of this engine for session `sid` (a mount served by a daemon): it shares the
+    /// engine and the table of open handles with every other view, and has its own session id
+    /// and id ranges.
+    pub fn session_view(&self, sid: u64) -> Arc<Meta> {
+        Arc::new(Meta {
+            kv: self.kv.clone(),
+            format: self.format.clone(),
+            read_only: self.read_only,
+            writes_elsewhere: self.writes_elsewhere,
+            sid: AtomicU64::new(sid),
+            inodes: Mutex::new((0, 0)),
+            slices: Mutex::new((0, 0)),
+            open_files: self.open_files.clone(),
+        })
+    }
+
+    /// Set this session's open handle counts, as a client reports them when it takes its
+    /// session up again after the daemon restarted.
+    pub fn restore_open_handles(&self, handles: &[(Ino, u32)]) {
+        let sid = self.session_id();
+        let mut of = self.open_files.lock();
+        for &(ino, n) in handles {
+            if n > 0 {
+                of.entry(ino).or_default().insert(sid, n);
+            }
+        }
+    }
+
+    /// Take `count` ids (at least 1) from the shared slice counter: `[first, first + count)`.
+    pub fn alloc_slice_ids(&self, count: u32) -> Result<u64> {
+        let count = count.max(1) as i64;
+        let end = self.kv.incr(&keys::counter(keys::NEXT_SLICE), count)? as u64;
+        // slice id 0 means a hole; ids at or below the root's inode number are never used
+        let first = end + 1 - count as u64;
+        if first <= ROOT_INO {
+            return self.alloc_slice_ids(count as u32);
+        }
+        Ok(first)
+    }
+
+    pub fn kv(&self) -> &DynKv {
+        &self.kv
+    }
+    pub fn settings(&self) -> &Format {
+        &self.format
+    }
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+    /// Whether this read-only engine's mutations are made elsewhere (see [`MetaOptions`]).
+    pub fn writes_elsewhere(&self) -> bool {
+        self.writes_elsewhere
+    }
+    pub fn session_id(&self) -> u64 {
+        self.sid.load(Ordering::Relaxed)
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            sys(libc::EROFS)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn alloc(&self, which: &Mutex<(u64, u64)>, counter: &str, batch: i64) -> Result<u64> {
+        let mut r = which.lock();
+        loop {
+            if r.0 < r.1 {
+                let id = r.0;
+                r.0 += 1;
+                return Ok(id);
+            }
+            let end = self.kv.incr(&keys::counter(counter), batch)? as u64;
+            *r = (end - batch as u64 + 1, end + 1);
+            // inode numbers up to the root's are reserved; slice id 0 means a hole
+            if r.0 <= ROOT_INO {
+                r.0 = ROOT_INO + 1;
+            }
+        }
+    }
+
+    pub fn next_inode(&self) -> Result<Ino> {
+        self.alloc(&self.inodes, keys::NEXT_INODE, INODE_BATCH)
+    }
+
+    pub fn next_slice_id(&self) -> Result<u64> {
+        self.alloc(&self.slices, keys::NEXT_SLICE, SLICE_BATCH)
+    }
+}

@@ -1,0 +1,94 @@
+//! Open files: the per-session handle counts, and deleting an unlinked file at its last close.
+
+use super::Meta;
+use crate::changelog::{commit, get_attr, Change};
+use crate::error::{sys, Result};
+use crate::kv;
+use crate::meta::perm::{access, MAY_READ, MAY_WRITE};
+use crate::meta::types::*;
+use crate::meta::Committed;
+
+impl Meta {
+    pub(super) fn opened(&self, ino: Ino) {
+        let sid = self.session_id();
+        *self
+            .open_files
+            .lock()
+            .entry(ino)
+            .or_default()
+            .entry(sid)
+            .or_insert(0) += 1;
+    }
+
+    pub fn open_count(&self, ino: Ino) -> u32 {
+        self.open_files
+            .lock()
+            .get(&ino)
+            .map(|by_session| by_session.values().sum())
+            .unwrap_or(0)
+    }
+
+    /// Check access for open(2) with `flags` and count the handle.
+    pub fn open_inode(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Attr> {
+        let a = self.getattr(ino)?;
+        let mut mask = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => MAY_READ,
+            libc::O_WRONLY => MAY_WRITE,
+            _ => MAY_READ | MAY_WRITE,
+        };
+        if flags & libc::O_TRUNC != 0 {
+            mask |= MAY_WRITE;
+        }
+        if mask & MAY_WRITE != 0 {
+            if a.is_dir() {
+                return sys(libc::EISDIR);
+            }
+            if !self.writes_elsewhere {
+                self.writable()?;
+            }
+        }
+        access(&a, ctx, mask)?;
+        self.opened(ino);
+        Ok(a)
+    }
+
+    /// A handle on `ino` closed; the last close of an unlinked file deletes it.
+    pub fn release_versioned(&self, ino: Ino) -> Result<Committed<()>> {
+        let sid = self.session_id();
+        let last = {
+            let mut of = self.open_files.lock();
+            match of.get_mut(&ino) {
+                Some(by_session) => {
+                    match by_session.get_mut(&sid) {
+                        Some(n) if *n > 1 => *n -= 1,
+                        Some(_) => {
+                            by_session.remove(&sid);
+                        }
+                        None => {}
+                    }
+                    if by_session.is_empty() {
+                        of.remove(&ino);
+                        true
+                    } else {
+                        false
+                    }
+                }
+                None => false,
+            }
+        };
+        let mut version = None;
+        if last && !self.read_only {
+            version = self.delete_unlinked(ino)?;
+        }
+        Ok(Committed::new((), version))
+    }
+
+    /// Delete `ino` if no entry links it any more; returns the version that did.
+    pub(super) fn delete_unlinked(&self, ino: Ino) -> Result<Option<u64>> {
+        let ((), version) = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
+            Some(a) if a.nlink == 0 => commit(t, Change::DeleteInode { ino }, now_ns()),
+            _ => Ok(()),
+        })?;
+        Ok(version)
+    }
+}
