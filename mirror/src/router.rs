@@ -23,11 +23,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strait_primary::service::{Auth, MetaServer};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use strait_site::{Auth, MetaServer};
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;

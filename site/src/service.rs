@@ -6,7 +6,9 @@
 //! runs on tokio's blocking pool.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,7 +23,13 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
-use crate::shipper::{take_txn_version, wait_committed, Shipped};
+
+/// `replicated` durability: a mutation is answered only once the replicator holds its version.
+pub trait ReplicationWait: Send + Sync + 'static {
+    /// Resolve when every version up to `version` is replicated, or say why it will not be
+    /// (shipping stopped, or it took too long).
+    fn wait(&self, version: u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+}
 
 /// Most slice ids one call may take.
 pub const ALLOC_SLICE_IDS_MAX: u32 = 100_000;
@@ -96,8 +104,11 @@ pub struct MetaServer {
     sessions: RwLock<HashMap<u64, Arc<Meta>>>,
     session_timeout_ms: u64,
     metrics: Arc<Metrics>,
-    /// In `replicated` mode: what the replicator has committed, and how long to wait for it.
-    replicated: Option<(tokio::sync::watch::Receiver<Shipped>, std::time::Duration)>,
+    /// The highest version committed by transactions on the calling thread since the last
+    /// call, reset (0: none); [`no_txn_versions`] unless the primary ships its change log.
+    take_txn_version: fn() -> u64,
+    /// In `replicated` durability: waits until the replicator holds a version.
+    replicated: Option<Arc<dyn ReplicationWait>>,
     /// At a mirror: the region's own object store (told to mounts instead of the primary's)
     /// and what serves FetchBlock.
     blocks: Option<(String, Arc<dyn BlockSource>)>,
@@ -115,6 +126,12 @@ pub trait BlockSource: Send + Sync + 'static {
     ) -> std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<strait_fs_core::object::Bytes, Status>> + Send>,
     >;
+}
+
+/// The version source of a site whose engine reports no committed versions (a mirror, or a
+/// primary that ships no change log): always 0.
+pub fn no_txn_versions() -> u64 {
+    0
 }
 
 fn invalid(e: WireError) -> Error {
@@ -186,6 +203,7 @@ impl MetaServer {
             sessions: RwLock::new(HashMap::new()),
             session_timeout_ms,
             metrics,
+            take_txn_version: no_txn_versions,
             replicated: None,
             blocks: None,
         }
@@ -198,13 +216,16 @@ impl MetaServer {
         self
     }
 
-    /// Answer a mutation only once the replicator has committed its version.
-    pub fn replicated(
-        mut self,
-        shipped: tokio::sync::watch::Receiver<Shipped>,
-        timeout: std::time::Duration,
-    ) -> Self {
-        self.replicated = Some((shipped, timeout));
+    /// Tell callers the version their call committed, as `take` reads it on the engine
+    /// call's thread (the primary's shipper taps the engine's commits).
+    pub fn with_txn_versions(mut self, take: fn() -> u64) -> Self {
+        self.take_txn_version = take;
+        self
+    }
+
+    /// Answer a mutation only once `wait` says the replicator holds its version.
+    pub fn replicated(mut self, wait: Arc<dyn ReplicationWait>) -> Self {
+        self.replicated = Some(wait);
         self
     }
 
@@ -261,6 +282,7 @@ impl MetaServer {
     {
         let start = Instant::now();
         // the call runs on one thread: the version its transactions committed is read there
+        let take_txn_version = self.take_txn_version;
         let f = move || {
             take_txn_version();
             let r = f();
@@ -278,9 +300,8 @@ impl MetaServer {
         let res = match res {
             Ok((r, version)) => {
                 committed = version;
-                if let (Ok(_), Some((rx, timeout)), true) = (&r, &self.replicated, version > 0) {
-                    let mut rx = rx.clone();
-                    if let Err(why) = wait_committed(&mut rx, version, *timeout).await {
+                if let (Ok(_), Some(wait), true) = (&r, &self.replicated, version > 0) {
+                    if let Err(why) = wait.wait(version).await {
                         tracing::error!("{op}: {why}");
                         self.metrics.replication_timeouts.inc();
                         self.metrics.observe(op, "EIO", start.elapsed());

@@ -1,24 +1,21 @@
-//! The site service of the primary: metadata snapshots for mirrors to bootstrap from, the
-//! metadata digest, and the primary's status. [`snapshot_stream`] serves a mirror's
-//! snapshots too.
+//! Metadata snapshots for mirrors to bootstrap from, and the metadata digest: what the site
+//! service of the primary and of a mirror stream.
 
 use std::pin::Pin;
-use std::sync::Arc;
 
 use strait_fs_core::kv::DynKv;
 use strait_fs_core::meta::Meta;
 use strait_fs_core::snapshot;
 use strait_proto::site as s;
-use strait_proto::site::site_service_server::SiteService;
 use tokio_stream::Stream;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 /// Batches of pairs queued ahead of a slow reader of a snapshot.
 pub const SNAPSHOT_QUEUE_BATCHES: usize = 8;
 
 pub type SnapshotStream = Pin<Box<dyn Stream<Item = Result<s::SnapshotChunk, Status>> + Send>>;
 
-fn engine_status(e: strait_fs_core::Error) -> Status {
+pub fn engine_status(e: strait_fs_core::Error) -> Status {
     Status::internal(e.to_string())
 }
 
@@ -90,102 +87,4 @@ pub async fn digest_now(kv: DynKv) -> Result<(String, u64), Status> {
         .await
         .map_err(|e| Status::internal(format!("digest task: {e}")))?
         .map_err(engine_status)
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// The primary's site service.
-pub struct PrimarySite {
-    pub engine: Arc<Meta>,
-    pub replicator: Vec<String>,
-    /// Deleting dead blocks (None: read-only, or the object store could not be opened).
-    pub gc: Option<Gc>,
-}
-
-/// What an on-demand GC pass needs.
-pub struct Gc {
-    pub horizon: Arc<tokio::sync::Mutex<crate::gc::MirrorHorizon>>,
-    pub store: strait_fs_core::object::DynStore,
-    pub metrics: Arc<crate::metrics::Metrics>,
-}
-
-#[tonic::async_trait]
-impl SiteService for PrimarySite {
-    type SnapshotStream = SnapshotStream;
-
-    async fn snapshot(&self, _req: Request<s::Empty>) -> Result<Response<SnapshotStream>, Status> {
-        Ok(Response::new(snapshot_stream(self.engine.kv().clone())))
-    }
-
-    async fn digest(
-        &self,
-        req: Request<s::DigestRequest>,
-    ) -> Result<Response<s::DigestReply>, Status> {
-        let at = req.into_inner().at_version;
-        let (digest, version) = digest_now(self.engine.kv().clone()).await?;
-        if at != 0 && at != version {
-            return Err(Status::failed_precondition(format!(
-                "the primary is at version {version}, not {at}: it answers at its current version only"
-            )));
-        }
-        Ok(Response::new(s::DigestReply { digest, version }))
-    }
-
-    async fn pause(
-        &self,
-        _req: Request<s::PauseRequest>,
-    ) -> Result<Response<s::PauseReply>, Status> {
-        Err(Status::unimplemented(
-            "the primary never pauses: Pause is a mirror's call",
-        ))
-    }
-
-    async fn gc(&self, _req: Request<s::Empty>) -> Result<Response<s::GcReply>, Status> {
-        let Some(gc) = &self.gc else {
-            return Err(Status::failed_precondition(
-                "this primary deletes no blocks: it is read-only, or its object store could not be opened (see its log)",
-            ));
-        };
-        let p = gc
-            .horizon
-            .lock()
-            .await
-            .pass(&self.engine, &gc.store)
-            .await
-            .map_err(engine_status)?;
-        gc.metrics.slices_collected.inc_by(p.purged as u64);
-        gc.metrics.gc_held.set(p.held as i64);
-        tracing::info!(
-            "GC on demand: deleted the blocks of {} dead slices, kept {} for mirrors",
-            p.purged,
-            p.held
-        );
-        Ok(Response::new(s::GcReply {
-            purged: p.purged as u64,
-            held: p.held as u64,
-            horizon: p.horizon.unwrap_or(0),
-            has_mirrors: p.horizon.is_some(),
-        }))
-    }
-
-    async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {
-        let kv = self.engine.kv().clone();
-        let version = tokio::task::spawn_blocking(move || kv.last_version())
-            .await
-            .map_err(|e| Status::internal(format!("status task: {e}")))?
-            .map_err(engine_status)?;
-        Ok(Response::new(s::SiteStatus {
-            role: "primary".into(),
-            name: self.engine.settings().name.clone(),
-            version,
-            clock_ms: now_ms(),
-            replicator: self.replicator.clone(),
-            mirror: None,
-        }))
-    }
 }

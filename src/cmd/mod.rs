@@ -15,6 +15,7 @@ pub mod primary;
 pub mod replicator;
 pub mod replicator_bench;
 pub mod replicator_floor;
+pub mod site;
 pub mod status;
 
 use anyhow::{bail, Context, Result};

@@ -1,0 +1,103 @@
+//! The site service of the primary: metadata snapshots for mirrors to bootstrap from, the
+//! metadata digest (both streamed by [`strait_site::snapshot`]), GC on demand, and the
+//! primary's status.
+
+use std::sync::Arc;
+
+use strait_fs_core::meta::Meta;
+use strait_proto::site as s;
+use strait_proto::site::site_service_server::SiteService;
+use strait_site::now_ms;
+use strait_site::snapshot::{digest_now, engine_status, snapshot_stream, SnapshotStream};
+use tonic::{Request, Response, Status};
+
+/// The primary's site service.
+pub struct PrimarySite {
+    pub engine: Arc<Meta>,
+    pub replicator: Vec<String>,
+    /// Deleting dead blocks (None: read-only, or the object store could not be opened).
+    pub gc: Option<Gc>,
+}
+
+/// What an on-demand GC pass needs.
+pub struct Gc {
+    pub horizon: Arc<tokio::sync::Mutex<crate::gc::MirrorHorizon>>,
+    pub store: strait_fs_core::object::DynStore,
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+#[tonic::async_trait]
+impl SiteService for PrimarySite {
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, _req: Request<s::Empty>) -> Result<Response<SnapshotStream>, Status> {
+        Ok(Response::new(snapshot_stream(self.engine.kv().clone())))
+    }
+
+    async fn digest(
+        &self,
+        req: Request<s::DigestRequest>,
+    ) -> Result<Response<s::DigestReply>, Status> {
+        let at = req.into_inner().at_version;
+        let (digest, version) = digest_now(self.engine.kv().clone()).await?;
+        if at != 0 && at != version {
+            return Err(Status::failed_precondition(format!(
+                "the primary is at version {version}, not {at}: it answers at its current version only"
+            )));
+        }
+        Ok(Response::new(s::DigestReply { digest, version }))
+    }
+
+    async fn pause(
+        &self,
+        _req: Request<s::PauseRequest>,
+    ) -> Result<Response<s::PauseReply>, Status> {
+        Err(Status::unimplemented(
+            "the primary never pauses: Pause is a mirror's call",
+        ))
+    }
+
+    async fn gc(&self, _req: Request<s::Empty>) -> Result<Response<s::GcReply>, Status> {
+        let Some(gc) = &self.gc else {
+            return Err(Status::failed_precondition(
+                "this primary deletes no blocks: it is read-only, or its object store could not be opened (see its log)",
+            ));
+        };
+        let p = gc
+            .horizon
+            .lock()
+            .await
+            .pass(&self.engine, &gc.store)
+            .await
+            .map_err(engine_status)?;
+        gc.metrics.slices_collected.inc_by(p.purged as u64);
+        gc.metrics.gc_held.set(p.held as i64);
+        tracing::info!(
+            "GC on demand: deleted the blocks of {} dead slices, kept {} for mirrors",
+            p.purged,
+            p.held
+        );
+        Ok(Response::new(s::GcReply {
+            purged: p.purged as u64,
+            held: p.held as u64,
+            horizon: p.horizon.unwrap_or(0),
+            has_mirrors: p.horizon.is_some(),
+        }))
+    }
+
+    async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {
+        let kv = self.engine.kv().clone();
+        let version = tokio::task::spawn_blocking(move || kv.last_version())
+            .await
+            .map_err(|e| Status::internal(format!("status task: {e}")))?
+            .map_err(engine_status)?;
+        Ok(Response::new(s::SiteStatus {
+            role: "primary".into(),
+            name: self.engine.settings().name.clone(),
+            version,
+            clock_ms: now_ms(),
+            replicator: self.replicator.clone(),
+            mirror: None,
+        }))
+    }
+}
