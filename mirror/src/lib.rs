@@ -7,12 +7,14 @@
 //! - [`lag`]: lag on the primary's clock (plain functions).
 //! - [`state`]: what the mirror knows about itself, shared by every part.
 //! - [`router`]: the metadata service for the region's mounts, with the staleness window:
-//!   reads outside it are forwarded to the primary, wait, or are served stale, by policy.
+//!   reads outside it are forwarded to the primary, wait, or are served stale, by policy;
+//!   [`calls`] says which calls are reads, mutations or the region's own.
 //! - [`site`]: digests at a chosen version and the mirror's status, for `fsck --compare`
 //!   and `mirror status`.
 //! - [`daemon`]: starting and stopping it all.
 
 pub mod blocks;
+pub mod calls;
 pub mod config;
 pub mod daemon;
 pub mod follower;
