@@ -34,7 +34,7 @@ enum Command {
     Replicator(cmd::replicator::Args),
     /// Run a mirror site daemon (it follows the primary through the replicator), or show
     /// mirrors' state and lag (`strait mirror status`).
-    Mirror(cmd::mirror::Args),
+    Mirror(Box<cmd::mirror::Args>),
     /// Write a consistent snapshot of a file system's metadata to a file.
     Dump(cmd::dump::DumpArgs),
     /// Load a dump into an empty metadata engine.
@@ -85,7 +85,7 @@ fn main() {
         Command::Umount(a) => cmd::mount::umount(a),
         Command::Primary(a) => cmd::primary::run(a),
         Command::Replicator(a) => cmd::replicator::run(a),
-        Command::Mirror(a) => cmd::mirror::run(a),
+        Command::Mirror(a) => cmd::mirror::run(*a),
         Command::Dump(a) => cmd::dump::dump(a),
         Command::Load(a) => cmd::dump::load(a),
         Command::Dev(a) => cmd::dev::run(a),

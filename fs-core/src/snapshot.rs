@@ -1,4 +1,4 @@
-//! Consistent metadata snapshots: what a mirror bootstraps from (DESIGN.md §4), and what
+//! Consistent metadata snapshots: what a mirror bootstraps from (docs/changelog.md, "Following the log at a mirror"), and what
 //! `strait dump` writes and `strait load` reads.
 //!
 //! A snapshot is every replicated key of the file system at one version `S`: the settings,

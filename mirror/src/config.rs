@@ -1,10 +1,11 @@
 //! The mirror daemon's settings: one serde struct, every field documented and defaulted.
 //! Loaded from a TOML file; the CLI overrides fields with flags and `STRAIT_*` variables.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use strait_site::config::{validate_listen, SiteConfig};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -16,10 +17,9 @@ pub struct MirrorConfig {
     /// The mirror's own metadata engine (`rocksdb:///path`). Created and filled from the
     /// primary's snapshot at the first start.
     pub meta_url: String,
-    /// Token this region's mounts must send.
-    pub token: String,
-    /// A file whose first line is the token (takes precedence over `token`).
-    pub token_file: Option<PathBuf>,
+    /// `token`, `token_file` and `session_timeout_ms`: the settings every site daemon has.
+    #[serde(flatten)]
+    pub site: SiteConfig,
     /// The primary's metadata service (`host:port`): snapshots to bootstrap from, and reads
     /// under the `forward` policy.
     pub primary: String,
@@ -46,8 +46,6 @@ pub struct MirrorConfig {
     pub clock_poll_ms: u64,
     /// How often the applied version is acknowledged to the replicator.
     pub ack_interval_ms: u64,
-    /// A mount silent for longer than this is dead (its session is closed).
-    pub session_timeout_ms: u64,
     /// This region's object store (`file:///dir`, `s3://bucket?endpoint=..`): blocks are
     /// copied into it, and this region's mounts read it first. Empty: the region has no
     /// store of its own and its mounts read the primary's.
@@ -151,7 +149,7 @@ impl std::str::FromStr for Writes {
     }
 }
 
-/// What a read does when the mirror's lag exceeds the window (DESIGN.md §4).
+/// What a read does when the mirror's lag exceeds the window (docs/consistency.md, "The staleness window and its policies").
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
@@ -192,8 +190,7 @@ impl Default for MirrorConfig {
             id: String::new(),
             listen: "127.0.0.1:7440".into(),
             meta_url: "rocksdb:///var/lib/strait/mirror".into(),
-            token: String::new(),
-            token_file: None,
+            site: SiteConfig::default(),
             primary: String::new(),
             primary_token: String::new(),
             replicator: vec![],
@@ -204,7 +201,6 @@ impl Default for MirrorConfig {
             silence_ms: 1_000,
             clock_poll_ms: 100,
             ack_interval_ms: 500,
-            session_timeout_ms: 60_000,
             data_url: "file:///var/lib/strait/mirror-data".into(),
             primary_data_url: String::new(),
             sync: SyncPolicy::Eager,
@@ -235,7 +231,7 @@ impl MirrorConfig {
     }
 
     pub fn resolved_token(&self) -> Result<String> {
-        strait_primary::config::resolve_token(&self.token, self.token_file.as_deref())
+        self.site.resolved_token()
     }
 
     pub fn resolved_primary_token(&self) -> Result<String> {
@@ -250,14 +246,7 @@ impl MirrorConfig {
         if self.id.is_empty() || self.id.len() > ID_LEN_MAX {
             bail!("id (the mirror's name) must have 1 to {ID_LEN_MAX} bytes");
         }
-        self.listen
-            .parse::<std::net::SocketAddr>()
-            .with_context(|| format!("listen address {:?}", self.listen))?;
-        if !self.metrics_listen.is_empty() {
-            self.metrics_listen
-                .parse::<std::net::SocketAddr>()
-                .with_context(|| format!("metrics listen address {:?}", self.metrics_listen))?;
-        }
+        validate_listen(&self.listen, &self.metrics_listen)?;
         if self.primary.is_empty() {
             bail!("primary (the primary's address, host:port) is required");
         }
@@ -285,9 +274,7 @@ impl MirrorConfig {
                 bail!("{name} must be positive");
             }
         }
-        if self.session_timeout_ms < 500 {
-            bail!("session_timeout_ms must be at least 500");
-        }
+        self.site.validate_sessions()?;
         for (name, url) in [
             ("data_url", &self.data_url),
             ("primary_data_url", &self.primary_data_url),
@@ -393,7 +380,10 @@ mod tests {
     fn bad_settings_are_refused() {
         let ok = MirrorConfig {
             id: "b".into(),
-            token: "t".into(),
+            site: SiteConfig {
+                token: "t".into(),
+                ..Default::default()
+            },
             primary: "127.0.0.1:7420".into(),
             replicator: vec!["127.0.0.1:7430".into()],
             ..Default::default()
@@ -424,5 +414,24 @@ mod tests {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
         assert!(toml::from_str::<MirrorConfig>("policy = \"sometimes\"").is_err());
+    }
+
+    #[test]
+    fn the_shared_settings_keep_their_keys() {
+        // token, token_file and session_timeout_ms live in the site crate's SiteConfig,
+        // flattened: the file names them as before, and unknown keys are still refused
+        let c: MirrorConfig = toml::from_str(
+            "token = \"t\"\ntoken_file = \"/etc/strait/token\"\nsession_timeout_ms = 900\nid = \"b\"",
+        )
+        .expect("parses");
+        assert_eq!(c.site.token, "t");
+        assert_eq!(
+            c.site.token_file.as_deref(),
+            Some(Path::new("/etc/strait/token"))
+        );
+        assert_eq!(c.site.session_timeout_ms, 900);
+        assert_eq!(c.id, "b");
+        assert_eq!(c.listen, "127.0.0.1:7440", "the mirror's own defaults stay");
+        assert!(toml::from_str::<MirrorConfig>("token = \"t\"\nno_such_field = 1").is_err());
     }
 }

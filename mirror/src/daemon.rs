@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
-use strait_primary::daemon::{expire_sessions, wait_for_signal, MESSAGE_BYTES_MAX};
-use strait_primary::service::{Auth, BlockSource, MetaServer};
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::site::site_service_server::SiteServiceServer;
+use strait_site::sessions::expire_sessions;
+use strait_site::{wait_for_signal, Auth, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
@@ -141,7 +141,11 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         }
     };
     let format = engine.settings().clone();
-    let mut server = MetaServer::new(engine.clone(), cfg.session_timeout_ms, metrics.base.clone());
+    let mut server = MetaServer::new(
+        engine.clone(),
+        cfg.site.session_timeout_ms,
+        metrics.base.clone(),
+    );
     if blocks.has_local() {
         server = server.with_blocks(cfg.data_url.clone(), Arc::new(Source(blocks.clone())));
     }
@@ -167,7 +171,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
 
     tokio::spawn(expire_sessions(
         server.clone(),
-        Duration::from_millis(cfg.session_timeout_ms),
+        Duration::from_millis(cfg.site.session_timeout_ms),
         stop.clone(),
         metrics.base.clone(),
     ));
@@ -200,7 +204,13 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
             .await
             .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
         metrics_addr = l.local_addr().ok();
-        tokio::spawn(metrics::serve(l, mirror.clone(), stop.clone()));
+        let (m, m2) = (mirror.clone(), mirror.clone());
+        tokio::spawn(strait_site::metrics::serve(
+            l,
+            move || metrics::render(m.clone()),
+            move || metrics::health(m2.clone()),
+            stop.clone(),
+        ));
     }
 
     let listener = tokio::net::TcpListener::bind(&cfg.listen)

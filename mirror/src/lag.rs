@@ -1,4 +1,4 @@
-//! Lag arithmetic (DESIGN.md §4), as plain functions over what the mirror has seen.
+//! Lag arithmetic (docs/consistency.md, "Lag"), as plain functions over what the mirror has seen.
 //!
 //! Lag is measured on the primary's clock, never by comparing two machines' clocks: the
 //! mirror estimates "now at the primary" as the newest heartbeat's clock reading plus the

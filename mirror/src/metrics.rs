@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts};
+use strait_site::metrics::StatusCode;
 
 pub struct Metrics {
     /// The site daemon's metrics; its `strait_primary_version` gauge holds the newest version
     /// the mirror knows the primary has.
-    pub base: Arc<strait_primary::metrics::Metrics>,
+    pub base: Arc<strait_site::Metrics>,
     pub applied_version: IntGauge,
     pub primary_version: IntGauge,
     pub lag_seconds: Gauge,
@@ -54,7 +55,7 @@ fn counter(name: &str, help: &str) -> IntCounter {
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        let base = strait_primary::metrics::Metrics::new();
+        let base = strait_site::Metrics::new();
         let m = Metrics {
             primary_version: base.version.clone(),
             applied_version: gauge(
@@ -207,54 +208,25 @@ impl Metrics {
     }
 }
 
-/// Serve `/metrics` and `/health` (200 while following inside the window) until `stop`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    mirror: Arc<crate::state::Mirror>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    use axum::http::StatusCode;
-    use axum::routing::get;
-    let m = mirror.clone();
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = m.clone();
-                async move {
-                    m.tick_gauges();
-                    (
-                        [("content-type", "text/plain; version=0.0.4")],
-                        m.metrics.base.render(),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/health",
-            get(move || {
-                let m = mirror.clone();
-                async move {
-                    let st = m.status();
-                    let code = if st.state == "following" {
-                        StatusCode::OK
-                    } else {
-                        StatusCode::SERVICE_UNAVAILABLE
-                    };
-                    (
-                        code,
-                        format!(
-                            "{} applied {} lag {} ms {}\n",
-                            st.state, st.applied_version, st.lag_ms, st.error
-                        ),
-                    )
-                }
-            }),
-        );
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
-    {
-        tracing::error!("metrics endpoint: {e}");
-    }
+/// `/metrics`: every metric, the gauges brought up to date first.
+pub async fn render(mirror: Arc<crate::state::Mirror>) -> String {
+    mirror.tick_gauges();
+    mirror.metrics.base.render()
+}
+
+/// `/health`: 200 while following inside the window.
+pub async fn health(mirror: Arc<crate::state::Mirror>) -> (StatusCode, String) {
+    let st = mirror.status();
+    let code = if st.state == "following" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        format!(
+            "{} applied {} lag {} ms {}\n",
+            st.state, st.applied_version, st.lag_ms, st.error
+        ),
+    )
 }

@@ -1,4 +1,4 @@
-//! The metadata service of a mirror, with the staleness window (DESIGN.md §4).
+//! The metadata service of a mirror, with the staleness window (docs/consistency.md, "The staleness window and its policies").
 //!
 //! Every call is checked for the region's token, then:
 //! - mutations (under `writes = "forward"`) are sent to the primary, under the mirror's own
@@ -23,11 +23,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strait_primary::service::{Auth, MetaServer};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use strait_site::{Auth, MetaServer};
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -35,41 +35,10 @@ use tonic::service::Interceptor;
 use tonic::Status;
 use tower::Service;
 
+use crate::calls::{classify, Class};
 use crate::config::{Policy, Writes};
 use crate::follower::{Bearer, Primary};
 use crate::state::{Mirror, Phase};
-
-/// The calls that only read metadata: the ones the window applies to.
-const READS: [&str; 9] = [
-    "Lookup",
-    "GetAttr",
-    "Access",
-    "ReadLink",
-    "ReadDir",
-    "StatFs",
-    "ReadChunk",
-    "GetXattr",
-    "ListXattr",
-];
-
-/// The calls that change metadata: forwarded to the primary. Opening, releasing, locks and
-/// sync stay in the region (handles and locks are the region's own).
-const MUTATIONS: [&str; 14] = [
-    "SetAttr",
-    "MkNod",
-    "MkDir",
-    "Create",
-    "Symlink",
-    "Link",
-    "Unlink",
-    "RmDir",
-    "Rename",
-    "WriteSlice",
-    "CompactChunk",
-    "AllocSliceIds",
-    "SetXattr",
-    "RemoveXattr",
-];
 
 /// The message of a unary gRPC request or reply body (no compression).
 fn grpc_message(b: &[u8]) -> Result<&[u8], Status> {
@@ -478,10 +447,12 @@ impl Router {
             .unwrap_or("")
             .to_string();
         let method = method.as_str();
-        if MUTATIONS.contains(&method) && self.mirror.cfg.writes == Writes::Forward {
+        // a method the service does not have goes to the local service, which says so
+        let class = classify(method).unwrap_or(Class::Local);
+        if class == Class::Mutation && self.mirror.cfg.writes == Writes::Forward {
             return self.forward_write(method, req).await;
         }
-        if !READS.contains(&method) || self.mirror.fresh() {
+        if class != Class::Read || self.mirror.fresh() {
             return Self::local_call(self.local.clone(), req).await;
         }
         match self.mirror.cfg.policy {

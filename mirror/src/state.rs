@@ -78,13 +78,6 @@ pub struct Mirror {
     pub apply_lock: tokio::sync::Mutex<()>,
 }
 
-pub fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 pub fn wall_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -261,7 +254,7 @@ impl Mirror {
     pub fn tick(&self) {
         let lag = self.lag();
         let now_mono = self.mono_ms();
-        let now_wall = wall_ms();
+        let now_wall = strait_site::now_ms();
         {
             let mut i = self.inner.lock();
             i.history.push(now_wall, lag);

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use strait_site::config::{validate_listen, SiteConfig};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -14,11 +15,9 @@ pub struct PrimaryConfig {
     /// The metadata engine this daemon owns: `rocksdb:///path` or `redis://host:port/db`.
     /// It must hold a formatted file system (`strait format`).
     pub meta_url: String,
-    /// The token every client must send (`authorization: Bearer <token>`). Required, unless
-    /// `token_file` is set.
-    pub token: String,
-    /// A file whose first line is the token (read at start; takes precedence over `token`).
-    pub token_file: Option<PathBuf>,
+    /// `token`, `token_file` and `session_timeout_ms`: the settings every site daemon has.
+    #[serde(flatten)]
+    pub site: SiteConfig,
     /// TLS: the daemon's certificate chain and key (PEM). Without them the service is
     /// plain-text gRPC, for loopback and trusted networks only.
     pub tls_cert_file: Option<PathBuf>,
@@ -29,9 +28,6 @@ pub struct PrimaryConfig {
     /// Address of the HTTP endpoint serving `/metrics` (Prometheus) and `/health`; empty
     /// disables it.
     pub metrics_listen: String,
-    /// A mount whose last heartbeat is older than this is considered dead: its locks are
-    /// released and the unlinked files it kept open are deleted.
-    pub session_timeout_ms: u64,
     /// Seconds between passes that delete dead slices' blocks from the object store
     /// (0 disables; then run `strait gc`).
     pub gc_interval_s: u64,
@@ -60,7 +56,7 @@ pub struct PrimaryConfig {
     pub replicated_timeout_ms: u64,
 }
 
-/// When a client's operation returns (DESIGN.md §3).
+/// When a client's operation returns (docs/changelog.md, "Durability modes").
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
@@ -96,13 +92,11 @@ impl Default for PrimaryConfig {
         PrimaryConfig {
             listen: "127.0.0.1:7420".into(),
             meta_url: "rocksdb:///var/lib/strait/meta".into(),
-            token: String::new(),
-            token_file: None,
+            site: SiteConfig::default(),
             tls_cert_file: None,
             tls_key_file: None,
             tls_client_ca_file: None,
             metrics_listen: "127.0.0.1:7421".into(),
-            session_timeout_ms: 60_000,
             gc_interval_s: 30,
             gc_mirror_grace_ms: 60_000,
             read_only: false,
@@ -117,33 +111,8 @@ impl Default for PrimaryConfig {
     }
 }
 
-/// A site daemon's token: the first line of `token_file` when given, else `token`; it must be
-/// non-empty printable ASCII without spaces.
-pub fn resolve_token(token: &str, token_file: Option<&Path>) -> Result<String> {
-    let token = match token_file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("read the token file {}", f.display()))?
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string(),
-        None => token.to_string(),
-    };
-    if token.is_empty() {
-        bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
-    }
-    if token.chars().any(|c| !c.is_ascii_graphic()) {
-        bail!("the token must be printable ASCII without spaces");
-    }
-    Ok(token)
-}
-
 /// Most serving threads accepted.
 pub const SERVE_THREADS_MAX: usize = 1024;
-
-/// Shortest session timeout accepted: heartbeats must fit several times into it.
-pub const SESSION_TIMEOUT_MS_MIN: u64 = 500;
 
 /// Bounds of `heartbeat_ms`.
 pub const HEARTBEAT_MS_MIN: u64 = 10;
@@ -159,31 +128,19 @@ impl PrimaryConfig {
 
     /// The token clients must present, from `token_file` or `token`.
     pub fn resolved_token(&self) -> Result<String> {
-        resolve_token(&self.token, self.token_file.as_deref())
+        self.site.resolved_token()
     }
 
     /// Check the settings that can be checked without opening anything.
     pub fn validate(&self) -> Result<()> {
-        self.listen
-            .parse::<std::net::SocketAddr>()
-            .with_context(|| format!("listen address {:?}", self.listen))?;
-        if !self.metrics_listen.is_empty() {
-            self.metrics_listen
-                .parse::<std::net::SocketAddr>()
-                .with_context(|| format!("metrics listen address {:?}", self.metrics_listen))?;
-        }
+        validate_listen(&self.listen, &self.metrics_listen)?;
         if self.serve_threads > SERVE_THREADS_MAX {
             bail!(
                 "serve_threads is {}; at most {SERVE_THREADS_MAX} are allowed",
                 self.serve_threads
             );
         }
-        if self.session_timeout_ms < SESSION_TIMEOUT_MS_MIN {
-            bail!(
-                "session_timeout_ms is {}; it must be at least {SESSION_TIMEOUT_MS_MIN}",
-                self.session_timeout_ms
-            );
-        }
+        self.site.validate_sessions()?;
         match (&self.tls_cert_file, &self.tls_key_file) {
             (Some(_), None) | (None, Some(_)) => {
                 bail!("tls_cert_file and tls_key_file must be set together")
@@ -294,7 +251,10 @@ mod tests {
     #[test]
     fn bad_settings_are_refused() {
         let c = PrimaryConfig {
-            token: "t".into(),
+            site: SiteConfig {
+                token: "t".into(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(c.validate().is_ok());
@@ -326,5 +286,23 @@ mod tests {
         };
         assert!(c6.validate().is_err());
         assert!(toml::from_str::<PrimaryConfig>("durability = \"eventual\"").is_err());
+    }
+
+    #[test]
+    fn the_shared_settings_keep_their_keys() {
+        // token, token_file and session_timeout_ms live in the site crate's SiteConfig,
+        // flattened: the file names them as before, and unknown keys are still refused
+        let c: PrimaryConfig = toml::from_str(
+            "token = \"t\"\ntoken_file = \"/etc/strait/token\"\nsession_timeout_ms = 900\nlisten = \"127.0.0.1:1\"",
+        )
+        .expect("parses");
+        assert_eq!(c.site.token, "t");
+        assert_eq!(
+            c.site.token_file.as_deref(),
+            Some(Path::new("/etc/strait/token"))
+        );
+        assert_eq!(c.site.session_timeout_ms, 900);
+        assert_eq!(c.listen, "127.0.0.1:1");
+        assert!(toml::from_str::<PrimaryConfig>("token = \"t\"\nno_such_field = 1").is_err());
     }
 }

@@ -2,21 +2,20 @@
 //! dead slices' blocks and serves metrics, until SIGTERM or SIGINT.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use strait_fs_core::meta::{Meta, MetaOptions};
+use strait_fs_core::meta::{Meta, MetaOptions, ROOT_INO};
 use strait_proto::meta::meta_service_server::MetaServiceServer;
+use strait_site::metrics::{self, Metrics, StatusCode};
+use strait_site::sessions::expire_sessions;
+use strait_site::{wait_for_signal, Auth, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::{Durability, PrimaryConfig};
-use crate::metrics::{self, Metrics};
-use crate::service::{Auth, MetaServer};
 use crate::shipper::{ShippedWait, Shipper, ShipperConfig, TappedKv};
 
-/// Largest request or reply message (a directory listing of a huge directory is the biggest).
-pub const MESSAGE_BYTES_MAX: usize = 64 << 20;
 /// How long calls in flight may take to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// How long a stopping daemon waits for the shipper to send what is left.
@@ -59,7 +58,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let format = engine.settings().clone();
     let metrics = Metrics::new();
     let stop = CancellationToken::new();
-    let mut server = MetaServer::new(engine.clone(), cfg.session_timeout_ms, metrics.clone());
+    let mut server = MetaServer::new(engine.clone(), cfg.site.session_timeout_ms, metrics.clone());
     // the shipper outlives the service by a moment at shutdown, to ship what is left
     let ship_stop = CancellationToken::new();
     let mut shipped = None;
@@ -182,7 +181,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     );
 
     // sessions whose mounts went silent: close them (locks, unlinked open files)
-    let timeout = Duration::from_millis(cfg.session_timeout_ms);
+    let timeout = Duration::from_millis(cfg.site.session_timeout_ms);
     tokio::spawn(expire_sessions(
         server.clone(),
         timeout,
@@ -196,10 +195,11 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             .await
             .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
         metrics_addr = l.local_addr().ok();
+        let (m, e, e2) = (metrics.clone(), engine.clone(), engine.clone());
         tokio::spawn(metrics::serve(
             l,
-            metrics.clone(),
-            engine.clone(),
+            move || render(m.clone(), e.clone()),
+            move || health(e2.clone()),
             stop.clone(),
         ));
     }
@@ -256,54 +256,27 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     Ok(())
 }
 
-pub async fn wait_for_signal(stop: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot listen for signals; stop the daemon with SIGKILL");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: finishing the calls in flight, then stopping"),
-        _ = int.recv() => tracing::info!("SIGINT: finishing the calls in flight, then stopping"),
-        _ = stop.cancelled() => {}
+/// `/metrics`: every metric, with the newest version read from the engine.
+async fn render(metrics: Arc<Metrics>, engine: Arc<Meta>) -> String {
+    let version = tokio::task::spawn_blocking(move || engine.kv().last_version()).await;
+    if let Ok(Ok(v)) = version {
+        metrics.version.set(v as i64);
     }
-    stop.cancel();
+    metrics.render()
 }
 
-pub async fn expire_sessions(
-    server: Arc<MetaServer>,
-    timeout: Duration,
-    stop: CancellationToken,
-    metrics: Arc<Metrics>,
-) {
-    let started = Instant::now();
-    let period = (timeout / 4).max(Duration::from_millis(100));
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
-        }
-        // after a restart, give every mount a whole timeout to come back before judging it
-        if started.elapsed() < timeout {
-            continue;
-        }
-        let engine = server.engine().clone();
-        let t_ns = timeout.as_nanos() as i64;
-        match tokio::task::spawn_blocking(move || engine.clean_stale_sessions(t_ns)).await {
-            Ok(Ok(closed)) if !closed.is_empty() => {
-                tracing::info!(
-                    "closed sessions {closed:?}: no heartbeat for {timeout:?}; their locks are released"
-                );
-                metrics.sessions_expired.inc_by(closed.len() as u64);
-                server.drop_sessions(&closed);
-            }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!("expire sessions: {e}"),
-            Err(e) => tracing::warn!("expire sessions: {e}"),
-        }
+/// `/health`: healthy when the engine answers a read.
+async fn health(engine: Arc<Meta>) -> (StatusCode, String) {
+    match tokio::task::spawn_blocking(move || engine.getattr(ROOT_INO)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ok\n".to_string()),
+        Ok(Err(err)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the metadata engine fails: {err}\n"),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine check did not finish\n".to_string(),
+        ),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Deleting dead slices' blocks at a primary that has mirrors (DESIGN.md §4, guarantee 6).
+//! Deleting dead slices' blocks at a primary that has mirrors (docs/changelog.md, "Garbage collection across regions"; docs/guarantees.md §7).
 //!
 //! A slice dies at some version `v` (an unlink, a truncate, a compaction). A mirror whose
 //! applied version is below `v` still references it, and its mounts may read its blocks from

@@ -1,14 +1,15 @@
 //! The primary site daemon (`strait primary`): it owns its region's metadata engine and serves
-//! the metadata API to every mount of the region over gRPC, with token auth, optional (mutual)
-//! TLS, sessions with heartbeats, garbage collection of dead blocks, Prometheus metrics and
-//! OpenTelemetry traces.
+//! the metadata API of [`strait_site`] to every mount of the region over gRPC, with optional
+//! (mutual) TLS; it ships the change log to the replicator, deletes dead slices' blocks and
+//! exports OpenTelemetry traces.
 
 pub mod config;
 pub mod daemon;
 pub mod gc;
-pub mod metrics;
-pub mod service;
 pub mod shipper;
 pub mod site;
+
+/// The site daemon's metrics, which the shipper and GC count into.
+pub use strait_site::metrics;
 
 pub use config::PrimaryConfig;

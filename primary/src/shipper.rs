@@ -1,6 +1,6 @@
 //! The shipper: tails the primary's outbox and appends it to the replicator, in order and
 //! idempotently; trims the outbox once the replicator has committed; appends the primary's
-//! clock and latest version as a heartbeat several times a second (DESIGN.md §3).
+//! clock and latest version as a heartbeat several times a second (docs/changelog.md, "Shipping").
 //!
 //! # To ensure correctness
 //! - A batch always starts at the version after the replicator's last one, so a retried or
@@ -29,7 +29,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::service::ReplicationWait;
+use strait_site::ReplicationWait;
 
 /// Most records in one append.
 pub const BATCH_RECORDS: usize = 8192;

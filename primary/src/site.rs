@@ -1,103 +1,15 @@
 //! The site service of the primary: metadata snapshots for mirrors to bootstrap from, the
-//! metadata digest, and the primary's status. [`snapshot_stream`] serves a mirror's
-//! snapshots too.
+//! metadata digest (both streamed by [`strait_site::snapshot`]), GC on demand, and the
+//! primary's status.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use strait_fs_core::kv::DynKv;
 use strait_fs_core::meta::Meta;
-use strait_fs_core::snapshot;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
-use tokio_stream::Stream;
+use strait_site::now_ms;
+use strait_site::snapshot::{digest_now, engine_status, snapshot_stream, SnapshotStream};
 use tonic::{Request, Response, Status};
-
-/// Batches of pairs queued ahead of a slow reader of a snapshot.
-pub const SNAPSHOT_QUEUE_BATCHES: usize = 8;
-
-pub type SnapshotStream = Pin<Box<dyn Stream<Item = Result<s::SnapshotChunk, Status>> + Send>>;
-
-fn engine_status(e: strait_fs_core::Error) -> Status {
-    Status::internal(e.to_string())
-}
-
-/// Stream a consistent snapshot of `kv`: header, pair batches, end. The walk runs on the
-/// blocking pool and waits for the reader (bounded queue).
-pub fn snapshot_stream(kv: DynKv) -> SnapshotStream {
-    let (tx, rx) = tokio::sync::mpsc::channel(SNAPSHOT_QUEUE_BATCHES);
-    tokio::task::spawn_blocking(move || {
-        let gone = || strait_fs_core::Error::Meta("the snapshot's reader went away".into());
-        let r = (|| {
-            let format = Meta::load_format(kv.as_ref())?;
-            let mut started = false;
-            let c = snapshot::collect(
-                kv.as_ref(),
-                &mut |version| {
-                    if started {
-                        // the engine has no snapshots and changed under the walk: the reader
-                        // has pairs of another version already, so it must start again
-                        return Err(strait_fs_core::Error::Meta(
-                            "the metadata changed during the snapshot; try again".into(),
-                        ));
-                    }
-                    started = true;
-                    let header = s::SnapshotHeader {
-                        name: format.name.clone(),
-                        uuid: format.uuid.clone(),
-                        version,
-                    };
-                    tx.blocking_send(Ok(s::SnapshotChunk {
-                        kind: Some(s::snapshot_chunk::Kind::Header(header)),
-                    }))
-                    .map_err(|_| gone())
-                },
-                &mut |batch| {
-                    let pairs = batch
-                        .into_iter()
-                        .map(|(key, value)| s::KeyValue { key, value })
-                        .collect();
-                    tx.blocking_send(Ok(s::SnapshotChunk {
-                        kind: Some(s::snapshot_chunk::Kind::Pairs(s::SnapshotPairs { pairs })),
-                    }))
-                    .map_err(|_| gone())
-                },
-            )?;
-            tx.blocking_send(Ok(s::SnapshotChunk {
-                kind: Some(s::snapshot_chunk::Kind::End(s::SnapshotEnd {
-                    pairs: c.pairs,
-                    digest: c.digest,
-                })),
-            }))
-            .map_err(|_| gone())?;
-            tracing::info!(
-                "served a metadata snapshot at version {} ({} pairs)",
-                c.version,
-                c.pairs
-            );
-            Ok::<_, strait_fs_core::Error>(())
-        })();
-        if let Err(e) = r {
-            let _ = tx.blocking_send(Err(engine_status(e)));
-        }
-    });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-/// The digest of `kv` and its version, read together, computed on the blocking pool.
-pub async fn digest_now(kv: DynKv) -> Result<(String, u64), Status> {
-    tokio::task::spawn_blocking(move || Meta::digest_at(kv.as_ref()))
-        .await
-        .map_err(|e| Status::internal(format!("digest task: {e}")))?
-        .map_err(engine_status)
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The primary's site service.
 pub struct PrimarySite {

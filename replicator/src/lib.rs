@@ -1,5 +1,5 @@
 //! The replicator: the primary's change log, made durable across regions by a Raft cluster
-//! (openraft) and delivered in order, exactly once, to every mirror (DESIGN.md §3).
+//! (openraft) and delivered in order, exactly once, to every mirror (docs/changelog.md, "The replicator").
 //!
 //! - [`log`]: the rules of the change log itself, a pure state machine: an append is taken
 //!   only as `last + 1` under the current epoch, an exact duplicate is acknowledged without

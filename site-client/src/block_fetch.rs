@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
+use strait_proto::limits::BLOCK_MESSAGE_BYTES_MAX;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use tonic::metadata::AsciiMetadataValue;
@@ -14,8 +15,6 @@ use tonic::{Code, Request, Status};
 use crate::call::{classify, describe, Failure};
 use crate::remote_meta::RemoteMeta;
 
-/// Largest FetchBlock reply (a 4 MiB block and its framing, with room for larger blocks).
-const BLOCK_MESSAGE_BYTES_MAX: usize = 80 << 20;
 /// Attempts of one FetchBlock that fails for want of a connection.
 const FETCH_ATTEMPTS_MAX: u32 = 4;
 /// Waits between those attempts: 100 ms, doubling.

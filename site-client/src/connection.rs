@@ -87,7 +87,7 @@ impl RemoteMeta {
                 self.endpoint.connect_lazy()
             };
             let client = MetaServiceClient::with_interceptor(channel, self.stamp.clone())
-                .max_decoding_message_size(64 << 20);
+                .max_decoding_message_size(strait_proto::limits::META_MESSAGE_BYTES_MAX);
             let rt = std::rc::Rc::new(rt);
             c.insert(self.id, (rt.clone(), client.clone()));
             Ok((rt, client))

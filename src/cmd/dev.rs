@@ -165,7 +165,7 @@ fn up(a: UpArgs) -> Result<()> {
     std::io::stdout().flush().ok();
 
     let stop = tokio_util::sync::CancellationToken::new();
-    rt.spawn(strait_primary::daemon::wait_for_signal(stop.clone()));
+    rt.spawn(strait_site::wait_for_signal(stop.clone()));
     let limit = (a.seconds > 0).then(|| Duration::from_secs(a.seconds));
     rt.block_on(async {
         match limit {

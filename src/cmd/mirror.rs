@@ -34,9 +34,9 @@ pub struct ServeArgs {
     /// The mirror's metadata engine (rocksdb:///path).
     #[arg(long, env = "STRAIT_META_URL")]
     pub meta_url: Option<String>,
-    /// Token this region's mounts must send.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    // --token, --token-file, --session-timeout-ms
+    #[command(flatten)]
+    pub site: super::site::SiteArgs,
     /// The primary's address (host:port).
     #[arg(long, env = "STRAIT_PRIMARY")]
     pub primary: Option<String>,
@@ -149,9 +149,7 @@ impl ServeArgs {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        if let Some(v) = &self.token {
-            c.token = v.clone();
-        }
+        self.site.apply(&mut c.site);
         if let Some(v) = &self.primary {
             c.primary = v.clone();
         }

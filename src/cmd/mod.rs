@@ -12,6 +12,7 @@ pub mod mirror_watch;
 pub mod mount;
 pub mod primary;
 pub mod replicator;
+pub mod site;
 pub mod status;
 
 use anyhow::{bail, Context, Result};

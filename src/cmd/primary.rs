@@ -20,12 +20,9 @@ pub struct Args {
     /// Metadata engine: rocksdb:///path or redis://host:port/db.
     #[arg(long, env = "STRAIT_META_URL")]
     pub meta_url: Option<String>,
-    /// Token every client must send.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// File whose first line is the token.
-    #[arg(long, env = "STRAIT_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
+    // --token, --token-file, --session-timeout-ms
+    #[command(flatten)]
+    pub site: super::site::SiteArgs,
     /// TLS certificate chain (PEM).
     #[arg(long, env = "STRAIT_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -38,9 +35,6 @@ pub struct Args {
     /// Address of /metrics and /health ("" disables).
     #[arg(long, env = "STRAIT_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
-    /// Close a mount's session after this long without a heartbeat.
-    #[arg(long, env = "STRAIT_SESSION_TIMEOUT_MS")]
-    pub session_timeout_ms: Option<u64>,
     /// Seconds between deletions of dead slices' blocks (0 disables).
     #[arg(long, env = "STRAIT_GC_INTERVAL_S")]
     pub gc_interval_s: Option<u64>,
@@ -94,12 +88,7 @@ impl Args {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        if let Some(v) = &self.token {
-            c.token = v.clone();
-        }
-        if let Some(v) = &self.token_file {
-            c.token_file = Some(v.clone());
-        }
+        self.site.apply(&mut c.site);
         if let Some(v) = &self.tls_cert {
             c.tls_cert_file = Some(v.clone());
         }
@@ -111,9 +100,6 @@ impl Args {
         }
         if let Some(v) = &self.metrics_listen {
             c.metrics_listen = v.clone();
-        }
-        if let Some(v) = self.session_timeout_ms {
-            c.session_timeout_ms = v;
         }
         if let Some(v) = self.gc_interval_s {
             c.gc_interval_s = v;

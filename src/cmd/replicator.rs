@@ -198,28 +198,12 @@ async fn serve(a: ServeArgs) -> Result<()> {
     // one line on stdout, for scripts and tests that wait for the node
     println!("strait replicator: node {id} serving on {}", node.addr);
     tracing::info!("node {id} serving on {}", node.addr);
-    wait_for_signal().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(strait_site::wait_for_signal(stop.clone()));
+    stop.cancelled().await;
     tracing::info!("shutting down");
     node.shutdown().await;
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut t), Ok(mut i)) => {
-            tokio::select! {
-                _ = t.recv() => {}
-                _ = i.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channel>> {

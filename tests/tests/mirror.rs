@@ -1,6 +1,6 @@
 //! A mirror follows the primary through a three-node replicator cluster.
 //!
-//! Invariants checked (DESIGN.md §6):
+//! Invariants checked (docs/guarantees.md):
 //! - prefix consistency: during a create/rename/setattr storm, every sampled
 //!   `strait fsck --compare` finds the mirror's digest equal to the primary's at one version;
 //! - exactly once across a crash: the mirror is SIGKILLed mid-storm and restarted; after the

@@ -1,4 +1,4 @@
-//! The mirror's data path (DESIGN.md §4), with real processes: a three-node replicator, the
+//! The mirror's data path (docs/architecture.md, "The data path"), with real processes: a three-node replicator, the
 //! primary daemon, a mirror daemon with its own object store, FUSE mounts in both regions.
 //!
 //! - Blocks reach the mirror's store on first read (served at once from the primary's

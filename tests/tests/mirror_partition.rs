@@ -3,11 +3,11 @@
 //! to the primary's metadata service stays up.
 //!
 //! Invariants checked:
-//! - bounded staleness (DESIGN.md §6.3): under `forward`, a read at the mirror sees a change
+//! - bounded staleness (docs/guarantees.md §4): under `forward`, a read at the mirror sees a change
 //!   made at the primary during the partition (the primary answers it); under `wait`, the read
 //!   blocks and completes, with the change, after the heal;
 //! - the mirror knows it is cut off: its status leaves `following`, its lag grows;
-//! - convergence (§6.5): after the heal both mirrors return to `following` at the primary's
+//! - convergence (docs/guarantees.md §6): after the heal both mirrors return to `following` at the primary's
 //!   version with equal digests.
 
 use std::time::{Duration, Instant};

@@ -19,7 +19,7 @@ pub fn gc_once(meta: &Meta, store: &DynStore, rt: &tokio::runtime::Handle) -> Re
 
 /// [`gc_once`], deleting only the dead slices `allow` agrees to (it is called after the dead
 /// slices are listed, once per slice). A primary with mirrors uses it to keep the blocks of
-/// slices some mirror's applied metadata still references (DESIGN.md §4).
+/// slices some mirror's applied metadata still references (docs/changelog.md, "Garbage collection across regions").
 pub fn gc_once_with(
     meta: &Meta,
     store: &DynStore,

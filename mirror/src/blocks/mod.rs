@@ -1,4 +1,4 @@
-//! A mirror's data blocks (DESIGN.md §4): the persistent copy queue, the copy workers, the
+//! A mirror's data blocks (docs/architecture.md, "The data path"): the persistent copy queue, the copy workers, the
 //! read fallback that jumps the queue, the deletion of blocks whose slices the primary purged,
 //! and the upload of blocks written at this region to the primary's store.
 //!

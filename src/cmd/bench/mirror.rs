@@ -5,7 +5,7 @@
 //! - commit-to-apply: for every record of the storm, the mirror's wall clock when it applied
 //!   the record minus the primary's clock when it committed it. Exact when both run on one
 //!   machine (as `strait dev up` does); the mirror keeps these for the last minute.
-//! - the mirror's own lag estimate (DESIGN.md §4, on the primary's clock readings, immune to
+//! - the mirror's own lag estimate (docs/consistency.md, "Lag", on the primary's clock readings, immune to
 //!   skew), sampled every 100 ms by this command.
 
 use std::path::PathBuf;

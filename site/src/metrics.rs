@@ -1,12 +1,16 @@
 //! Prometheus metrics of a site daemon, and the HTTP endpoint serving them with `/health`.
+//!
+//! [`Metrics`] holds every metric of the primary's process (the mirror's metrics wrap it and
+//! register theirs in its registry); the shipper's and GC's stay zero at a mirror.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use axum::http::StatusCode;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntGauge, Opts, Registry, TextEncoder,
 };
-use strait_fs_core::meta::{Meta, ROOT_INO};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -151,52 +155,30 @@ impl Metrics {
     }
 }
 
-/// Serve `/metrics` and `/health` on `listener` until `stop` fires.
-pub async fn serve(
+/// The one HTTP listener of a site daemon: `/metrics` answers `render()` (the text
+/// exposition) and `/health` answers `health()` (a status and a line saying why), on
+/// `listener` until `stop` fires.
+pub async fn serve<R, RF, H, HF>(
     listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    engine: Arc<Meta>,
+    render: R,
+    health: H,
     stop: tokio_util::sync::CancellationToken,
-) {
-    use axum::http::StatusCode;
+) where
+    R: Fn() -> RF + Clone + Send + Sync + 'static,
+    RF: Future<Output = String> + Send + 'static,
+    H: Fn() -> HF + Clone + Send + Sync + 'static,
+    HF: Future<Output = (StatusCode, String)> + Send + 'static,
+{
     use axum::routing::get;
-    let m = metrics.clone();
-    let e = engine.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
             get(move || {
-                let m = m.clone();
-                let e = e.clone();
-                async move {
-                    let version = tokio::task::spawn_blocking(move || e.kv().last_version()).await;
-                    if let Ok(Ok(v)) = version {
-                        m.version.set(v as i64);
-                    }
-                    ([("content-type", "text/plain; version=0.0.4")], m.render())
-                }
+                let text = render();
+                async move { ([("content-type", "text/plain; version=0.0.4")], text.await) }
             }),
         )
-        .route(
-            "/health",
-            get(move || {
-                let e = engine.clone();
-                async move {
-                    // healthy when the engine answers a read
-                    match tokio::task::spawn_blocking(move || e.getattr(ROOT_INO)).await {
-                        Ok(Ok(_)) => (StatusCode::OK, "ok\n".to_string()),
-                        Ok(Err(err)) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("the metadata engine fails: {err}\n"),
-                        ),
-                        Err(_) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "the engine check did not finish\n".to_string(),
-                        ),
-                    }
-                }
-            }),
-        );
+        .route("/health", get(health));
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await

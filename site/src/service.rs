@@ -18,6 +18,7 @@ use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
 use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -58,18 +59,11 @@ impl Auth {
     }
 }
 
-/// Equal without leaking where two byte strings first differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl tonic::service::Interceptor for Auth {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
         let given = req.metadata().get("authorization").map(|v| v.as_bytes());
-        let ok = given.is_some_and(|g| constant_time_eq(g, &self.expected));
+        // equal without leaking where the two first differ (only whether the lengths do)
+        let ok = given.is_some_and(|g| bool::from(g.ct_eq(&self.expected)));
         if ok {
             return Ok(req);
         }

@@ -1,0 +1,36 @@
+//! What every site daemon serves, whichever role it has (the primary, `strait primary`, or a
+//! mirror, `strait mirror`): both daemons are built on this crate, and neither depends on the
+//! other.
+//!
+//! - [`service`]: fs-core's metadata API over gRPC to the mounts of a region ([`MetaServer`]),
+//!   with token auth ([`Auth`]).
+//! - [`sessions`]: closing the sessions of mounts that went silent.
+//! - [`snapshot`]: metadata snapshots and digests streamed to mirrors and `fsck --compare`.
+//! - [`metrics`]: the Prometheus metrics every site daemon has, and the one HTTP listener
+//!   serving `/metrics` and `/health`.
+//! - [`signal`]: waiting for SIGTERM or SIGINT.
+//! - [`config`]: the settings both daemons share, and the token they are given.
+
+pub mod config;
+pub mod metrics;
+pub mod service;
+pub mod sessions;
+pub mod signal;
+pub mod snapshot;
+
+pub use config::{resolve_token, SiteConfig};
+pub use metrics::Metrics;
+pub use service::{Auth, BlockSource, MetaServer, ReplicationWait};
+pub use signal::wait_for_signal;
+
+/// Largest request or reply message a site daemon's services accept or send: the one limit
+/// in `strait_proto::limits`.
+pub use strait_proto::limits::META_MESSAGE_BYTES_MAX as MESSAGE_BYTES_MAX;
+
+/// Milliseconds since the Unix epoch on this machine's wall clock (0 if it is set before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
