@@ -25,8 +25,13 @@ impl Latencies {
     }
 
     pub(super) fn record(&mut self, d: Duration) {
-        self.0
-            .saturating_record(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        // `record` grows the histogram to fit (`saturating_record` does not: it clamped every
+        // latency to the initial range, about 2 ms); only a value past what any histogram can
+        // hold is clamped
+        if self.0.record(us).is_err() {
+            self.0.saturating_record(us);
+        }
     }
 
     /// The `q` quantile (0..=1) in ms (0 with no samples).
@@ -282,4 +287,24 @@ pub(super) fn tempfile_dir(what: &str) -> Result<std::path::PathBuf> {
     ));
     std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Latencies far past the histogram's first range (milliseconds to seconds) come back as
+    /// recorded, to 3 significant figures, not clamped.
+    #[test]
+    fn latencies_keep_large_values() {
+        let mut l = Latencies::new();
+        for ms in [1u64, 10, 100, 1000, 5000] {
+            l.record(Duration::from_millis(ms));
+        }
+        assert_eq!(l.len(), 5);
+        let close = |got: f64, want: f64| (got - want).abs() <= want * 0.001;
+        assert!(close(l.ms(0.5), 100.0), "p50 {}", l.ms(0.5));
+        assert!(close(l.max_ms(), 5000.0), "max {}", l.max_ms());
+        assert!(close(l.ms(0.0), 1.0), "min {}", l.ms(0.0));
+    }
 }
