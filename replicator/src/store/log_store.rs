@@ -25,14 +25,40 @@ const FLUSH_QUEUE: usize = 4096;
 /// run meanwhile. openraft 0.9's Raft core itself waits for the report (`append_to_log`
 /// awaits the flush) before it replicates or takes the next write, so a leader's sync comes
 /// before its followers are sent the entries, and a node has one append to sync at a time.
+///
+/// When the last [`LogStore`] clone goes, the flusher closes its queue and waits for its thread
+/// to finish what is queued: the thread's handle on the database is gone before the store's
+/// owner goes on. (Left to end on its own, the thread could be the last holder of the database
+/// and close it while the process exits, which RocksDB answers with "pthread lock: Invalid
+/// argument" and an abort; openraft's storage suite, opening a database per case, hit it.)
 struct Flusher {
-    tx: std::sync::mpsc::SyncSender<LogFlushed<TypeConfig>>,
+    tx: Option<std::sync::mpsc::SyncSender<LogFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flusher {
+    fn tx(&self) -> &std::sync::mpsc::SyncSender<LogFlushed<TypeConfig>> {
+        self.tx
+            .as_ref()
+            .expect("the queue is open until the flusher is dropped")
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the Raft log's fsync thread panicked");
+            }
+        }
+    }
 }
 
 impl Flusher {
     fn start(db: Arc<DB>) -> anyhow::Result<Flusher> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<LogFlushed<TypeConfig>>(FLUSH_QUEUE);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("strait-raft-fsync".into())
             .spawn(move || {
                 // ends when every LogStore (every sender) is gone
@@ -58,7 +84,10 @@ impl Flusher {
                     }
                 }
             })?;
-        Ok(Flusher { tx })
+        Ok(Flusher {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
     }
 }
 
@@ -200,9 +229,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             );
         }
         // in order: a full queue waits for room rather than syncing out of turn
-        let cb = match self.flusher.tx.try_send(callback) {
+        let cb = match self.flusher.tx().try_send(callback) {
             Ok(()) => return Ok(()),
-            Err(std::sync::mpsc::TrySendError::Full(cb)) => match self.flusher.tx.send(cb) {
+            Err(std::sync::mpsc::TrySendError::Full(cb)) => match self.flusher.tx().send(cb) {
                 Ok(()) => return Ok(()),
                 Err(std::sync::mpsc::SendError(cb)) => cb,
             },
