@@ -53,6 +53,8 @@ enum Command {
     Gc(cmd::gc::Args),
     /// Benchmark a mounted directory (strait's or any other file system's).
     Bench(cmd::bench::fs::Args),
+    /// Run the Jepsen-style harness: a two-region cluster under a seeded nemesis, checked.
+    Chaos(cmd::chaos::Args),
 }
 
 fn main() {
@@ -94,6 +96,7 @@ fn main() {
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Gc(a) => cmd::gc::run(a),
         Command::Bench(a) => cmd::bench::fs::run(a),
+        Command::Chaos(a) => cmd::chaos::run(a),
     };
     if let Err(e) = result {
         eprintln!("strait: {e:#}");

@@ -28,9 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use strait_chaos::{Faults, Proxy};
 
-use crate::{free_port, spawn_tied, Garage};
+use crate::{free_port, spawn_tied, Faults, Garage, Proxy};
 
 /// What [`Cluster::start`] starts. The CLI checks the values (`strait dev up`'s flags).
 #[derive(Clone, Debug)]
@@ -56,6 +55,14 @@ pub struct ClusterConfig {
     pub garage: bool,
     /// Bandwidth cap between the regions, MB/s per proxy (0: none).
     pub link_mb_s: f64,
+    /// Also put a (fault-free) proxy between the primary and each replicator node, so that
+    /// the primary alone can be cut off from the replicator (the chaos harness does).
+    pub primary_proxies: bool,
+    /// More arguments for `strait primary`, `strait mirror` and each `strait mount`
+    /// (`--durability replicated`, `--attr-ttl 0`, ...).
+    pub primary_args: Vec<String>,
+    pub mirror_args: Vec<String>,
+    pub mount_args: Vec<String>,
 }
 
 /// What `dev up` writes to DIR/dev.json once everything runs.
@@ -84,8 +91,12 @@ pub struct Topology {
 pub struct Cluster {
     topology: Topology,
     strait_bin: PathBuf,
+    /// Every fault proxy, by name: `a-to-replicator3`, `b-to-replicator1`,
+    /// `b-to-replicator2`, `b-to-primary`, `b-to-s3` (with Garage) cross the link between the
+    /// regions; `primary-to-replicatorN` (with [`ClusterConfig::primary_proxies`]) do not.
+    proxies: Vec<(String, Arc<Proxy>)>,
     // dropped after `kids` has been stopped (see `Parts`'s Drop)
-    _parts: Parts,
+    parts: Parts,
 }
 
 /// What a cluster that is starting already holds: dropped on a failed start as on a stop.
@@ -109,14 +120,39 @@ fn free_addr() -> Result<SocketAddr> {
 struct Children {
     /// The `strait` program.
     bin: PathBuf,
-    list: Vec<(String, Child)>,
+    list: Vec<Kid>,
     /// Environment of every child (the S3 credentials of `--store garage`).
     env: Vec<(String, String)>,
 }
 
+/// One daemon: how it was started, so that it can be started again the same way.
+struct Kid {
+    name: String,
+    log: PathBuf,
+    args: Vec<String>,
+    child: Child,
+}
+
 impl Children {
     fn spawn(&mut self, name: &str, log: &Path, args: &[String]) -> Result<()> {
-        let f = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        let child = self.start(name, log, args, false)?;
+        self.list.push(Kid {
+            name: name.to_string(),
+            log: log.to_path_buf(),
+            args: args.to_vec(),
+            child,
+        });
+        Ok(())
+    }
+
+    fn start(&self, name: &str, log: &Path, args: &[String], append: bool) -> Result<Child> {
+        let f = std::fs::File::options()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(log)
+            .with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new(&self.bin);
         cmd.args(args)
             .envs(self.env.iter().cloned())
@@ -126,9 +162,15 @@ impl Children {
             // a Ctrl-C at the terminal reaches `dev up` alone, which unmounts before it stops
             // the daemons; if `dev up` dies, the daemons get SIGTERM (`spawn_tied`)
             .process_group(0);
-        let child = spawn_tied(cmd).with_context(|| format!("start {name}"))?;
-        self.list.push((name.to_string(), child));
-        Ok(())
+        spawn_tied(cmd).with_context(|| format!("start {name}"))
+    }
+
+    fn kid(&mut self, name: &str) -> Result<&mut Kid> {
+        let names: Vec<String> = self.list.iter().map(|k| k.name.clone()).collect();
+        self.list
+            .iter_mut()
+            .find(|k| k.name == name)
+            .with_context(|| format!("no process {name:?} (there are: {})", names.join(", ")))
     }
 
     /// Wait until `log` holds `line`; fail when the child exits first.
@@ -141,8 +183,8 @@ impl Children {
             {
                 return Ok(());
             }
-            if let Some((_, c)) = self.list.iter_mut().find(|(n, _)| n == name) {
-                if let Ok(Some(st)) = c.try_wait() {
+            if let Some(k) = self.list.iter_mut().find(|k| k.name == name) {
+                if let Ok(Some(st)) = k.child.try_wait() {
                     bail!(
                         "{name} exited ({st}); its log {}:\n{}",
                         log.display(),
@@ -162,18 +204,23 @@ impl Children {
     }
 
     fn stop_all(&mut self) {
-        for (_, c) in self.list.iter_mut().rev() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        for k in self.list.iter_mut().rev() {
+            // a stopped process would not act on SIGTERM
+            unsafe { libc::kill(k.child.id() as i32, libc::SIGCONT) };
+            unsafe { libc::kill(k.child.id() as i32, libc::SIGTERM) };
         }
         let start = Instant::now();
-        for (name, c) in self.list.iter_mut().rev() {
+        for k in self.list.iter_mut().rev() {
             loop {
-                match c.try_wait() {
+                match k.child.try_wait() {
                     Ok(Some(_)) | Err(_) => break,
                     Ok(None) if start.elapsed() > Duration::from_secs(10) => {
-                        eprintln!("strait dev: {name} did not stop within 10 s: killing it");
-                        let _ = c.kill();
-                        let _ = c.wait();
+                        eprintln!(
+                            "strait dev: {} did not stop within 10 s: killing it",
+                            k.name
+                        );
+                        let _ = k.child.kill();
+                        let _ = k.child.wait();
                         break;
                     }
                     Ok(None) => std::thread::sleep(Duration::from_millis(50)),
@@ -268,7 +315,7 @@ impl Cluster {
 
         // replicator nodes 1, 2 (A) and 3 (B); node 3 is reached through the link
         let nodes: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_>>()?;
-        let mut proxies: Vec<Arc<Proxy>> = vec![];
+        let mut proxies: Vec<(String, Arc<Proxy>)> = vec![];
         let link = |target: SocketAddr| -> Result<Arc<Proxy>> {
             let p = rt
                 .block_on(Proxy::start("127.0.0.1:0".parse().expect("addr"), target))
@@ -280,7 +327,11 @@ impl Cluster {
         // region B reaches nodes 1 and 2 through the link too (node 3, and the mirror)
         let to_n1 = link(nodes[0])?;
         let to_n2 = link(nodes[1])?;
-        proxies.extend([p3.clone(), to_n1.clone(), to_n2.clone()]);
+        proxies.extend([
+            (s("a-to-replicator3"), p3.clone()),
+            (s("b-to-replicator1"), to_n1.clone()),
+            (s("b-to-replicator2"), to_n2.clone()),
+        ]);
         for (i, addr) in nodes.iter().enumerate() {
             let region = if i < 2 { &ra } else { &rb };
             let name = format!("replicator{}", i + 1);
@@ -341,6 +392,18 @@ impl Cluster {
         }
 
         // the primary (A) ships to the three nodes
+        let mut shipping_to = vec![nodes[0], nodes[1], p3.addr()];
+        if a.primary_proxies {
+            for (i, to) in shipping_to.iter_mut().enumerate() {
+                let p = rt
+                    .block_on(Proxy::start("127.0.0.1:0".parse().expect("addr"), *to))
+                    .context("start a fault proxy")?;
+                let p = Arc::new(p);
+                *to = p.addr();
+                proxies.push((format!("primary-to-replicator{}", i + 1), p));
+            }
+        }
+        let shipping_to: Vec<String> = shipping_to.iter().map(|a| a.to_string()).collect();
         let primary = free_addr()?;
         let primary_metrics = free_addr()?;
         let plog = ra.join("primary.log");
@@ -358,8 +421,11 @@ impl Cluster {
                 s("--token"),
                 token.clone(),
                 s("--replicator"),
-                format!("{},{},{}", nodes[0], nodes[1], p3.addr()),
-            ],
+                shipping_to.join(","),
+            ]
+            .into_iter()
+            .chain(a.primary_args.iter().cloned())
+            .collect::<Vec<_>>(),
         )?;
         kids.wait_for(
             "primary",
@@ -370,11 +436,11 @@ impl Cluster {
 
         // the mirror (B) reaches region A through the link, its object store too
         let to_primary = link(primary)?;
-        proxies.push(to_primary.clone());
+        proxies.push((s("b-to-primary"), to_primary.clone()));
         let mirror_data_a = match garages.first() {
             Some(ga) => {
                 let to_s3 = link(ga.s3_addr())?;
-                proxies.push(to_s3.clone());
+                proxies.push((s("b-to-s3"), to_s3.clone()));
                 ga.data_url_at("", &to_s3.addr().to_string())
             }
             // read as a directory, so not through the link
@@ -416,7 +482,10 @@ impl Cluster {
                 mirror_data_a.clone(),
                 s("--sync"),
                 a.sync.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(a.mirror_args.iter().cloned())
+            .collect::<Vec<_>>(),
         )?;
         kids.wait_for(
             "mirror",
@@ -429,8 +498,13 @@ impl Cluster {
         let control = std::net::TcpListener::bind("127.0.0.1:0").context("control socket")?;
         let control_addr = control.local_addr().context("control socket")?;
         {
-            let proxies = proxies.clone();
-            std::thread::spawn(move || serve_control(control, proxies));
+            // the link between the regions, not the primary's own proxies
+            let link: Vec<Arc<Proxy>> = proxies
+                .iter()
+                .filter(|(n, _)| !n.starts_with("primary-to-"))
+                .map(|(_, p)| p.clone())
+                .collect();
+            std::thread::spawn(move || serve_control(control, link));
         }
 
         let mut topo = Topology {
@@ -451,23 +525,21 @@ impl Cluster {
             for (region, addr, which) in [(&ra, primary, "a"), (&rb, mirror, "b")] {
                 let mnt = region.join("mnt");
                 std::fs::create_dir_all(&mnt).context("mount point")?;
-                strait(
-                    bin,
-                    &env,
-                    &[
-                        "mount",
-                        &format!("strait://{addr}"),
-                        &mnt.to_string_lossy(),
-                        "--token",
-                        &token,
-                        "--background",
-                        "--cache-dir",
-                        &region.join("cache").to_string_lossy(),
-                        "--log-file",
-                        &region.join("mount.log").to_string_lossy(),
-                    ],
-                )
-                .with_context(|| format!("mount region {which}"))?;
+                let mut args = vec![
+                    s("mount"),
+                    format!("strait://{addr}"),
+                    mnt.to_string_lossy().into_owned(),
+                    s("--token"),
+                    token.clone(),
+                    s("--background"),
+                    s("--cache-dir"),
+                    region.join("cache").to_string_lossy().into_owned(),
+                    s("--log-file"),
+                    region.join("mount.log").to_string_lossy().into_owned(),
+                ];
+                args.extend(a.mount_args.iter().cloned());
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                strait(bin, &env, &args).with_context(|| format!("mount region {which}"))?;
                 if which == "a" {
                     topo.mount_a = Some(mnt);
                 } else {
@@ -480,8 +552,90 @@ impl Cluster {
         Ok(Cluster {
             topology: topo,
             strait_bin: cfg.strait_bin.clone(),
-            _parts: parts,
+            proxies,
+            parts,
         })
+    }
+
+    /// The fault proxies, by name (see [`Cluster`]'s field).
+    pub fn proxies(&self) -> &[(String, Arc<Proxy>)] {
+        &self.proxies
+    }
+
+    /// The daemons' names: `replicator1..3`, `primary`, `mirror`.
+    pub fn daemons(&self) -> Vec<String> {
+        self.parts
+            .kids
+            .list
+            .iter()
+            .map(|k| k.name.clone())
+            .collect()
+    }
+
+    /// The process ids of the Garage servers, region A's first (none with a directory store).
+    pub fn garage_pids(&self) -> Vec<u32> {
+        self.parts.garages.iter().map(|g| g.pid()).collect()
+    }
+
+    /// The process id of daemon `name` (its current incarnation).
+    pub fn pid(&mut self, name: &str) -> Result<u32> {
+        Ok(self.parts.kids.kid(name)?.child.id())
+    }
+
+    /// Send `signal` to daemon `name`.
+    pub fn signal(&mut self, name: &str, signal: i32) -> Result<()> {
+        let pid = self.pid(name)? as i32;
+        // SAFETY: kill has no memory effects; the pid is our own child's (not yet reaped)
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            bail!(
+                "signal {signal} to {name} (pid {pid}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether daemon `name` has exited (and reap it if so).
+    pub fn exited(&mut self, name: &str) -> Result<bool> {
+        Ok(self.parts.kids.kid(name)?.child.try_wait()?.is_some())
+    }
+
+    /// SIGKILL daemon `name` and start it again with the same arguments, its output appended
+    /// to the same log; wait for its "serving" line (primary, mirror) when `wait`.
+    pub fn restart(&mut self, name: &str, wait: Option<Duration>) -> Result<()> {
+        let kids = &mut self.parts.kids;
+        let k = kids.kid(name)?;
+        let _ = k.child.kill();
+        let _ = k.child.wait();
+        let (log, args) = (k.log.clone(), k.args.clone());
+        let mark = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        let child = kids.start(name, &log, &args, true)?;
+        kids.kid(name)?.child = child;
+        let line = match name {
+            "primary" => "strait primary: serving",
+            "mirror" => "strait mirror: serving",
+            _ => return Ok(()),
+        };
+        let Some(within) = wait else { return Ok(()) };
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read(&log).unwrap_or_default();
+            let new = String::from_utf8_lossy(text.get(mark as usize..).unwrap_or_default());
+            if new.contains(line) {
+                return Ok(());
+            }
+            if kids.kid(name)?.child.try_wait()?.is_some() {
+                bail!(
+                    "{name} exited on restart; its log {}:\n{}",
+                    log.display(),
+                    tail(&log)
+                );
+            }
+            if start.elapsed() > within {
+                bail!("{name} did not serve within {within:?} of its restart");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// What DIR/dev.json says: addresses, token, object stores, mount points.

@@ -7,6 +7,8 @@
 //!   that an outgoing connection cannot take first ([`free_port`]);
 //! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);
 //! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]);
+//! - [`proxy`]: a TCP fault proxy (delay, bandwidth cap, blackhole, resets) to put between
+//!   processes, as between regions ([`Proxy`]);
 //! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
 //!   proxies, mounts), started from the `strait` program.
 
@@ -14,8 +16,10 @@ pub mod cluster;
 pub mod garage;
 pub mod ports;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 
 pub use garage::{Garage, ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
 pub use ports::{distinct_free_ports, free_port};
 pub use process::spawn_tied;
+pub use proxy::{Direction, Faults, Link, Proxy, Stats};

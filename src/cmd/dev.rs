@@ -111,6 +111,10 @@ fn up(a: UpArgs) -> Result<()> {
         sync: a.sync.clone(),
         garage: a.store == "garage",
         link_mb_s: a.link_mb_s,
+        primary_proxies: false,
+        primary_args: vec![],
+        mirror_args: vec![],
+        mount_args: vec![],
     };
     let cluster = Cluster::start(
         &cfg,
@@ -182,7 +186,7 @@ fn up(a: UpArgs) -> Result<()> {
     Ok(())
 }
 
-async fn has_leader(node: SocketAddr) -> bool {
+pub(crate) async fn has_leader(node: SocketAddr) -> bool {
     let Ok(ch) = strait_replicator_client::channel(&node.to_string()) else {
         return false;
     };

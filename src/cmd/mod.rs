@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod changelog;
+pub mod chaos;
 pub mod dev;
 pub mod dump;
 pub mod format;

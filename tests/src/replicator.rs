@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use strait_devkit::spawn_tied;
 
-use strait_chaos::Proxy;
+use strait_devkit::Proxy;
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
 

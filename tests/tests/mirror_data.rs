@@ -449,7 +449,7 @@ fn only_eager_paths_are_copied_in_the_background() {
 
 #[test]
 fn two_regions_on_garage_s3_the_mirror_serves_its_copies_with_the_link_cut() {
-    use strait_chaos::{Faults, Proxy};
+    use strait_devkit::{Faults, Proxy};
     let Some(ga) = strait_tests::garage::Garage::start() else {
         return; // not under CI=true, and Garage is not installed (said on stderr)
     };

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use strait_chaos::Proxy;
+use strait_devkit::Proxy;
 use strait_tests::daemon::Primary;
 use strait_tests::replicator::RegionA;
 use strait_tests::site::{compare, mirror_row, primary_version, wait_applied, Site};

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strait_chaos::{Faults, Link};
+use strait_devkit::{Faults, Link};
 use strait_proto::replicator as pb;
 use strait_tests::replicator::{client, leader, Cluster};
 use strait_tests::strait_bin;
@@ -189,7 +189,7 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
                 ..Link::default()
             };
             // both ways: the calls to it, and its own calls out (votes, its relay)
-            let links: Vec<&strait_chaos::Proxy> = egress
+            let links: Vec<&strait_devkit::Proxy> = egress
                 .iter()
                 .filter(|((from, to), _)| *from == f || *to == f)
                 .map(|(_, p)| p)

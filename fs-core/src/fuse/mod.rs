@@ -193,6 +193,31 @@ macro_rules! tri {
     };
 }
 
+/// [`tri!`] for a call on an inode the kernel named by number (getattr, open, ...): an inode
+/// that no longer exists is ESTALE, not ENOENT. The kernel may hold a name's old inode in its
+/// caches (for up to the entry TTL, or in a path walk that raced with a rename at any mount);
+/// on ESTALE it looks the name up again and retries once (LOOKUP_REVAL), so `open("reg")`
+/// while another process renames a new `reg` over it opens the new file instead of failing
+/// with ENOENT for a name that always existed.
+macro_rules! tri_ino {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                $reply.error(errno_ino(&e));
+                return;
+            }
+        }
+    };
+}
+
+fn errno_ino(e: &Error) -> Errno {
+    if e.errno() == libc::ENOENT {
+        return Errno::from_i32(libc::ESTALE);
+    }
+    errno(e)
+}
+
 macro_rules! name {
     ($reply:expr, $n:expr) => {
         match name_ok($n) {
@@ -228,7 +253,7 @@ impl Filesystem for StraitFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let a = tri!(reply, self.vfs.getattr(ino.0));
+        let a = tri_ino!(reply, self.vfs.getattr(ino.0));
         reply.attr(&self.opts.attr_ttl, &file_attr(ino.0, &a));
     }
 
@@ -266,12 +291,12 @@ impl Filesystem for StraitFs {
             ctime_ns: ctime.map(ns),
             via_handle: fh.is_some(),
         };
-        let a = tri!(reply, self.vfs.setattr(&self.ctx(req), ino.0, &sa));
+        let a = tri_ino!(reply, self.vfs.setattr(&self.ctx(req), ino.0, &sa));
         reply.attr(&self.opts.attr_ttl, &file_attr(ino.0, &a));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let t = tri!(reply, self.vfs.meta().readlink(ino.0));
+        let t = tri_ino!(reply, self.vfs.meta().readlink(ino.0));
         reply.data(&t);
     }
 
@@ -382,7 +407,7 @@ impl Filesystem for StraitFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let (fh, _, changed) = tri!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
+        let (fh, _, changed) = tri_ino!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
         if changed {
             if let Some(n) = self.notifier.get() {
                 // offset -1: attributes only; the page cache is dropped by the open itself
@@ -473,7 +498,7 @@ impl Filesystem for StraitFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let fh = tri!(reply, self.vfs.opendir(&self.ctx(req), ino.0));
+        let fh = tri_ino!(reply, self.vfs.opendir(&self.ctx(req), ino.0));
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
@@ -555,7 +580,7 @@ impl Filesystem for StraitFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        tri!(
+        tri_ino!(
             reply,
             self.vfs
                 .meta()
@@ -565,7 +590,7 @@ impl Filesystem for StraitFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let v = tri!(
+        let v = tri_ino!(
             reply,
             self.vfs
                 .meta()
@@ -581,7 +606,7 @@ impl Filesystem for StraitFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let names = tri!(reply, self.vfs.meta().listxattr(&self.ctx(req), ino.0));
+        let names = tri_ino!(reply, self.vfs.meta().listxattr(&self.ctx(req), ino.0));
         let mut buf = vec![];
         for n in names {
             buf.extend_from_slice(&n);
@@ -597,7 +622,7 @@ impl Filesystem for StraitFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        tri!(
+        tri_ino!(
             reply,
             self.vfs
                 .meta()
@@ -607,7 +632,7 @@ impl Filesystem for StraitFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        tri!(
+        tri_ino!(
             reply,
             self.vfs
                 .meta()

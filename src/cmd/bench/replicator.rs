@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use strait_chaos::{Faults, Proxy};
+use strait_devkit::{Faults, Proxy};
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
 use strait_replicator::node::{Node, NodeConfig};

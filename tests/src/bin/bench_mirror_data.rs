@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
-use strait_chaos::{Faults, Link, Proxy};
+use strait_devkit::{Faults, Link, Proxy};
 use strait_tests::daemon::Primary;
 use strait_tests::garage::Garage;
 use strait_tests::mount::TestFs;

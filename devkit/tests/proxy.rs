@@ -7,7 +7,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use strait_chaos::{Faults, Link, Proxy};
+use strait_devkit::{Faults, Link, Proxy};
 
 /// An echo server on a thread per connection.
 fn echo_server() -> SocketAddr {

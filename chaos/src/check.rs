@@ -1,0 +1,478 @@
+//! The checkers: pure functions over the recorded history (and the final reads).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::model::{Model, Node, Outcome};
+use crate::workload::{Event, Observed, Op, Region, NAMES};
+
+/// The checkers, by number (index 0 unused).
+pub const CHECKERS: [&str; 8] = [
+    "",
+    "acknowledged writes are not lost",
+    "a mount's reads never go back",
+    "read-your-writes at each mount",
+    "reads at a mirror within the window",
+    "every byte read was written",
+    "the mirror converges after the heal",
+    "no orphan object after GC",
+];
+
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub checker: usize,
+    pub what: String,
+    /// The operations that show it.
+    pub excerpt: Vec<String>,
+}
+
+/// What the checkers looked at and found.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    pub checked: [u64; 8],
+    pub violations: Vec<Violation>,
+}
+
+impl Tally {
+    pub fn violated(&mut self, checker: usize, what: String, excerpt: Vec<String>) {
+        self.violations.push(Violation {
+            checker,
+            what,
+            excerpt,
+        });
+    }
+    pub fn count(&self, checker: usize) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| v.checker == checker)
+            .count()
+    }
+}
+
+/// How stale a register read may be, in ms, by reader's and writer's region.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Reads at the mirror are bounded at all (policy `forward` or `wait`).
+    pub mirror_bounded: bool,
+    /// The window plus one link round trip plus the kernel's attribute cache and a margin.
+    pub mirror_ms: u64,
+    /// The kernel's attribute and entry cache at a mount other than the writer's.
+    pub other_mount_ms: u64,
+}
+
+/// One line of an excerpt.
+pub fn describe(e: &Event) -> String {
+    let done = match e.complete_ms {
+        Some(t) => format!("{t:>7}"),
+        None => "  never".to_string(),
+    };
+    let what = match &e.op {
+        Op::Mutate { seq, what, effects } => format!("#{seq} {what} {effects:?}"),
+        Op::Read { name } => format!("read {name}"),
+        Op::List => "list".to_string(),
+        Op::RegGet { owner } => format!("read register of c{owner}"),
+    };
+    let mut s = format!(
+        "{:>7}..{done} ms  c{} at {:?}: {what} -> {:?}",
+        e.invoke_ms, e.client, e.region, e.outcome
+    );
+    if let Some(err) = &e.error {
+        s.push_str(&format!(" ({err})"));
+    }
+    if let Some(o) = &e.observed {
+        let o = format!("{o:?}");
+        s.push_str(&format!(" saw {}", o.chars().take(160).collect::<String>()));
+    }
+    s
+}
+
+/// Replay each client's history through its model, checking its own reads (checkers 3, 5);
+/// returns the models for the final reads.
+pub fn replay(events: &[Event], tally: &mut Tally) -> BTreeMap<u32, Model> {
+    let mut models: BTreeMap<u32, Model> = BTreeMap::new();
+    let mut recent: BTreeMap<u32, VecDeque<String>> = BTreeMap::new();
+    let mut order: Vec<&Event> = events.iter().collect();
+    order.sort_by_key(|e| (e.client, e.invoke_ms));
+    for e in order {
+        let m = models.entry(e.client).or_default();
+        let r = recent.entry(e.client).or_default();
+        r.push_back(describe(e));
+        if r.len() > 12 {
+            r.pop_front();
+        }
+        let excerpt = || r.iter().cloned().collect::<Vec<_>>();
+        match (&e.op, &e.observed) {
+            (Op::Mutate { effects, .. }, _) => {
+                tally.checked[3] += 1;
+                if let Err(x) = m.operation(effects, e.outcome) {
+                    tally.violated(
+                        3,
+                        format!(
+                            "c{} at {:?}: {} on {} contradicts every state it could be in ({:?})",
+                            e.client, e.region, x.observed, x.name, x.expected
+                        ),
+                        excerpt(),
+                    );
+                }
+            }
+            (_, Some(Observed::Garbage(g))) => {
+                tally.checked[5] += 1;
+                tally.violated(
+                    5,
+                    format!(
+                        "c{} at {:?} read bytes no write wrote: {g}",
+                        e.client, e.region
+                    ),
+                    excerpt(),
+                );
+            }
+            (Op::Read { name }, Some(Observed::Node(n))) if e.outcome == Outcome::Ok => {
+                tally.checked[5] += 1;
+                if let Some(Err(x)) = m.check_read(name, n) {
+                    tally.checked[3] += 1;
+                    tally.violated(
+                        3,
+                        format!(
+                            "c{} at {:?} read {name} as {} but its own history allows only {:?}",
+                            e.client, e.region, x.observed, x.expected
+                        ),
+                        excerpt(),
+                    );
+                } else {
+                    tally.checked[3] += 1;
+                }
+            }
+            (Op::List, Some(Observed::Names(names))) => {
+                for n in names {
+                    if !NAMES.contains(&n.as_str()) {
+                        tally.violated(
+                            3,
+                            format!(
+                                "c{} at {:?} listed a name it never made: {n}",
+                                e.client, e.region
+                            ),
+                            excerpt(),
+                        );
+                    }
+                }
+                for n in NAMES {
+                    tally.checked[3] += 1;
+                    if let Some(Err(x)) = m.check_listed(n, names.iter().any(|x| x == n)) {
+                        tally.violated(
+                            3,
+                            format!(
+                                "c{} at {:?}: {n} {} but its history allows only {:?}",
+                                e.client, e.region, x.observed, x.expected
+                            ),
+                            excerpt(),
+                        );
+                    }
+                }
+            }
+            (Op::RegGet { .. }, Some(Observed::Reg(_))) => tally.checked[5] += 1,
+            _ => {}
+        }
+    }
+    models
+}
+
+/// Checkers 2 and 4 over the registers: a mount's reads of a register never go back, and a
+/// read started more than the bound after a write was acknowledged sees it.
+pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
+    // owner -> (ack time, seq, writer's region), in the owner's order
+    let mut puts: BTreeMap<u32, Vec<(u64, u64, Region)>> = BTreeMap::new();
+    let mut gets: Vec<&Event> = vec![];
+    for e in events {
+        match (&e.op, e.outcome, e.complete_ms) {
+            (Op::Mutate { what, seq, .. }, Outcome::Ok, Some(t)) if what == "register" => {
+                puts.entry(e.client).or_default().push((t, *seq, e.region))
+            }
+            (Op::RegGet { .. }, Outcome::Ok, Some(_)) => gets.push(e),
+            _ => {}
+        }
+    }
+    for p in puts.values_mut() {
+        p.sort();
+    }
+    let value = |e: &Event| match &e.observed {
+        Some(Observed::Reg(v)) => Some(v.unwrap_or(0)),
+        _ => None,
+    };
+    let owner = |e: &Event| match e.op {
+        Op::RegGet { owner } => owner,
+        _ => u32::MAX,
+    };
+    // 4: freshness
+    for g in &gets {
+        let Some(v) = value(g) else { continue };
+        let o = owner(g);
+        let Some(ps) = puts.get(&o) else { continue };
+        let mut required = None;
+        for &(ack, seq, wr) in ps {
+            let bound = match (g.region, wr) {
+                (Region::B, Region::A) if !bounds.mirror_bounded => continue,
+                (Region::B, Region::A) => bounds.mirror_ms,
+                (r, w) if r == w => 0,
+                _ => bounds.other_mount_ms,
+            };
+            if ack + bound < g.invoke_ms {
+                required = Some((seq, ack, bound));
+            }
+        }
+        tally.checked[4] += 1;
+        if let Some((seq, ack, bound)) = required {
+            if v < seq {
+                tally.violated(
+                    4,
+                    format!(
+                        "c{} at {:?} read c{o}'s register as #{v} at {} ms, but #{seq} was acknowledged at {ack} ms (bound {bound} ms)",
+                        g.client, g.region, g.invoke_ms
+                    ),
+                    vec![describe(g)],
+                );
+            }
+        }
+    }
+    // 2: per mount and register, a read never sees less than one that ended before it began
+    let mut by: BTreeMap<(Region, u32), Vec<&Event>> = BTreeMap::new();
+    for g in &gets {
+        by.entry((g.region, owner(g))).or_default().push(g);
+    }
+    for ((region, o), list) in by {
+        let mut ended: Vec<(u64, u64, &Event)> = list
+            .iter()
+            .filter_map(|g| Some((g.complete_ms?, value(g)?, *g)))
+            .collect();
+        ended.sort_by_key(|x| x.0);
+        let mut started: Vec<&Event> = list.clone();
+        started.sort_by_key(|g| g.invoke_ms);
+        let (mut i, mut best): (usize, Option<(u64, &Event)>) = (0, None);
+        for g in started {
+            while i < ended.len() && ended[i].0 < g.invoke_ms {
+                if best.is_none_or(|(b, _)| ended[i].1 > b) {
+                    best = Some((ended[i].1, ended[i].2));
+                }
+                i += 1;
+            }
+            let Some(v) = value(g) else { continue };
+            tally.checked[2] += 1;
+            if let Some((b, earlier)) = best {
+                if v < b {
+                    tally.violated(
+                        2,
+                        format!("the mount at {region:?} read c{o}'s register as #{v} after it had read #{b}"),
+                        vec![describe(earlier), describe(g)],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A final read of a client's name, after the heal, against its model.
+pub fn final_read(
+    models: &mut BTreeMap<u32, Model>,
+    client: u32,
+    name: &str,
+    region: Region,
+    observed: &Option<Observed>,
+    checker: usize,
+    tally: &mut Tally,
+    history: &[Event],
+) {
+    let m = models.entry(client).or_default();
+    let excerpt = || {
+        let mut v: Vec<String> = history
+            .iter()
+            .filter(|e| e.client == client && touches(e, name))
+            .map(describe)
+            .collect();
+        let n = v.len();
+        v.drain(..n.saturating_sub(12));
+        v
+    };
+    match observed {
+        Some(Observed::Node(n)) => {
+            tally.checked[checker] += 1;
+            if let Some(Err(x)) = m.check_read(name, n) {
+                tally.violated(
+                    checker,
+                    format!(
+                        "after the heal, c{client}'s {name} reads at {region:?} as {} but its history allows only {:?}",
+                        x.observed, x.expected
+                    ),
+                    excerpt(),
+                );
+            }
+        }
+        Some(Observed::Garbage(g)) => {
+            tally.checked[5] += 1;
+            tally.violated(
+                5,
+                format!("after the heal, c{client}'s {name} at {region:?}: {g}"),
+                excerpt(),
+            );
+        }
+        _ => tally.violated(
+            checker,
+            format!("after the heal, c{client}'s {name} could not be read at {region:?}"),
+            vec![],
+        ),
+    }
+}
+
+fn touches(e: &Event, name: &str) -> bool {
+    match &e.op {
+        Op::Mutate { effects, .. } => format!("{effects:?}").contains(&format!("{name:?}")),
+        Op::Read { name: n } => n == name,
+        _ => false,
+    }
+}
+
+/// A node as the final read shows it (for messages).
+pub fn show(n: &Node) -> String {
+    format!("{n:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Effect;
+
+    fn ev(client: u32, region: Region, op: Op, t: (u64, u64), observed: Option<Observed>) -> Event {
+        Event {
+            client,
+            region,
+            op,
+            invoke_ms: t.0,
+            complete_ms: Some(t.1),
+            outcome: Outcome::Ok,
+            error: None,
+            observed,
+        }
+    }
+
+    fn put(client: u32, region: Region, seq: u64, t: (u64, u64)) -> Event {
+        ev(
+            client,
+            region,
+            Op::Mutate {
+                seq,
+                what: "register".into(),
+                effects: vec![],
+            },
+            t,
+            None,
+        )
+    }
+
+    fn get(client: u32, region: Region, owner: u32, v: u64, t: (u64, u64)) -> Event {
+        ev(
+            client,
+            region,
+            Op::RegGet { owner },
+            t,
+            Some(Observed::Reg(Some(v))),
+        )
+    }
+
+    const B: Bounds = Bounds {
+        mirror_bounded: true,
+        mirror_ms: 3_000,
+        other_mount_ms: 1_000,
+    };
+
+    #[test]
+    fn a_stale_read_at_the_mirror_past_the_bound_is_a_violation() {
+        let h = vec![
+            put(0, Region::A, 5, (0, 100)),
+            // within the bound: may be stale
+            get(1, Region::B, 0, 0, (2_000, 2_010)),
+            // past it: must see #5
+            get(1, Region::B, 0, 0, (3_500, 3_510)),
+        ];
+        let mut t = Tally::default();
+        registers(&h, B, &mut t);
+        assert_eq!(t.count(4), 1, "{:?}", t.violations);
+        // with policy serve, nothing is bounded at the mirror
+        let mut t = Tally::default();
+        registers(
+            &h,
+            Bounds {
+                mirror_bounded: false,
+                ..B
+            },
+            &mut t,
+        );
+        assert_eq!(t.count(4), 0);
+    }
+
+    #[test]
+    fn a_mount_that_goes_back_is_a_violation() {
+        let h = vec![
+            get(1, Region::B, 0, 7, (0, 10)),
+            // overlapping reads may see either order
+            get(2, Region::B, 0, 6, (5, 20)),
+            // started after the first ended: went back
+            get(2, Region::B, 0, 6, (30, 40)),
+            // the other mount has its own history
+            get(3, Region::A, 0, 6, (50, 60)),
+        ];
+        let mut t = Tally::default();
+        registers(&h, B, &mut t);
+        assert_eq!(t.count(2), 1, "{:?}", t.violations);
+    }
+
+    #[test]
+    fn a_lost_write_shows_in_the_replay_and_garbage_in_checker_5() {
+        let w = Op::Mutate {
+            seq: 1,
+            what: "write".into(),
+            effects: vec![
+                Effect::Truncate {
+                    name: "f0".into(),
+                    records: 0,
+                    create: true,
+                },
+                Effect::Write {
+                    name: "f0".into(),
+                    at: Some(0),
+                    n: 2,
+                    seq: 1,
+                },
+            ],
+        };
+        let h = vec![
+            ev(0, Region::B, w, (0, 10), None),
+            ev(
+                0,
+                Region::B,
+                Op::Read { name: "f0".into() },
+                (20, 30),
+                Some(Observed::Node(Node::Absent)),
+            ),
+            ev(
+                0,
+                Region::B,
+                Op::Read { name: "f1".into() },
+                (40, 50),
+                Some(Observed::Garbage("CRC".into())),
+            ),
+        ];
+        let mut t = Tally::default();
+        let mut models = replay(&h, &mut t);
+        assert_eq!(t.count(3), 1, "{:?}", t.violations);
+        assert_eq!(t.count(5), 1);
+        let mut t = Tally::default();
+        final_read(
+            &mut models,
+            0,
+            "f0",
+            Region::A,
+            &Some(Observed::Node(Node::File(vec![(1, 2)]))),
+            1,
+            &mut t,
+            &h,
+        );
+        assert_eq!(t.count(1), 0, "{:?}", t.violations);
+    }
+}

@@ -1,0 +1,470 @@
+//! The workload: clients at the primary's and the mirror's mounts, each in a directory of its
+//! own, doing file-system calls through FUSE and recording each in the history with its
+//! invoke and completion times and its outcome.
+//!
+//! A client's names are `f0`..`f3` (files), `d` (a directory), and its register `reg`
+//! (replaced whole through `reg.tmp` and a rename); it also reads the registers of the
+//! other clients, in both regions, for the freshness and monotonic-read checkers.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{runs_of, Effect, Node, Outcome, RenameFlags};
+use crate::payload::{self, RECORD};
+
+/// The files a client works on.
+pub const FILES: [&str; 4] = ["f0", "f1", "f2", "f3"];
+/// Every name a client's directory may hold.
+pub const NAMES: [&str; 7] = ["f0", "f1", "f2", "f3", "d", "reg", "reg.tmp"];
+
+/// Which region's mount a client uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Region {
+    A,
+    B,
+}
+
+/// What a client asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Change the client's own names: the steps, in order.
+    Mutate {
+        seq: u64,
+        what: String,
+        effects: Vec<Effect>,
+    },
+    /// Read one of its own names.
+    Read { name: String },
+    /// List its own directory.
+    List,
+    /// Read another client's register.
+    RegGet { owner: u32 },
+}
+
+/// What a read saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Observed {
+    Node(Node),
+    /// Bytes that are not what any write of this client wrote.
+    Garbage(String),
+    Names(Vec<String>),
+    /// A register's sequence number (None: no register yet).
+    Reg(Option<u64>),
+}
+
+/// One operation in the history.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    pub client: u32,
+    pub region: Region,
+    pub op: Op,
+    /// Milliseconds since the run started.
+    pub invoke_ms: u64,
+    /// None: the operation never returned.
+    pub complete_ms: Option<u64>,
+    pub outcome: Outcome,
+    /// The error, when it failed.
+    pub error: Option<String>,
+    pub observed: Option<Observed>,
+}
+
+/// The recorded history, shared by the clients.
+#[derive(Default)]
+pub struct History {
+    events: Mutex<Vec<Event>>,
+}
+
+impl History {
+    fn invoke(&self, e: Event) -> usize {
+        let mut v = self.events.lock();
+        v.push(e);
+        v.len() - 1
+    }
+    fn complete(&self, i: usize, f: impl FnOnce(&mut Event)) {
+        if let Some(e) = self.events.lock().get_mut(i) {
+            f(e)
+        }
+    }
+    pub fn snapshot(&self) -> Vec<Event> {
+        self.events.lock().clone()
+    }
+}
+
+/// A client of the workload.
+pub struct Client {
+    pub id: u32,
+    pub region: Region,
+    /// Its mount's root.
+    pub mount: PathBuf,
+    /// How many clients there are (their directories are `c0`..).
+    pub clients: u32,
+    pub seed: u64,
+}
+
+/// The directory of client `id` under a mount.
+pub fn dir_of(mount: &Path, id: u32) -> PathBuf {
+    mount.join("chaos").join(format!("c{id}"))
+}
+
+fn errno_of(e: &std::io::Error) -> Option<i32> {
+    e.raw_os_error()
+}
+
+/// Errors that mean "this step did not happen" rather than "nobody knows".
+fn clean(e: &std::io::Error) -> bool {
+    matches!(
+        errno_of(e),
+        Some(libc::ENOENT | libc::EEXIST | libc::ENOTEMPTY | libc::ENOTDIR | libc::EISDIR)
+    )
+}
+
+fn close(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: fd is ours (just taken from the File) and closed once
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn cpath(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)
+}
+
+fn rename2(from: &Path, to: &Path, flags: RenameFlags) -> std::io::Result<()> {
+    let f = match flags {
+        RenameFlags::Plain => 0,
+        RenameFlags::NoReplace => libc::RENAME_NOREPLACE,
+        RenameFlags::Exchange => libc::RENAME_EXCHANGE,
+    };
+    let (a, b) = (cpath(from)?, cpath(to)?);
+    // SAFETY: both are valid NUL-terminated strings that outlive the call
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            f as libc::c_uint,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Client {
+    fn dir(&self) -> PathBuf {
+        dir_of(&self.mount, self.id)
+    }
+
+    /// Run until `stop`, recording every call in `history`.
+    pub fn run(&self, history: &History, start: Instant, stop: Arc<AtomicBool>) {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ (u64::from(self.id) << 32) ^ 0x5eed);
+        let mut seq = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            seq += 1;
+            let op = self.choose(&mut rng, seq);
+            let i = history.invoke(Event {
+                client: self.id,
+                region: self.region,
+                op: op.clone(),
+                invoke_ms: start.elapsed().as_millis() as u64,
+                complete_ms: None,
+                outcome: Outcome::Unknown,
+                error: None,
+                observed: None,
+            });
+            let (outcome, error, observed) = self.perform(&op);
+            let done = start.elapsed().as_millis() as u64;
+            history.complete(i, |e| {
+                e.complete_ms = Some(done);
+                e.outcome = outcome;
+                e.error = error;
+                e.observed = observed;
+            });
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..10)));
+        }
+    }
+
+    fn choose(&self, rng: &mut StdRng, seq: u64) -> Op {
+        let f = |rng: &mut StdRng| FILES[rng.random_range(0..FILES.len())].to_string();
+        let n = |rng: &mut StdRng| -> u64 {
+            match rng.random_range(0..20) {
+                // now and then a file across a 4 MiB block boundary
+                0 => rng.random_range(65_000..67_000),
+                1..=3 => rng.random_range(64..1024),
+                _ => rng.random_range(1..32),
+            }
+        };
+        let mutate = |what: &str, effects: Vec<Effect>| Op::Mutate {
+            seq,
+            what: what.to_string(),
+            effects,
+        };
+        match rng.random_range(0..100) {
+            0..=14 => {
+                let name = f(rng);
+                mutate(
+                    "write",
+                    vec![
+                        Effect::Truncate {
+                            name: name.clone(),
+                            records: 0,
+                            create: true,
+                        },
+                        Effect::Write {
+                            name,
+                            at: Some(0),
+                            n: n(rng),
+                            seq,
+                        },
+                    ],
+                )
+            }
+            15..=24 => {
+                let name = f(rng);
+                mutate(
+                    "append",
+                    vec![
+                        Effect::Create { name: name.clone() },
+                        Effect::Write {
+                            name,
+                            at: None,
+                            n: rng.random_range(1..16),
+                            seq,
+                        },
+                    ],
+                )
+            }
+            25..=34 => mutate(
+                "pwrite",
+                vec![Effect::Write {
+                    name: f(rng),
+                    at: Some(rng.random_range(0..64)),
+                    n: rng.random_range(1..16),
+                    seq,
+                }],
+            ),
+            35..=39 => mutate(
+                "truncate",
+                vec![Effect::Truncate {
+                    name: f(rng),
+                    records: rng.random_range(0..80),
+                    create: false,
+                }],
+            ),
+            40..=49 => {
+                let flags = match rng.random_range(0..10) {
+                    0..=5 => RenameFlags::Plain,
+                    6..=7 => RenameFlags::NoReplace,
+                    _ => RenameFlags::Exchange,
+                };
+                let from = if rng.random_range(0..8) == 0 {
+                    "d".to_string()
+                } else {
+                    f(rng)
+                };
+                let mut to = f(rng);
+                while to == from {
+                    to = f(rng);
+                }
+                mutate("rename", vec![Effect::Rename { from, to, flags }])
+            }
+            50..=54 => mutate("unlink", vec![Effect::Unlink { name: f(rng) }]),
+            55..=57 => mutate("mkdir", vec![Effect::Mkdir { name: "d".into() }]),
+            58..=60 => mutate("rmdir", vec![Effect::Rmdir { name: "d".into() }]),
+            61..=69 => mutate(
+                "register",
+                vec![
+                    Effect::Truncate {
+                        name: "reg.tmp".into(),
+                        records: 0,
+                        create: true,
+                    },
+                    Effect::Write {
+                        name: "reg.tmp".into(),
+                        at: Some(0),
+                        n: 1,
+                        seq,
+                    },
+                    Effect::Rename {
+                        from: "reg.tmp".into(),
+                        to: "reg".into(),
+                        flags: RenameFlags::Plain,
+                    },
+                ],
+            ),
+            70..=84 if self.clients > 1 => {
+                let mut owner = rng.random_range(0..self.clients - 1);
+                if owner >= self.id {
+                    owner += 1;
+                }
+                Op::RegGet { owner }
+            }
+            85..=89 => Op::List,
+            _ => {
+                let name = if rng.random_range(0..10) == 0 {
+                    "reg".to_string()
+                } else {
+                    f(rng)
+                };
+                Op::Read { name }
+            }
+        }
+    }
+
+    fn perform(&self, op: &Op) -> (Outcome, Option<String>, Option<Observed>) {
+        match op {
+            Op::Mutate { effects, .. } => {
+                for e in effects {
+                    if let Err(err) = self.step(e) {
+                        let o = if clean(&err) {
+                            Outcome::Failed
+                        } else {
+                            Outcome::Unknown
+                        };
+                        return (o, Some(err.to_string()), None);
+                    }
+                }
+                (Outcome::Ok, None, None)
+            }
+            Op::Read { name } => self.read_own(name),
+            Op::List => match std::fs::read_dir(self.dir()) {
+                Ok(rd) => {
+                    let mut names = vec![];
+                    for e in rd {
+                        match e {
+                            Ok(e) => names.push(e.file_name().to_string_lossy().into_owned()),
+                            Err(err) => return (Outcome::Unknown, Some(err.to_string()), None),
+                        }
+                    }
+                    names.sort();
+                    (Outcome::Ok, None, Some(Observed::Names(names)))
+                }
+                Err(err) => (Outcome::Unknown, Some(err.to_string()), None),
+            },
+            Op::RegGet { owner } => {
+                let p = dir_of(&self.mount, *owner).join("reg");
+                match std::fs::read(&p) {
+                    Ok(bytes) => match payload::decode(&bytes) {
+                        Ok(recs) => match recs.as_slice() {
+                            [payload::Record::Written { client, seq }] if client == owner => {
+                                (Outcome::Ok, None, Some(Observed::Reg(Some(*seq))))
+                            }
+                            other => (
+                                Outcome::Ok,
+                                None,
+                                Some(Observed::Garbage(format!(
+                                    "register of c{owner} holds {} records: {:?}",
+                                    other.len(),
+                                    other.iter().take(3).collect::<Vec<_>>()
+                                ))),
+                            ),
+                        },
+                        Err(g) => (Outcome::Ok, None, Some(Observed::Garbage(g.to_string()))),
+                    },
+                    Err(e) if errno_of(&e) == Some(libc::ENOENT) => {
+                        (Outcome::Ok, None, Some(Observed::Reg(None)))
+                    }
+                    Err(e) => (Outcome::Unknown, Some(e.to_string()), None),
+                }
+            }
+        }
+    }
+
+    /// Read one of the client's own names (also used by the final checks).
+    pub fn read_own(&self, name: &str) -> (Outcome, Option<String>, Option<Observed>) {
+        let p = self.dir().join(name);
+        match std::fs::read(&p) {
+            Ok(bytes) => match payload::decode(&bytes) {
+                Ok(recs) => match runs_of(&recs, self.id) {
+                    Some(r) => (Outcome::Ok, None, Some(Observed::Node(Node::File(r)))),
+                    None => (
+                        Outcome::Ok,
+                        None,
+                        Some(Observed::Garbage(
+                            "records written by another client".to_string(),
+                        )),
+                    ),
+                },
+                Err(g) => (Outcome::Ok, None, Some(Observed::Garbage(g.to_string()))),
+            },
+            Err(e) if errno_of(&e) == Some(libc::ENOENT) => {
+                (Outcome::Ok, None, Some(Observed::Node(Node::Absent)))
+            }
+            Err(e) if errno_of(&e) == Some(libc::EISDIR) => {
+                (Outcome::Ok, None, Some(Observed::Node(Node::Dir)))
+            }
+            Err(e) => (Outcome::Unknown, Some(e.to_string()), None),
+        }
+    }
+
+    fn step(&self, e: &Effect) -> std::io::Result<()> {
+        let d = self.dir();
+        let open = |name: &str, o: &mut std::fs::OpenOptions| o.open(d.join(name));
+        match e {
+            Effect::Truncate {
+                name,
+                records,
+                create: true,
+            } => {
+                let f = open(
+                    name,
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true),
+                )?;
+                if *records > 0 {
+                    f.set_len(records * RECORD as u64)?;
+                }
+                close(f)
+            }
+            Effect::Truncate { name, records, .. } => {
+                nix::unistd::truncate(&d.join(name), (records * RECORD as u64) as i64)
+                    .map_err(std::io::Error::from)
+            }
+            Effect::Create { name } => {
+                let f = open(name, std::fs::OpenOptions::new().write(true).create(true))?;
+                close(f)
+            }
+            Effect::Write { name, at, n, seq } => {
+                let f = open(
+                    name,
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_CLOEXEC),
+                )?;
+                let offset = match at {
+                    Some(r) => r * RECORD as u64,
+                    None => f.metadata()?.len(),
+                };
+                let buf = payload::records(self.id, *seq, offset, *n as usize);
+                f.write_all_at(&buf, offset)?;
+                if *seq % 3 == 0 {
+                    f.sync_all()?;
+                }
+                (&f).flush()?;
+                close(f)
+            }
+            Effect::Rename { from, to, flags } => rename2(&d.join(from), &d.join(to), *flags),
+            Effect::Unlink { name } => std::fs::remove_file(d.join(name)),
+            Effect::Mkdir { name } => std::fs::create_dir(d.join(name)),
+            Effect::Rmdir { name } => std::fs::remove_dir(d.join(name)),
+        }
+    }
+}
