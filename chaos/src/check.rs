@@ -69,7 +69,7 @@ pub fn describe(e: &Event) -> String {
         Op::Mutate { seq, what, effects } => format!("#{seq} {what} {effects:?}"),
         Op::Read { name } => format!("read {name}"),
         Op::List => "list".to_string(),
-        Op::RegGet { owner } => format!("read register of c{owner}"),
+        Op::RegGet { owner, name } => format!("read c{owner}'s {name}"),
     };
     let mut s = format!(
         "{:>7}..{done} ms  c{} at {:?}: {what} -> {:?}",
@@ -178,14 +178,19 @@ pub fn replay(events: &[Event], tally: &mut Tally) -> BTreeMap<u32, Model> {
 /// Checkers 2 and 4 over the registers: a mount's reads of a register never go back, and a
 /// read started more than the bound after a write was acknowledged sees it.
 pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
-    // owner -> (ack time, seq, writer's region), in the owner's order
-    let mut puts: BTreeMap<u32, Vec<(u64, u64, Region)>> = BTreeMap::new();
+    // (owner, register) -> (ack time, seq, writer's region), in the owner's order
+    let mut puts: BTreeMap<(u32, &str), Vec<(u64, u64, Region)>> = BTreeMap::new();
     let mut gets: Vec<&Event> = vec![];
     for e in events {
         match (&e.op, e.outcome, e.complete_ms) {
-            (Op::Mutate { what, seq, .. }, Outcome::Ok, Some(t)) if what == "register" => {
-                puts.entry(e.client).or_default().push((t, *seq, e.region))
-            }
+            (Op::Mutate { what, seq, .. }, Outcome::Ok, Some(t)) if what == "register" => puts
+                .entry((e.client, "reg"))
+                .or_default()
+                .push((t, *seq, e.region)),
+            (Op::Mutate { what, seq, .. }, Outcome::Ok, Some(t)) if what == "cell" => puts
+                .entry((e.client, "cell"))
+                .or_default()
+                .push((t, *seq, e.region)),
             (Op::RegGet { .. }, Outcome::Ok, Some(_)) => gets.push(e),
             _ => {}
         }
@@ -197,15 +202,19 @@ pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
         Some(Observed::Reg(v)) => Some(v.unwrap_or(0)),
         _ => None,
     };
-    let owner = |e: &Event| match e.op {
-        Op::RegGet { owner } => owner,
-        _ => u32::MAX,
+    let owner = |e: &'_ Event| -> (u32, String) {
+        match &e.op {
+            Op::RegGet { owner, name } => (*owner, name.clone()),
+            _ => (u32::MAX, String::new()),
+        }
     };
     // 4: freshness
     for g in &gets {
         let Some(v) = value(g) else { continue };
-        let o = owner(g);
-        let Some(ps) = puts.get(&o) else { continue };
+        let (o, reg) = owner(g);
+        let Some(ps) = puts.get(&(o, reg.as_str())) else {
+            continue;
+        };
         let mut required = None;
         for &(ack, seq, wr) in ps {
             let bound = match (g.region, wr) {
@@ -224,7 +233,7 @@ pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
                 tally.violated(
                     4,
                     format!(
-                        "c{} at {:?} read c{o}'s register as #{v} at {} ms, but #{seq} was acknowledged at {ack} ms (bound {bound} ms)",
+                        "c{} at {:?} read c{o}'s {reg} as #{v} at {} ms, but #{seq} was acknowledged at {ack} ms (bound {bound} ms)",
                         g.client, g.region, g.invoke_ms
                     ),
                     vec![describe(g)],
@@ -233,11 +242,11 @@ pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
         }
     }
     // 2: per mount and register, a read never sees less than one that ended before it began
-    let mut by: BTreeMap<(Region, u32), Vec<&Event>> = BTreeMap::new();
+    let mut by: BTreeMap<(Region, (u32, String)), Vec<&Event>> = BTreeMap::new();
     for g in &gets {
         by.entry((g.region, owner(g))).or_default().push(g);
     }
-    for ((region, o), list) in by {
+    for ((region, (o, reg)), list) in by {
         let mut ended: Vec<(u64, u64, &Event)> = list
             .iter()
             .filter_map(|g| Some((g.complete_ms?, value(g)?, *g)))
@@ -259,7 +268,7 @@ pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
                 if v < b {
                     tally.violated(
                         2,
-                        format!("the mount at {region:?} read c{o}'s register as #{v} after it had read #{b}"),
+                        format!("the mount at {region:?} read c{o}'s {reg} as #{v} after it had read #{b}"),
                         vec![describe(earlier), describe(g)],
                     );
                 }
@@ -369,7 +378,10 @@ mod tests {
         ev(
             client,
             region,
-            Op::RegGet { owner },
+            Op::RegGet {
+                owner,
+                name: "reg".into(),
+            },
             t,
             Some(Observed::Reg(Some(v))),
         )

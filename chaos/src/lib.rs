@@ -48,8 +48,11 @@ pub struct RunConfig {
     pub seconds: u64,
     /// Fault kinds ([`nemesis::KINDS`]).
     pub nemesis: Vec<String>,
-    /// Clients per region.
+    /// Writing clients per region.
     pub clients: u32,
+    /// Clients per region that only read the writers' registers.
+    #[serde(default)]
+    pub readers: u32,
     /// The primary's durability: `local` or `replicated`.
     pub durability: String,
     /// The mirror's policy outside its window (`forward`, `wait`, `serve`) and the window.
@@ -167,6 +170,7 @@ fn drive(
         bail!("the cluster started without mounts");
     };
     let n = cfg.clients * 2;
+    let all = n + cfg.readers * 2;
     for id in 0..n {
         let d = workload::dir_of(&ma, id);
         std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
@@ -178,8 +182,13 @@ fn drive(
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut threads = vec![];
-    for id in 0..n {
-        let (region, mount) = if id < cfg.clients {
+    for id in 0..all {
+        let a = if id < n {
+            id < cfg.clients
+        } else {
+            id - n < cfg.readers
+        };
+        let (region, mount) = if a {
             (Region::A, ma.clone())
         } else {
             (Region::B, mb.clone())
@@ -189,6 +198,7 @@ fn drive(
             region,
             mount,
             clients: n,
+            reader: id >= n,
             seed: cfg.seed,
         };
         let (h, s) = (history.clone(), stop.clone());
@@ -200,7 +210,8 @@ fn drive(
         );
     }
     say(&format!(
-        "workload: {n} clients for {} s, {} faults scheduled",
+        "workload: {n} writers and {} readers for {} s, {} faults scheduled",
+        all - n,
         cfg.seconds,
         schedule.len()
     ));
@@ -278,6 +289,7 @@ fn drive(
             mb.clone()
         },
         clients: n,
+        reader: false,
         seed: 0,
     };
     for id in 0..n {

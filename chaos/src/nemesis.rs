@@ -15,12 +15,13 @@ use strait_devkit::cluster::Cluster;
 use strait_devkit::Faults;
 
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 9] = [
+pub const KINDS: [&str; 10] = [
     "kill",
     "stop",
     "partition",
     "partition-one-way",
     "partition-mirror-primary",
+    "partition-replication",
     "partition-primary-replicator",
     "latency",
     "bandwidth",
@@ -49,6 +50,9 @@ pub enum Fault {
     PartitionOneWay { a_to_b: bool },
     /// The mirror cannot reach the primary (forwarded calls), while replication flows.
     PartitionMirrorPrimary,
+    /// Region B's replicator node and the mirror are cut off from region A's nodes (the
+    /// mirror falls behind), while the mirror still reaches the primary.
+    PartitionReplication,
     /// The primary cannot reach any replicator node.
     PartitionPrimaryReplicator,
     /// The link's one-way delay rises to this many ms.
@@ -116,6 +120,7 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
                 a_to_b: rng.random_bool(0.5),
             },
             "partition-mirror-primary" => Fault::PartitionMirrorPrimary,
+            "partition-replication" => Fault::PartitionReplication,
             "partition-primary-replicator" => Fault::PartitionPrimaryReplicator,
             "latency" => Fault::Latency(rng.random_range(100..500)),
             "bandwidth" => Fault::Bandwidth,
@@ -183,6 +188,14 @@ impl Nemesis {
             Fault::PartitionMirrorPrimary => self.each_proxy(
                 c,
                 |n| n == "b-to-primary",
+                |_, f| {
+                    f.up.blackhole = true;
+                    f.down.blackhole = true;
+                },
+            ),
+            Fault::PartitionReplication => self.each_proxy(
+                c,
+                |n| n.contains("-to-replicator") && !n.starts_with("primary-to-"),
                 |_, f| {
                     f.up.blackhole = true;
                     f.down.blackhole = true;

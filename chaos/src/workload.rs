@@ -2,9 +2,10 @@
 //! own, doing file-system calls through FUSE and recording each in the history with its
 //! invoke and completion times and its outcome.
 //!
-//! A client's names are `f0`..`f3` (files), `d` (a directory), and its register `reg`
-//! (replaced whole through `reg.tmp` and a rename); it also reads the registers of the
-//! other clients, in both regions, for the freshness and monotonic-read checkers.
+//! A client's names are `f0`..`f3` (files), `d` (a directory), and two registers: `reg`,
+//! replaced whole through `reg.tmp` and a rename (a new inode each time), and `cell`,
+//! overwritten in place (one inode, one record rewritten). It also reads the registers of
+//! the other clients, in both regions, for the freshness and monotonic-read checkers.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -26,7 +27,10 @@ use crate::payload::{self, RECORD};
 /// The files a client works on.
 pub const FILES: [&str; 4] = ["f0", "f1", "f2", "f3"];
 /// Every name a client's directory may hold.
-pub const NAMES: [&str; 7] = ["f0", "f1", "f2", "f3", "d", "reg", "reg.tmp"];
+pub const NAMES: [&str; 8] = ["f0", "f1", "f2", "f3", "d", "reg", "reg.tmp", "cell"];
+
+/// The registers a client reads of the others.
+pub const REGISTERS: [&str; 2] = ["reg", "cell"];
 
 /// Which region's mount a client uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -48,8 +52,8 @@ pub enum Op {
     Read { name: String },
     /// List its own directory.
     List,
-    /// Read another client's register.
-    RegGet { owner: u32 },
+    /// Read another client's register (`reg` or `cell`).
+    RegGet { owner: u32, name: String },
 }
 
 /// What a read saw.
@@ -107,8 +111,10 @@ pub struct Client {
     pub region: Region,
     /// Its mount's root.
     pub mount: PathBuf,
-    /// How many clients there are (their directories are `c0`..).
+    /// How many writing clients there are (their directories are `c0`..).
     pub clients: u32,
+    /// A reader only reads the writers' registers (it has no directory).
+    pub reader: bool,
     pub seed: u64,
 }
 
@@ -201,6 +207,12 @@ impl Client {
     }
 
     fn choose(&self, rng: &mut StdRng, seq: u64) -> Op {
+        if self.reader {
+            return Op::RegGet {
+                owner: rng.random_range(0..self.clients),
+                name: REGISTERS[rng.random_range(0..REGISTERS.len())].to_string(),
+            };
+        }
         let f = |rng: &mut StdRng| FILES[rng.random_range(0..FILES.len())].to_string();
         let n = |rng: &mut StdRng| -> u64 {
             match rng.random_range(0..20) {
@@ -287,7 +299,21 @@ impl Client {
             50..=54 => mutate("unlink", vec![Effect::Unlink { name: f(rng) }]),
             55..=57 => mutate("mkdir", vec![Effect::Mkdir { name: "d".into() }]),
             58..=60 => mutate("rmdir", vec![Effect::Rmdir { name: "d".into() }]),
-            61..=69 => mutate(
+            61..=64 => mutate(
+                "cell",
+                vec![
+                    Effect::Create {
+                        name: "cell".into(),
+                    },
+                    Effect::Write {
+                        name: "cell".into(),
+                        at: Some(0),
+                        n: 1,
+                        seq,
+                    },
+                ],
+            ),
+            65..=69 => mutate(
                 "register",
                 vec![
                     Effect::Truncate {
@@ -313,7 +339,8 @@ impl Client {
                 if owner >= self.id {
                     owner += 1;
                 }
-                Op::RegGet { owner }
+                let name = REGISTERS[rng.random_range(0..REGISTERS.len())].to_string();
+                Op::RegGet { owner, name }
             }
             85..=89 => Op::List,
             _ => {
@@ -357,9 +384,13 @@ impl Client {
                 }
                 Err(err) => (Outcome::Unknown, Some(err.to_string()), None),
             },
-            Op::RegGet { owner } => {
-                let p = dir_of(&self.mount, *owner).join("reg");
+            Op::RegGet { owner, name } => {
+                let p = dir_of(&self.mount, *owner).join(name);
                 match std::fs::read(&p) {
+                    // a cell is created empty, then written
+                    Ok(bytes) if bytes.is_empty() && name == "cell" => {
+                        (Outcome::Ok, None, Some(Observed::Reg(None)))
+                    }
                     Ok(bytes) => match payload::decode(&bytes) {
                         Ok(recs) => match recs.as_slice() {
                             [payload::Record::Written { client, seq }] if client == owner => {
@@ -369,7 +400,7 @@ impl Client {
                                 Outcome::Ok,
                                 None,
                                 Some(Observed::Garbage(format!(
-                                    "register of c{owner} holds {} records: {:?}",
+                                    "{name} of c{owner} holds {} records: {:?}",
                                     other.len(),
                                     other.iter().take(3).collect::<Vec<_>>()
                                 ))),

@@ -13,6 +13,7 @@ pub enum Class {
     Mutation,
     /// The region's own and answered here whatever the lag: sessions, opening and releasing
     /// (the region counts its handles), locks, sync, and fetching blocks into the region.
+    /// (`Open` still obeys the window for the attributes it answers: see the router.)
     Local,
 }
 

@@ -10,7 +10,11 @@
 //! - reads outside the window follow the policy: `forward` sends the call as it is to the
 //!   primary (under the mirror's own session there and the primary's token), `wait` holds it
 //!   until the mirror is back inside the window (EAGAIN after `wait_timeout_ms`), `serve`
-//!   answers from the stale metadata and counts it.
+//!   answers from the stale metadata and counts it;
+//! - `Open` is the region's (the mirror counts its handles), but its answer carries the
+//!   file's attributes and, when asked, chunk 0's slices, so it obeys the window too: outside
+//!   it, `wait` waits as a read does, and `forward` takes the attributes from the primary and
+//!   leaves chunk 0 out (the mount then asks `ReadChunk`, a read, which is forwarded).
 //!
 //! Forwarding works on the HTTP/2 request, below the generated code: the primary answers the
 //! same protobuf messages the mirror would, so the call needs no decoding.
@@ -400,6 +404,88 @@ impl Router {
         }
     }
 
+    /// `Open` outside the window under `forward`: the attributes come from the primary (a
+    /// GetAttr there, before the handle is opened here, so a failure there opens nothing),
+    /// and chunk 0 is left out of the answer, so the mount's first read asks ReadChunk,
+    /// which goes to the primary while the mirror is outside its window.
+    async fn open_forwarded(&self, req: http::Request<Body>) -> Reply {
+        use http_body_util::BodyExt;
+        self.mirror.metrics.forwarded_reads.inc();
+        let (parts, body) = req.into_parts();
+        let bytes = match http_body_util_collect(body).await {
+            Ok(b) => b,
+            Err(s) => return status_reply(s),
+        };
+        let mut open = match decode::<w::OpenRequest>(&bytes) {
+            Ok(o) => o,
+            Err(s) => return status_reply(s),
+        };
+        open.chunk0 = false;
+        // 1. the file's attributes at the primary
+        let getattr = w::InodeRequest {
+            ctx: open.ctx.clone(),
+            ino: open.ino,
+        };
+        let path = parts.uri.path().replace("/Open", "/GetAttr");
+        let mut at_primary = http::Request::new(());
+        *at_primary.method_mut() = parts.method.clone();
+        *at_primary.headers_mut() = parts.headers.clone();
+        *at_primary.uri_mut() = match path.parse() {
+            Ok(u) => u,
+            Err(e) => return status_reply(Status::internal(format!("GetAttr path: {e}"))),
+        };
+        let (gparts, ()) = at_primary.into_parts();
+        let fresh = match self.send_to_primary(&gparts, frame(&getattr)).await {
+            Ok(r) => r,
+            Err(e) => {
+                return status_reply(errno_status(
+                    libc::EIO,
+                    format!("open outside the window: the primary cannot be reached: {e}"),
+                ))
+            }
+        };
+        let (fparts, fbody) = fresh.into_parts();
+        let fresh = match fbody.collect().await {
+            Ok(c) => c,
+            Err(e) => {
+                return status_reply(errno_status(
+                    libc::EIO,
+                    format!("read the primary's attributes: {e}"),
+                ))
+            }
+        };
+        let fresh_trailers = fresh.trailers().cloned();
+        let fresh = fresh.to_bytes();
+        let attr = match decode::<w::AttrReply>(&fresh) {
+            Ok(r) if !fresh.is_empty() => r.attr,
+            // the primary's error (the file is gone there, ...): the mount gets it
+            _ => return rebuild(fparts, fresh, fresh_trailers),
+        };
+        // 2. the handle, here
+        let local_req = http::Request::from_parts(parts, Body::new(http_body_full(frame(&open))));
+        let (lparts, lbody) = Self::local_call(self.local.clone(), local_req)
+            .await
+            .into_parts();
+        let local = match lbody.collect().await {
+            Ok(c) => c,
+            Err(e) => {
+                return status_reply(errno_status(
+                    libc::EIO,
+                    format!("read the mirror's open: {e}"),
+                ))
+            }
+        };
+        let trailers = local.trailers().cloned();
+        let data = local.to_bytes();
+        match decode::<w::AttrReply>(&data) {
+            Ok(_) if !data.is_empty() => {
+                let reply = w::AttrReply { attr, chunk0: None };
+                rebuild(lparts, frame(&reply), trailers)
+            }
+            _ => rebuild(lparts, data, trailers),
+        }
+    }
+
     /// A file created through the mirror is held open at the primary by the mirror's session
     /// there; the region counts its handles itself, so give that one back.
     async fn release_at_primary(&self, reply: Reply) -> Reply {
@@ -452,7 +538,9 @@ impl Router {
         if class == Class::Mutation && self.mirror.cfg.writes == Writes::Forward {
             return self.forward_write(method, req).await;
         }
-        if class != Class::Read || self.mirror.fresh() {
+        // Open answers attributes and slices: it obeys the window as a read does
+        let windowed = class == Class::Read || method == "Open";
+        if !windowed || self.mirror.fresh() {
             return Self::local_call(self.local.clone(), req).await;
         }
         match self.mirror.cfg.policy {
@@ -468,6 +556,7 @@ impl Router {
                 self.mirror.metrics.stale_reads.inc();
                 Self::local_call(self.local.clone(), req).await
             }
+            Policy::Forward if method == "Open" => self.open_forwarded(req).await,
             Policy::Forward => self.forward_call(req).await,
             Policy::Wait => {
                 self.mirror.metrics.waited_reads.inc();
@@ -494,6 +583,33 @@ impl Router {
             }
         }
     }
+}
+
+/// One gRPC message as a unary body: no compression, length, message.
+fn frame(m: &impl prost::Message) -> bytes::Bytes {
+    let body = m.encode_to_vec();
+    let mut out = Vec::with_capacity(5 + body.len());
+    out.push(0);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out.into()
+}
+
+/// A reply from its head, its one message (or none) and its trailers.
+fn rebuild(
+    parts: http::response::Parts,
+    data: bytes::Bytes,
+    trailers: Option<http::HeaderMap>,
+) -> Reply {
+    let mut frames: Vec<Result<http_body::Frame<bytes::Bytes>, Status>> = vec![];
+    if !data.is_empty() {
+        frames.push(Ok(http_body::Frame::data(data)));
+    }
+    if let Some(t) = trailers {
+        frames.push(Ok(http_body::Frame::trailers(t)));
+    }
+    let body = http_body_util::StreamBody::new(tokio_stream::iter(frames));
+    http::Response::from_parts(parts, Body::new(body))
 }
 
 /// Read a whole request body (one gRPC message, bounded by the server's message limit).

@@ -28,13 +28,17 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
     /// Fault kinds, comma-separated: all, none, or some of kill, stop, partition,
-    /// partition-one-way, partition-mirror-primary, partition-primary-replicator, latency,
+    /// partition-one-way, partition-mirror-primary, partition-replication,
+    /// partition-primary-replicator, latency,
     /// bandwidth, stop-garage.
     #[arg(long, default_value = "all")]
     pub nemesis: String,
-    /// Clients per region.
+    /// Writing clients per region.
     #[arg(long, default_value_t = 2)]
     pub clients: u32,
+    /// Clients per region that only read the writers' registers.
+    #[arg(long, default_value_t = 2)]
+    pub readers: u32,
     /// The primary's durability: local or replicated.
     #[arg(long, default_value = "replicated")]
     pub durability: String,
@@ -91,12 +95,16 @@ fn run_harness(a: RunArgs) -> Result<()> {
             if a.clients == 0 || a.clients > 16 {
                 bail!("--clients {}: 1 to 16 per region", a.clients);
             }
+            if a.readers > 16 {
+                bail!("--readers {}: 0 to 16 per region", a.readers);
+            }
             let seed = a.seed.unwrap_or_else(rand::random);
             RunConfig {
                 seed,
                 seconds: a.seconds,
                 nemesis: nemesis::parse_kinds(&a.nemesis)?,
                 clients: a.clients,
+                readers: a.readers,
                 durability: a.durability.clone(),
                 policy: a.policy.clone(),
                 window_ms: a.window_ms,

@@ -146,3 +146,47 @@ fn many_small_writes_are_compacted_and_read_correctly() {
         "no compaction record in the change log"
     );
 }
+
+/// A name replaced by rename (write a temporary file, rename it over the name) never reads
+/// as missing: a reader that raced with the rename holds the old inode, which the rename
+/// deleted; the mount answers ESTALE for it, so the kernel looks the name up again. Found by
+/// `strait chaos run` (ENOENT for a name that always existed); fails with ENOENT when the
+/// mount answers ENOENT.
+#[test]
+fn a_name_replaced_by_rename_is_never_missing() {
+    if !strait_tests::require_fuse() {
+        return;
+    }
+    let fs = TestFs::rocks_local(&[]);
+    let m = fs.mount(&[]);
+    let (reg, tmp) = (m.path("reg"), m.path("reg.tmp"));
+    std::fs::write(&reg, b"0").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (reg, stop) = (reg.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut reads, mut missing) = (0u64, vec![]);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                reads += 1;
+                match std::fs::read(&reg) {
+                    Ok(_) => {}
+                    Err(e) => missing.push(e.to_string()),
+                }
+            }
+            (reads, missing)
+        })
+    };
+    for i in 0..3000u32 {
+        std::fs::write(&tmp, i.to_string()).unwrap();
+        std::fs::rename(&tmp, &reg).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (reads, missing) = reader.join().unwrap();
+    assert!(reads > 100, "only {reads} reads raced with the renames");
+    assert!(
+        missing.is_empty(),
+        "{} of {reads} reads failed, first: {:?}",
+        missing.len(),
+        missing.first()
+    );
+}
