@@ -118,6 +118,7 @@ pub fn collect(
     start: &mut dyn FnMut(u64) -> Result<()>,
     batch: &mut dyn FnMut(KvPairs) -> Result<()>,
 ) -> Result<Collected> {
+    // Not backon: a re-walk at once while the version moves, like a transaction conflict.
     for _ in 0..WALK_RETRIES_MAX {
         let got = kv::read(kv, |t| {
             let version = version_in(t)?;

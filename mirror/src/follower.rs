@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use strait_fs_core::changelog::{self, ChangeRecord, ReplicaError};
 use strait_fs_core::snapshot::Loader;
 use strait_proto::limits::{META_MESSAGE_BYTES_MAX, REPLICATOR_MESSAGE_BYTES_MAX};
@@ -33,6 +34,13 @@ use delivery::{decode_new, delivered, next_chunk, Decoded, Delivered};
 /// Backoff between attempts to subscribe or bootstrap.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Those pauses: from `RETRY_MIN`, doubling up to `RETRY_MAX`, for as long as the attempts
+/// fail (the follower runs until it is stopped).
+const RETRY_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(RETRY_MIN)
+    .with_max_delay(RETRY_MAX)
+    .with_factor(2.0)
+    .without_max_times();
 /// How long one reading of the primary's clock may take.
 const CLOCK_POLL_TIMEOUT: Duration = Duration::from_secs(2);
 /// A subscription silent for this many `silence_ms` moves to the next replicator node.
@@ -174,8 +182,12 @@ pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<u64
 
 /// Follow the log until `stop`: bootstrap when needed, subscribe, apply.
 pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
-    let mut pause = RETRY_MIN;
+    let mut pauses = RETRY_BACKOFF.build();
     let mut source = 0usize;
+    // The follower's worker loop, run until `stop`: its two retries (a bootstrap, a
+    // subscription) are steps of it, pausing as `pauses` says, begun again after a success.
+    // Not backon's `retry`: its pause cannot end at `stop` without either cutting short a
+    // bootstrap under way or starting one more.
     loop {
         if stop.is_cancelled() {
             return;
@@ -196,16 +208,16 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
             match bootstrap(&mirror, &primary).await {
                 Ok(v) => {
                     mirror.on_applied(v, &[], None);
-                    pause = RETRY_MIN;
+                    pauses = RETRY_BACKOFF.build();
                 }
                 Err(e) => {
+                    let pause = next_pause(&mut pauses);
                     tracing::warn!("bootstrap failed, trying again in {pause:?}: {e:#}");
                     mirror.set_error(&format!("bootstrap: {e:#}"));
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(pause) => {}
                     }
-                    pause = (pause * 2).min(RETRY_MAX);
                 }
             }
             continue;
@@ -282,14 +294,20 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
                 source += 1;
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = tokio::time::sleep(next_pause(&mut pauses)) => {}
                 }
-                pause = (pause * 2).min(RETRY_MAX);
                 continue;
             }
         }
-        pause = RETRY_MIN;
+        pauses = RETRY_BACKOFF.build();
     }
+}
+
+/// The next pause from `pauses` ([`RETRY_BACKOFF`]), to the millisecond: backon doubles in
+/// `f32`, which would make 200 ms 200.000003 ms in the log.
+fn next_pause(pauses: &mut impl Iterator<Item = Duration>) -> Duration {
+    let pause = pauses.next().unwrap_or(RETRY_MAX);
+    Duration::from_millis(((pause.as_nanos() + 500_000) / 1_000_000) as u64)
 }
 
 /// Subscribe at `addr` from `applied + 1` and apply until the stream ends.
@@ -564,5 +582,19 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pauses_double_from_100_ms_up_to_2_s_and_go_on() {
+        let mut pauses = RETRY_BACKOFF.build();
+        let got: Vec<u64> = (0..8)
+            .map(|_| next_pause(&mut pauses).as_millis() as u64)
+            .collect();
+        assert_eq!(got, [100, 200, 400, 800, 1600, 2000, 2000, 2000]);
     }
 }

@@ -296,6 +296,8 @@ impl Shipper {
 
     async fn ship(&self, stop: CancellationToken) {
         let mut failures = 0u32;
+        // The shipper's worker loop, not a bounded retry: it runs until `stop`, and every step
+        // (a resync, an unreachable replicator, a stall) ends in its own fixed pause.
         loop {
             if stop.is_cancelled() {
                 return;

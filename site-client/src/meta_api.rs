@@ -54,6 +54,58 @@ impl RemoteMeta {
         };
         Ok((attr("open", r)?, chunk))
     }
+
+    /// Make an entry of kind `what` in `parent`: the body of mknod, mkdir and create.
+    fn make_entry(
+        &self,
+        what: NewEntry,
+        c: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<(Ino, Attr)> {
+        let req = w::MkNodRequest {
+            ctx: ctx(c),
+            parent,
+            name: name.to_vec(),
+            mode,
+            umask,
+            rdev: match what {
+                NewEntry::Node { rdev } => rdev,
+                NewEntry::Dir | NewEntry::File => 0,
+            },
+        };
+        let r = self.call(what.op(), false, |mut c| {
+            let req = req.clone();
+            async move {
+                match what {
+                    NewEntry::Node { .. } => c.mk_nod(req).await,
+                    NewEntry::Dir => c.mk_dir(req).await,
+                    NewEntry::File => c.create(req).await,
+                }
+            }
+        })?;
+        entry(what.op(), r)
+    }
+}
+
+/// MkNod, MkDir and Create: one request, three calls (the daemon's `NewEntry` likewise).
+#[derive(Clone, Copy)]
+enum NewEntry {
+    Node { rdev: u32 },
+    Dir,
+    File,
+}
+
+impl NewEntry {
+    fn op(self) -> &'static str {
+        match self {
+            NewEntry::Node { .. } => "mknod",
+            NewEntry::Dir => "mkdir",
+            NewEntry::File => "create",
+        }
+    }
 }
 
 fn ctx(c: &Ctx) -> Option<w::Ctx> {
@@ -219,19 +271,7 @@ impl MetaClient for RemoteMeta {
         umask: u32,
         rdev: u32,
     ) -> Result<(Ino, Attr)> {
-        let req = w::MkNodRequest {
-            ctx: ctx(c),
-            parent,
-            name: name.to_vec(),
-            mode,
-            umask,
-            rdev,
-        };
-        let r = self.call("mknod", false, |mut c| {
-            let req = req.clone();
-            async move { c.mk_nod(req).await }
-        })?;
-        entry("mknod", r)
+        self.make_entry(NewEntry::Node { rdev }, c, parent, name, mode, umask)
     }
 
     fn mkdir(
@@ -242,19 +282,7 @@ impl MetaClient for RemoteMeta {
         mode: u32,
         umask: u32,
     ) -> Result<(Ino, Attr)> {
-        let req = w::MkNodRequest {
-            ctx: ctx(c),
-            parent,
-            name: name.to_vec(),
-            mode,
-            umask,
-            rdev: 0,
-        };
-        let r = self.call("mkdir", false, |mut c| {
-            let req = req.clone();
-            async move { c.mk_dir(req).await }
-        })?;
-        entry("mkdir", r)
+        self.make_entry(NewEntry::Dir, c, parent, name, mode, umask)
     }
 
     fn create(
@@ -265,19 +293,7 @@ impl MetaClient for RemoteMeta {
         mode: u32,
         umask: u32,
     ) -> Result<(Ino, Attr)> {
-        let req = w::MkNodRequest {
-            ctx: ctx(c),
-            parent,
-            name: name.to_vec(),
-            mode,
-            umask,
-            rdev: 0,
-        };
-        let r = self.call("create", false, |mut c| {
-            let req = req.clone();
-            async move { c.create(req).await }
-        })?;
-        let (ino, a) = entry("create", r)?;
+        let (ino, a) = self.make_entry(NewEntry::File, c, parent, name, mode, umask)?;
         self.counted_open(ino);
         Ok((ino, a))
     }

@@ -262,6 +262,8 @@ impl RedisKv {
     ) -> Result<Option<u64>> {
         let mut stale_retried = false;
         let mut attempt = 0;
+        // Not backon: a WATCH conflict reruns the closure after a full-jitter pause (`backoff`,
+        // which backon's jitter cannot draw), and a stale pooled connection once at once.
         loop {
             let mut lease = self.lease()?;
             let mut t = RedisTxn {

@@ -17,7 +17,9 @@ pub mod s3;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 pub use bytes::Bytes;
 
 /// Whether retrying an object store call can help.
@@ -80,27 +82,28 @@ pub trait ObjectStore: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn ObjectStore>;
 
+/// Waits between attempts of an object store call: 50 ms first, doubling up to 2 s (the
+/// number of attempts is the caller's).
+const RETRY_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(50))
+    .with_max_delay(Duration::from_secs(2))
+    .with_factor(2.0);
+
 /// Call an object store operation until it succeeds, fails for good, or fails transiently
 /// `attempts` times; the waits double from 50 ms up to 2 s, and each retry is logged.
-pub async fn retry<T, F, Fut>(what: &str, attempts: u32, mut f: F) -> ObjResult<T>
+pub async fn retry<T, F, Fut>(what: &str, attempts: u32, f: F) -> ObjResult<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = ObjResult<T>>,
 {
-    let mut delay = std::time::Duration::from_millis(50);
     let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if !e.is_permanent() && attempt < attempts => {
-                tracing::warn!("{what}: {e} (attempt {attempt} of {attempts})");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(2));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    f.retry(RETRY_BACKOFF.with_max_times(attempts.saturating_sub(1) as usize))
+        .when(|e: &ObjectError| !e.is_permanent())
+        .notify(|e, _| {
+            attempt += 1;
+            tracing::warn!("{what}: {e} (attempt {attempt} of {attempts})");
+        })
+        .await
 }
 
 /// Open an object store from its URL (`file:///dir`, `s3://bucket?endpoint=..&region=..`, `memory://`).
@@ -121,5 +124,57 @@ pub async fn open(url: &str) -> crate::Result<DynStore> {
         other => Err(crate::Error::Invalid(format!(
             "object store {other:?} is not built into this binary"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn only_a_missing_object_and_a_fatal_error_are_permanent() {
+        // what `retry` gives up on at once
+        assert!(ObjectError::NotFound("k".into()).is_permanent());
+        assert!(ObjectError::Fatal("access denied".into()).is_permanent());
+        // what it tries again
+        assert!(!ObjectError::Timeout("get k".into()).is_permanent());
+        assert!(!ObjectError::Cancelled.is_permanent());
+        assert!(!ObjectError::Transient("connection reset".into()).is_permanent());
+    }
+
+    /// `retry` over a call whose i-th answer is `answers[i]` (the last one from there on):
+    /// what `retry` returned, and how many calls it made.
+    async fn retried(attempts: u32, answers: &[ObjResult<u32>]) -> (ObjResult<u32>, usize) {
+        let calls = AtomicUsize::new(0);
+        let r = retry("get k", attempts, || async {
+            let i = calls.fetch_add(1, Ordering::Relaxed);
+            answers[i.min(answers.len() - 1)].clone()
+        })
+        .await;
+        (r, calls.into_inner())
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_is_tried_again_up_to_the_attempts_given() {
+        // always failing transiently: exactly `attempts` calls, then the last error
+        let reset = ObjectError::Transient("connection reset".into());
+        let (r, calls) = retried(3, &[Err(reset)]).await;
+        assert!(matches!(r, Err(ObjectError::Transient(_))), "{r:?}");
+        assert_eq!(calls, 3);
+
+        // failing once, then answering: the answer
+        let timeout = ObjectError::Timeout("get k".into());
+        let (r, calls) = retried(3, &[Err(timeout), Ok(7)]).await;
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!(calls, 2);
+    }
+
+    #[tokio::test]
+    async fn a_permanent_failure_is_returned_at_once() {
+        let (r, calls) = retried(5, &[Err(ObjectError::NotFound("k".into()))]).await;
+        assert!(matches!(r, Err(ObjectError::NotFound(_))), "{r:?}");
+        assert_eq!(calls, 1);
     }
 }

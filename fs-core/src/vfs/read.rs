@@ -3,7 +3,9 @@
 //! concurrent readers are shared), and readahead into the cache.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use backon::{ConstantBuilder, Retryable};
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
@@ -16,6 +18,30 @@ use super::{cache, retry_store, Shared};
 
 /// Distinct corrupt blocks remembered for logging once.
 const REPORTED_CORRUPT_MAX: usize = 10_000;
+
+/// Reads of a block from the object store whose bytes fail their check: the first, and one
+/// more at once in case they were damaged on the way.
+const STORE_READS_MAX: usize = 2;
+const REREAD: ConstantBuilder = ConstantBuilder::new()
+    .with_delay(Duration::ZERO)
+    .with_max_times(STORE_READS_MAX - 1);
+
+/// How one read of a block from this region's object store failed.
+enum StoreRead {
+    /// Not in the store, and a mirror to ask instead.
+    Missing,
+    /// The bytes arrived but fail their length or CRC check.
+    Damaged(Error),
+    /// Any other failure (transient ones were already retried by [`retry_store`]).
+    Failed(Error),
+}
+
+impl StoreRead {
+    /// Whether reading the block again may help: only when its bytes arrived damaged.
+    fn again(&self) -> bool {
+        matches!(self, StoreRead::Damaged(_))
+    }
+}
 
 /// One block fetch that concurrent readers share.
 pub(super) type BlockCell = tokio::sync::OnceCell<Result<Bytes, BlockError>>;
@@ -120,38 +146,46 @@ impl Shared {
             .acquire()
             .await
             .map_err(|_| Error::Meta("download slots closed".into()))?;
-        let mut attempt = 0;
-        let data = loop {
-            attempt += 1;
+        let read = || async {
             let got = retry_store(&format!("read block {key}"), || self.store.get(key)).await;
             let data = match got {
                 Ok(d) => d,
                 // not in this region's store yet: the mirror gets it from the primary's
                 Err(Error::CorruptBlock { .. }) if self.fallback.is_some() => {
-                    // the wait across regions holds a fallback slot, not a download slot
-                    drop(permit);
-                    break self.fetch_fallback(key, len, crc, "missing").await?;
+                    return Err(StoreRead::Missing)
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(StoreRead::Failed(e)),
             };
-            match cache::verify(key, &data, len, crc) {
-                Ok(()) => break data,
-                // read it once more in case it was damaged on the way
-                Err(_) if attempt < 2 => {}
-                Err(e) if self.fallback.is_some() => {
-                    tracing::warn!(
-                        "{e}: in this region's object store; the mirror fetches it again from the primary's"
-                    );
-                    drop(permit);
-                    break self.fetch_fallback(key, len, crc, "corrupt").await?;
-                }
-                Err(e) => {
-                    self.report_corrupt(&e);
-                    return Err(e);
-                }
-            }
+            cache::verify(key, &data, len, crc)
+                .map(|()| data)
+                .map_err(StoreRead::Damaged)
         };
-        Ok(data)
+        let got = read
+            .retry(REREAD)
+            // no timer for a pause of zero: the second read follows the first at once
+            .sleep(|_| std::future::ready(()))
+            .when(StoreRead::again)
+            .await;
+        match got {
+            Ok(data) => Ok(data),
+            Err(StoreRead::Missing) => {
+                // the wait across regions holds a fallback slot, not a download slot
+                drop(permit);
+                self.fetch_fallback(key, len, crc, "missing").await
+            }
+            Err(StoreRead::Damaged(e)) if self.fallback.is_some() => {
+                tracing::warn!(
+                    "{e}: in this region's object store; the mirror fetches it again from the primary's"
+                );
+                drop(permit);
+                self.fetch_fallback(key, len, crc, "corrupt").await
+            }
+            Err(StoreRead::Damaged(e)) => {
+                self.report_corrupt(&e);
+                Err(e)
+            }
+            Err(StoreRead::Failed(e)) => Err(e),
+        }
     }
 
     /// Read `[off, off + buf.len())` of chunk `idx` into `buf` (the range lies in the chunk).
@@ -227,5 +261,19 @@ impl Shared {
             }
             pos = idx as u64 * CHUNK_SIZE + to as u64;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_block_that_arrived_damaged_is_read_again() {
+        let damaged = cache::verify("k", b"abc", 3, 0).unwrap_err();
+        assert!(StoreRead::Damaged(damaged).again());
+        assert!(!StoreRead::Missing.again());
+        let denied = Error::Object(ObjectError::Fatal("access denied".into()));
+        assert!(!StoreRead::Failed(denied).again());
     }
 }
