@@ -139,7 +139,10 @@ impl LagState {
 
     /// The lag at local monotonic time `now_ms` (see the module's documentation).
     pub fn lag(&self, now_ms: u64) -> Lag {
-        let silence = self.beats.back().map(|b| now_ms.saturating_sub(b.arrived_ms));
+        let silence = self
+            .beats
+            .back()
+            .map(|b| now_ms.saturating_sub(b.arrived_ms));
         let newest = self.beats.back().map_or(0, |b| b.latest_version);
         let latest = self.received.max(newest).max(self.applied);
         let primary_now = self

@@ -164,7 +164,12 @@ impl Mirror {
 
     /// A reading of the primary's clock and latest version: from a poll sent at local time
     /// `requested_ms` (which bounds the primary's clock), or pushed through the log (None).
-    pub fn on_heartbeat(&self, primary_clock_ms: u64, latest_version: u64, requested_ms: Option<u64>) {
+    pub fn on_heartbeat(
+        &self,
+        primary_clock_ms: u64,
+        latest_version: u64,
+        requested_ms: Option<u64>,
+    ) {
         let arrived_ms = self.mono_ms();
         {
             let mut i = self.inner.lock();
@@ -247,10 +252,7 @@ impl Mirror {
     pub fn fresh(&self) -> bool {
         let (phase, lag) = {
             let i = self.inner.lock();
-            (
-                i.phase,
-                Self::lag_of(&i, self.mono_ms()),
-            )
+            (i.phase, Self::lag_of(&i, self.mono_ms()))
         };
         // an unknown lag is outside every window
         matches!(phase, Phase::Following | Phase::Disconnected)
