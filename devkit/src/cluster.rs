@@ -392,7 +392,7 @@ impl Cluster {
         }
 
         // the primary (A) ships to the three nodes
-        let mut shipping_to = vec![nodes[0], nodes[1], p3.addr()];
+        let mut shipping_to = [nodes[0], nodes[1], p3.addr()];
         if a.primary_proxies {
             for (i, to) in shipping_to.iter_mut().enumerate() {
                 let p = rt

@@ -87,8 +87,20 @@ impl LagState {
     }
 
     /// A poll of the primary: at its clock `primary_clock_ms` (read after local time
-    /// `requested_ms`) its latest version was `latest_version`.
+    /// `requested_ms`) its latest version was `latest_version`. Bounds the primary's clock and
+    /// is kept as a heartbeat.
     pub fn on_poll(&mut self, primary_clock_ms: u64, latest_version: u64, requested_ms: u64) {
+        self.bound_by_poll(primary_clock_ms, latest_version, requested_ms);
+        self.on_heartbeat(Beat {
+            primary_clock_ms,
+            latest_version,
+            arrived_ms: requested_ms,
+        });
+    }
+
+    /// The bound a poll gives on the primary's clock (and what it says the mirror has caught
+    /// up with), without keeping it as a heartbeat.
+    pub fn bound_by_poll(&mut self, primary_clock_ms: u64, latest_version: u64, requested_ms: u64) {
         self.caught_up(primary_clock_ms, latest_version);
         let p = Poll {
             primary_clock_ms,

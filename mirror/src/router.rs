@@ -13,8 +13,7 @@
 //!   answers from the stale metadata and counts it;
 //! - `Open` is the region's (the mirror counts its handles), but its answer carries the
 //!   file's attributes and, when asked, chunk 0's slices, so it obeys the window too: outside
-//!   it, `wait` waits as a read does, and `forward` takes the attributes from the primary and
-//!   leaves chunk 0 out (the mount then asks `ReadChunk`, a read, which is forwarded).
+//!   it, `wait` waits as a read does, and `forward` takes both from the primary.
 //!
 //! Forwarding works on the HTTP/2 request, below the generated code: the primary answers the
 //! same protobuf messages the mirror would, so the call needs no decoding.
@@ -404,10 +403,11 @@ impl Router {
         }
     }
 
-    /// `Open` outside the window under `forward`: the attributes come from the primary (a
-    /// GetAttr there, before the handle is opened here, so a failure there opens nothing),
-    /// and chunk 0 is left out of the answer, so the mount's first read asks ReadChunk,
-    /// which goes to the primary while the mirror is outside its window.
+    /// `Open` outside the window under `forward`: the attributes, and chunk 0's slices when
+    /// the mount asks for them, come from the primary (asked before the handle is opened
+    /// here, so a failure there opens nothing), so the two agree: attributes from the primary
+    /// with slices from the mirror's older metadata would read as zeros past what the mirror
+    /// has. The handle is the region's, opened here.
     async fn open_forwarded(&self, req: http::Request<Body>) -> Reply {
         use http_body_util::BodyExt;
         self.mirror.metrics.forwarded_reads.inc();
@@ -420,46 +420,37 @@ impl Router {
             Ok(o) => o,
             Err(s) => return status_reply(s),
         };
+        let wants_chunk0 = open.chunk0;
         open.chunk0 = false;
-        // 1. the file's attributes at the primary
+        // 1. the file's attributes (and chunk 0) at the primary
         let getattr = w::InodeRequest {
             ctx: open.ctx.clone(),
             ino: open.ino,
         };
-        let path = parts.uri.path().replace("/Open", "/GetAttr");
-        let mut at_primary = http::Request::new(());
-        *at_primary.method_mut() = parts.method.clone();
-        *at_primary.headers_mut() = parts.headers.clone();
-        *at_primary.uri_mut() = match path.parse() {
-            Ok(u) => u,
-            Err(e) => return status_reply(Status::internal(format!("GetAttr path: {e}"))),
+        let attr = match self
+            .ask_primary::<w::AttrReply>(&parts, "GetAttr", frame(&getattr))
+            .await
+        {
+            Ok(r) => r.attr,
+            Err(reply) => return reply,
         };
-        let (gparts, ()) = at_primary.into_parts();
-        let fresh = match self.send_to_primary(&gparts, frame(&getattr)).await {
-            Ok(r) => r,
-            Err(e) => {
-                return status_reply(errno_status(
-                    libc::EIO,
-                    format!("open outside the window: the primary cannot be reached: {e}"),
-                ))
+        let is_file = attr
+            .as_ref()
+            .is_some_and(|a| a.kind == w::FileKind::File as i32);
+        let chunk0 = if wants_chunk0 && is_file {
+            let ask = w::ChunkRequest {
+                ino: open.ino,
+                index: 0,
+            };
+            match self
+                .ask_primary::<w::ReadChunkReply>(&parts, "ReadChunk", frame(&ask))
+                .await
+            {
+                Ok(r) => Some(r),
+                Err(reply) => return reply,
             }
-        };
-        let (fparts, fbody) = fresh.into_parts();
-        let fresh = match fbody.collect().await {
-            Ok(c) => c,
-            Err(e) => {
-                return status_reply(errno_status(
-                    libc::EIO,
-                    format!("read the primary's attributes: {e}"),
-                ))
-            }
-        };
-        let fresh_trailers = fresh.trailers().cloned();
-        let fresh = fresh.to_bytes();
-        let attr = match decode::<w::AttrReply>(&fresh) {
-            Ok(r) if !fresh.is_empty() => r.attr,
-            // the primary's error (the file is gone there, ...): the mount gets it
-            _ => return rebuild(fparts, fresh, fresh_trailers),
+        } else {
+            None
         };
         // 2. the handle, here
         let local_req = http::Request::from_parts(parts, Body::new(http_body_full(frame(&open))));
@@ -479,10 +470,53 @@ impl Router {
         let data = local.to_bytes();
         match decode::<w::AttrReply>(&data) {
             Ok(_) if !data.is_empty() => {
-                let reply = w::AttrReply { attr, chunk0: None };
+                let reply = w::AttrReply { attr, chunk0 };
                 rebuild(lparts, frame(&reply), trailers)
             }
             _ => rebuild(lparts, data, trailers),
+        }
+    }
+
+    /// Call `method` of the metadata service at the primary with the message `body`, under
+    /// the mirror's session there; Err is the reply to give the mount (the primary's error,
+    /// or EIO when it cannot be reached).
+    async fn ask_primary<R: prost::Message + Default>(
+        &self,
+        parts: &http::request::Parts,
+        method: &str,
+        body: bytes::Bytes,
+    ) -> Result<R, Reply> {
+        use http_body_util::BodyExt;
+        let path = match parts.uri.path().rsplit_once('/') {
+            Some((service, _)) => format!("{service}/{method}"),
+            None => format!("/{method}"),
+        };
+        let mut head = http::Request::new(());
+        *head.method_mut() = parts.method.clone();
+        *head.headers_mut() = parts.headers.clone();
+        *head.uri_mut() = path
+            .parse()
+            .map_err(|e| status_reply(Status::internal(format!("{method} path: {e}"))))?;
+        let (head, ()) = head.into_parts();
+        let reply = self.send_to_primary(&head, body).await.map_err(|e| {
+            status_reply(errno_status(
+                libc::EIO,
+                format!("open outside the window: the primary cannot be reached: {e}"),
+            ))
+        })?;
+        let (rparts, rbody) = reply.into_parts();
+        let got = rbody.collect().await.map_err(|e| {
+            status_reply(errno_status(
+                libc::EIO,
+                format!("read the primary's answer to {method}: {e}"),
+            ))
+        })?;
+        let trailers = got.trailers().cloned();
+        let data = got.to_bytes();
+        match decode::<R>(&data) {
+            Ok(r) if !data.is_empty() => Ok(r),
+            // the primary's error (the file is gone there, ...): the mount gets it
+            _ => Err(rebuild(rparts, data, trailers)),
         }
     }
 

@@ -174,7 +174,7 @@ impl Mirror {
         {
             let mut i = self.inner.lock();
             if let Some(r) = requested_ms {
-                i.lag.on_poll(primary_clock_ms, latest_version, r);
+                i.lag.bound_by_poll(primary_clock_ms, latest_version, r);
             }
             // a repeated reading is no news: it must not reset the silence
             if i.lag
