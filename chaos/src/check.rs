@@ -177,9 +177,12 @@ pub fn replay(events: &[Event], tally: &mut Tally) -> BTreeMap<u32, Model> {
 
 /// Checkers 2 and 4 over the registers: a mount's reads of a register never go back, and a
 /// read started more than the bound after a write was acknowledged sees it.
+/// A register's acknowledged writes, by (owner, register): (ack time, seq, writer's region).
+type Puts<'a> = BTreeMap<(u32, &'a str), Vec<(u64, u64, Region)>>;
+
 pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
-    // (owner, register) -> (ack time, seq, writer's region), in the owner's order
-    let mut puts: BTreeMap<(u32, &str), Vec<(u64, u64, Region)>> = BTreeMap::new();
+    // in the owner's order
+    let mut puts: Puts = BTreeMap::new();
     let mut gets: Vec<&Event> = vec![];
     for e in events {
         match (&e.op, e.outcome, e.complete_ms) {
@@ -277,17 +280,28 @@ pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
     }
 }
 
+/// Which name of which client a final read read, where, and for which checker.
+pub struct FinalRead<'a> {
+    pub client: u32,
+    pub name: &'a str,
+    pub region: Region,
+    pub checker: usize,
+}
+
 /// A final read of a client's name, after the heal, against its model.
 pub fn final_read(
     models: &mut BTreeMap<u32, Model>,
-    client: u32,
-    name: &str,
-    region: Region,
+    what: FinalRead<'_>,
     observed: &Option<Observed>,
-    checker: usize,
     tally: &mut Tally,
     history: &[Event],
 ) {
+    let FinalRead {
+        client,
+        name,
+        region,
+        checker,
+    } = what;
     let m = models.entry(client).or_default();
     let excerpt = || {
         let mut v: Vec<String> = history
@@ -477,11 +491,13 @@ mod tests {
         let mut t = Tally::default();
         final_read(
             &mut models,
-            0,
-            "f0",
-            Region::A,
+            FinalRead {
+                client: 0,
+                name: "f0",
+                region: Region::A,
+                checker: 1,
+            },
             &Some(Observed::Node(Node::File(vec![(1, 2)]))),
-            1,
             &mut t,
             &h,
         );

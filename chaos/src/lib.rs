@@ -297,11 +297,13 @@ fn drive(
             let (_, _, observed) = reader(Region::A, id).read_own(name);
             check::final_read(
                 &mut models,
-                id,
-                name,
-                Region::A,
+                check::FinalRead {
+                    client: id,
+                    name,
+                    region: Region::A,
+                    checker: 1,
+                },
                 &observed,
-                1,
                 &mut tally,
                 &events,
             );
@@ -325,11 +327,13 @@ fn drive(
             let (_, _, observed) = reader(Region::B, id).read_own(name);
             check::final_read(
                 &mut models,
-                id,
-                name,
-                Region::B,
+                check::FinalRead {
+                    client: id,
+                    name,
+                    region: Region::B,
+                    checker: 6,
+                },
                 &observed,
-                6,
                 &mut tally,
                 &events,
             );

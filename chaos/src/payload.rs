@@ -70,7 +70,7 @@ pub fn records(client: u32, seq: u64, offset: u64, n: usize) -> Vec<u8> {
 
 /// Decode a whole file's contents, record by record.
 pub fn decode(bytes: &[u8]) -> Result<Vec<Record>, Garbage> {
-    if bytes.len() % RECORD != 0 {
+    if !bytes.len().is_multiple_of(RECORD) {
         return Err(Garbage::Length(bytes.len()));
     }
     let mut out = Vec::with_capacity(bytes.len() / RECORD);

@@ -354,7 +354,7 @@ async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &Cancellat
         mirror.on_stream();
         match msg.kind {
             Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
-                mirror.on_heartbeat(h.primary_clock_ms, h.latest_version, None)
+                mirror.on_heartbeat(h.primary_clock_ms, h.latest_version)
             }
             Some(pb::subscribe_reply::Kind::TruncatedEarliest(e)) => return Stop::Truncated(e),
             Some(pb::subscribe_reply::Kind::Records(r)) => {
@@ -552,9 +552,8 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
 
 /// Read the primary's clock and latest version straight from the primary every
 /// `clock_poll_ms`. The heartbeats in the change log reach the mirror behind every record
-/// before them, so they cannot bound the primary's clock; a poll can: the primary read its
-/// clock after the poll was sent, so its reading plus the time since then is an upper bound
-/// (see `lag.rs`).
+/// before them, so a mirror that falls behind would see old clock readings only and think
+/// itself current; a reading taken now, one link away, bounds the lag from below truthfully.
 pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
     let every = Duration::from_millis(mirror.cfg.clock_poll_ms);
     let mut warned = false;
@@ -564,12 +563,11 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let requested = mirror.mono_ms();
         let call = site.status(strait_proto::site::Empty {});
         match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
             Ok(Ok(r)) => {
                 let s = r.into_inner();
-                mirror.on_heartbeat(s.clock_ms, s.version, Some(requested));
+                mirror.on_heartbeat(s.clock_ms, s.version);
                 warned = false;
             }
             Ok(Err(e)) if !warned => {

@@ -37,7 +37,7 @@ pub fn state_name(phase: Phase, lag: &Lag, window_ms: u64, silence_ms: u64) -> &
         Phase::Halted => "halted",
         Phase::Disconnected => "disconnected",
         Phase::Following if lag.silence_ms.is_some_and(|s| s > silence_ms) => "disconnected",
-        Phase::Following if !lag.known || lag.ms > window_ms => "stale",
+        Phase::Following if lag.ms > window_ms => "stale",
         Phase::Following => "following",
     }
 }
@@ -162,20 +162,10 @@ impl Mirror {
         self.bump();
     }
 
-    /// A reading of the primary's clock and latest version: from a poll sent at local time
-    /// `requested_ms` (which bounds the primary's clock), or pushed through the log (None).
-    pub fn on_heartbeat(
-        &self,
-        primary_clock_ms: u64,
-        latest_version: u64,
-        requested_ms: Option<u64>,
-    ) {
+    pub fn on_heartbeat(&self, primary_clock_ms: u64, latest_version: u64) {
         let arrived_ms = self.mono_ms();
         {
             let mut i = self.inner.lock();
-            if let Some(r) = requested_ms {
-                i.lag.bound_by_poll(primary_clock_ms, latest_version, r);
-            }
             // a repeated reading is no news: it must not reset the silence
             if i.lag
                 .beats
@@ -228,13 +218,13 @@ impl Mirror {
     pub fn lag(&self) -> Lag {
         let now = self.mono_ms();
         let i = self.inner.lock();
-        Self::lag_of(&i, now)
+        Self::lag_of(&i, now, self.cfg.silence_ms)
     }
 
     /// The lag, with `silence_ms` the longer of the primary's clock silence and the
     /// subscription's.
-    fn lag_of(i: &Inner, now: u64) -> Lag {
-        let mut lag = i.lag.lag(now);
+    fn lag_of(i: &Inner, now: u64, silence_limit_ms: u64) -> Lag {
+        let mut lag = i.lag.lag(now, silence_limit_ms);
         if i.stream_ms > 0 {
             let quiet = now.saturating_sub(i.stream_ms);
             lag.silence_ms = Some(lag.silence_ms.map_or(quiet, |s| s.max(quiet)));
@@ -252,12 +242,12 @@ impl Mirror {
     pub fn fresh(&self) -> bool {
         let (phase, lag) = {
             let i = self.inner.lock();
-            (i.phase, Self::lag_of(&i, self.mono_ms()))
+            (
+                i.phase,
+                Self::lag_of(&i, self.mono_ms(), self.cfg.silence_ms),
+            )
         };
-        // an unknown lag is outside every window
-        matches!(phase, Phase::Following | Phase::Disconnected)
-            && lag.known
-            && lag.ms <= self.cfg.window_ms
+        matches!(phase, Phase::Following | Phase::Disconnected) && lag.ms <= self.cfg.window_ms
     }
 
     /// Once a second: the lag history and the rate, then the gauges.
