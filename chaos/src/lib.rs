@@ -86,22 +86,6 @@ impl Report {
     }
 }
 
-fn strait(bin: &Path, args: &[&str], env: &[(String, String)]) -> Result<String> {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .envs(env.iter().cloned())
-        .output()
-        .with_context(|| format!("run strait {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!(
-            "strait {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn wait_visible(p: &Path, within: Duration) -> Result<()> {
     let start = Instant::now();
     while !p.exists() {
@@ -369,8 +353,9 @@ fn converge(cfg: &RunConfig, primary: &str, mirror: &str, token: &str) -> Result
     let start = Instant::now();
     let mut last = None;
     while start.elapsed() < Duration::from_secs(30) {
-        match strait(
+        match strait_devkit::cluster::run_strait(
             &cfg.strait_bin,
+            &[],
             &[
                 "fsck",
                 "--compare",
@@ -382,7 +367,6 @@ fn converge(cfg: &RunConfig, primary: &str, mirror: &str, token: &str) -> Result
                 "10000",
                 "--digest",
             ],
-            &[],
         ) {
             Ok(out) if out.starts_with("match") => return Ok(()),
             Ok(out) => last = Some(anyhow::anyhow!("{}", out.trim())),

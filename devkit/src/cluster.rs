@@ -236,7 +236,9 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-fn strait(bin: &Path, env: &[(String, String)], args: &[&str]) -> Result<String> {
+/// Run `strait ARGS` (the program `bin`, with `env`) to its end: its standard output, or an
+/// error with its standard error.
+pub fn run_strait(bin: &Path, env: &[(String, String)], args: &[&str]) -> Result<String> {
     let out = Command::new(bin)
         .args(args)
         .envs(env.iter().cloned())
@@ -311,7 +313,7 @@ impl Cluster {
                 format!("file://{}", rb.join("data").display()),
             ),
         };
-        strait(bin, &env, &["format", &meta_a, &data_a, "--name", "dev"])?;
+        run_strait(bin, &env, &["format", &meta_a, &data_a, "--name", "dev"])?;
 
         // replicator nodes 1, 2 (A) and 3 (B); node 3 is reached through the link
         let nodes: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_>>()?;
@@ -361,7 +363,7 @@ impl Cluster {
         ];
         let start = Instant::now();
         loop {
-            let r = strait(
+            let r = run_strait(
                 bin,
                 &env,
                 &[
@@ -539,7 +541,7 @@ impl Cluster {
                 ];
                 args.extend(a.mount_args.iter().cloned());
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                strait(bin, &env, &args).with_context(|| format!("mount region {which}"))?;
+                run_strait(bin, &env, &args).with_context(|| format!("mount region {which}"))?;
                 if which == "a" {
                     topo.mount_a = Some(mnt);
                 } else {
@@ -649,7 +651,9 @@ impl Cluster {
         [&t.mount_b, &t.mount_a]
             .into_iter()
             .flatten()
-            .filter_map(|m| strait(&self.strait_bin, &[], &["umount", &m.to_string_lossy()]).err())
+            .filter_map(|m| {
+                run_strait(&self.strait_bin, &[], &["umount", &m.to_string_lossy()]).err()
+            })
             .collect()
     }
 }

@@ -540,15 +540,7 @@ impl Router {
             let me = self.forward.clone();
             tokio::spawn(async move { me.release(r.ino).await });
         }
-        let mut frames: Vec<Result<http_body::Frame<bytes::Bytes>, Status>> = vec![];
-        if !data.is_empty() {
-            frames.push(Ok(http_body::Frame::data(data)));
-        }
-        if let Some(t) = trailers {
-            frames.push(Ok(http_body::Frame::trailers(t)));
-        }
-        let body = http_body_util::StreamBody::new(tokio_stream::iter(frames));
-        http::Response::from_parts(parts, Body::new(body))
+        rebuild(parts, data, trailers)
     }
 
     async fn route(self, req: http::Request<Body>) -> Reply {
