@@ -8,13 +8,16 @@
 //! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);
 //! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]);
 //! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
-//!   proxies, mounts), started from the `strait` program.
+//!   proxies, mounts), started from the `strait` program;
+//! - [`usage`]: CPU time and resident memory, of this machine and of a process, for the
+//!   benchmarks' figures.
 
 pub mod cluster;
 pub mod garage;
 pub mod ports;
 pub mod process;
 pub mod redis;
+pub mod usage;
 
 pub use garage::{Garage, ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
 pub use ports::{distinct_free_ports, free_port};
