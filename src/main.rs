@@ -51,8 +51,9 @@ enum Command {
     Fsck(cmd::fsck::Args),
     /// Delete the blocks of dead slices now (a mount also does this in the background).
     Gc(cmd::gc::Args),
-    /// Benchmark a mounted directory (strait's or any other file system's).
-    Bench(cmd::bench::fs::Args),
+    /// Benchmark a mounted directory (strait's or any other file system's), or the block
+    /// cache against the crates that could replace it (`strait bench cache`).
+    Bench(cmd::bench::BenchArgs),
     /// Run the Jepsen-style harness: a two-region cluster under a seeded nemesis, checked.
     Chaos(cmd::chaos::Args),
 }
@@ -95,12 +96,40 @@ fn main() {
         Command::Changelog(a) => cmd::changelog::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Gc(a) => cmd::gc::run(a),
-        Command::Bench(a) => cmd::bench::fs::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
         Command::Chaos(a) => cmd::chaos::run(a),
     };
     if let Err(e) = result {
         eprintln!("strait: {e:#}");
         drop(_telemetry);
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every command's definition passes clap's own checks (a release build skips them).
+    #[test]
+    fn command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// `strait bench cache` is the cache benchmark; any other word is the directory of
+    /// `strait bench DIR`.
+    #[test]
+    fn bench_takes_a_directory_or_cache() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Bench(b) => b,
+            _ => panic!("not the bench command"),
+        };
+        let b = parse(&["strait", "bench", "cache", "--seconds", "1"]);
+        assert!(matches!(b.what, Some(cmd::bench::What::Cache(c)) if c.seconds == 1.0));
+        let b = parse(&["strait", "bench", "--threads", "2", "/mnt/x"]);
+        assert!(b.what.is_none());
+        assert_eq!(b.fs.dir.as_deref(), Some(std::path::Path::new("/mnt/x")));
+        assert!(Cli::try_parse_from(["strait", "bench"]).is_err());
     }
 }

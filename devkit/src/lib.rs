@@ -10,7 +10,9 @@
 //! - [`proxy`]: a TCP fault proxy (delay, bandwidth cap, blackhole, resets) to put between
 //!   processes, as between regions ([`Proxy`]);
 //! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
-//!   proxies, mounts), started from the `strait` program.
+//!   proxies, mounts), started from the `strait` program;
+//! - [`usage`]: CPU time and resident memory, of this machine and of a process, for the
+//!   benchmarks' figures.
 
 pub mod cluster;
 pub mod garage;
@@ -18,6 +20,7 @@ pub mod ports;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod usage;
 
 pub use garage::{Garage, ACCESS_KEY, BUCKET, REGION, SECRET_KEY};
 pub use ports::{distinct_free_ports, free_port};

@@ -12,8 +12,10 @@ use anyhow::{bail, Context, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A directory inside the mounted file system to benchmark.
-    pub dir: PathBuf,
+    /// A directory inside the mounted file system to benchmark (a directory named `cache`
+    /// is written `./cache`: `strait bench cache` is the block cache's benchmark).
+    #[arg(required = true)]
+    pub dir: Option<PathBuf>,
     /// Size of each big file.
     #[arg(long, default_value = "1G")]
     pub big_file_size: String,
@@ -59,8 +61,11 @@ fn mib_s(bytes: u64, secs: f64) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if !a.dir.is_dir() {
-        bail!("{} is not a directory", a.dir.display());
+    let Some(dir) = a.dir.clone() else {
+        bail!("name the directory to benchmark");
+    };
+    if !dir.is_dir() {
+        bail!("{} is not a directory", dir.display());
     }
     let big = crate::cmd::parse_size(&a.big_file_size)?;
     let bs = crate::cmd::parse_size(&a.block_size)? as usize;
@@ -68,7 +73,7 @@ pub fn run(a: Args) -> Result<()> {
     if bs == 0 || a.threads == 0 {
         bail!("--block-size and --threads must be positive");
     }
-    let work = a.dir.join(format!("__strait_bench_{}", std::process::id()));
+    let work = dir.join(format!("__strait_bench_{}", std::process::id()));
     fs::create_dir(&work).with_context(|| format!("create {}", work.display()))?;
     let mut rows = vec![];
     let res = (|| -> Result<()> {
@@ -83,7 +88,7 @@ pub fn run(a: Args) -> Result<()> {
     let _ = fs::remove_dir_all(&work);
     res?;
     let label = if a.label.is_empty() {
-        a.dir.display().to_string()
+        dir.display().to_string()
     } else {
         a.label.clone()
     };

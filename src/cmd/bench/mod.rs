@@ -2,6 +2,8 @@
 //!
 //! - [`fs`]: `strait bench DIR`, any mounted file system (strait's or a peer's);
 //!   `scripts/bench-vs-juicefs.sh` runs it against strait and JuiceFS side by side;
+//! - [`cache`]: `strait bench cache`, the block cache against the `moka` and `foyer` crates
+//!   (those with the feature `bench-cache-crates`);
 //! - [`mirror`]: `strait mirror bench`, a mirror's lag and reads against a running `dev up`;
 //! - [`replicator`]: `strait replicator bench`, a three-node replicator cluster's commit
 //!   latency and throughput, then [`floor`]: `strait replicator floor`, the disk's floor for
@@ -11,10 +13,37 @@
 //! `tests` crate: it builds its regions with the test harness (`strait_tests`), which this
 //! binary does not link.
 
+pub mod cache;
 pub mod floor;
 pub mod fs;
 pub mod mirror;
 pub mod replicator;
+
+use anyhow::Result;
+
+/// `strait bench DIR` (a mounted directory) or `strait bench cache` (the block cache).
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: Option<What>,
+    #[command(flatten)]
+    pub fs: fs::Args,
+}
+
+#[derive(clap::Subcommand)]
+pub enum What {
+    /// Compare the block cache (memory LRU and disk cache) with the moka and foyer crates
+    /// on the same reads (docs/benchmarks/cache.md).
+    Cache(cache::CacheArgs),
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.what {
+        Some(What::Cache(c)) => cache::run(c),
+        None => fs::run(a.fs),
+    }
+}
 
 // the names by which the replicator benchmark and its floor refer to each other
 use floor as replicator_floor;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
+use strait_devkit::usage::{cpu_busy_since, cpu_ticks, process_cpu_s};
 use strait_devkit::{Faults, Link, Proxy};
 use strait_tests::daemon::Primary;
 use strait_tests::garage::Garage;
@@ -186,50 +187,6 @@ fn read_all(
     }
     let bytes: u64 = files.iter().map(|f| f.1 as u64).sum();
     (secs, bytes, by_file)
-}
-
-/// This machine's CPU time so far, (busy, all), in clock ticks (`/proc/stat`'s first line).
-fn cpu_ticks() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> = text
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let all: u64 = v.iter().take(8).sum();
-    // idle and iowait
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (all - idle, all)
-}
-
-/// How busy this machine's CPUs were since `from` (a [`cpu_ticks`] reading), in percent.
-fn cpu_busy_since(from: (u64, u64)) -> f64 {
-    let now = cpu_ticks();
-    let all = now.1.saturating_sub(from.1).max(1);
-    100.0 * now.0.saturating_sub(from.0) as f64 / all as f64
-}
-
-/// CPU seconds (user and system) a process has used so far; 0 once it is gone.
-fn process_cpu_s(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // the fields after the command name, which may hold spaces: state is field 3, utime 14
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // SAFETY: sysconf only reads a constant of the system
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    f.iter().sum::<u64>() as f64 / hz
 }
 
 /// The CPU time of named processes over a phase.
