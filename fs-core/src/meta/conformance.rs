@@ -9,6 +9,7 @@ use super::{Meta, MetaClient, MetaOptions};
 use crate::changelog::{read_log, replay};
 use crate::error::Error;
 use crate::kv::DynKv;
+use crate::Version;
 
 /// A fresh formatted engine and the metadata API over it.
 pub fn fresh(make: &dyn Fn() -> DynKv) -> (DynKv, Arc<Meta>) {
@@ -657,12 +658,12 @@ pub fn outbox_replays_to_the_same_digest(make: &dyn Fn() -> DynKv) {
     m.rmdir(&root, ROOT_INO, b"e2").unwrap();
     m.release(f).unwrap();
 
-    let records = read_log(kv.as_ref(), 0, usize::MAX).unwrap();
-    assert_eq!(records.len() as u64, kv.last_version().unwrap());
-    let versions: Vec<u64> = records.iter().map(|r| r.0).collect();
+    let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
+    assert_eq!(Version(records.len() as u64), kv.last_version().unwrap());
+    let versions: Vec<Version> = records.iter().map(|r| r.0).collect();
     assert_eq!(
         versions,
-        (1..=records.len() as u64).collect::<Vec<_>>(),
+        (1..=records.len() as u64).map(Version).collect::<Vec<_>>(),
         "versions are gapless"
     );
     let replica = make();

@@ -3,6 +3,7 @@
 
 use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::{keys, Ino};
+use strait_fs_core::Version;
 
 // The tags are in fs-core's registry of every KV key tag.
 pub(super) use strait_fs_core::kv::tags::{
@@ -21,15 +22,15 @@ pub(super) fn group(tag: u8, owner: u64) -> Vec<u8> {
     keys::group(tag, owner)
 }
 
-pub(super) fn copy_key(version: u64, id: u64, index: u32) -> Vec<u8> {
-    let mut k = group(COPY, version);
+pub(super) fn copy_key(version: Version, id: u64, index: u32) -> Vec<u8> {
+    let mut k = group(COPY, version.0);
     k.extend_from_slice(&id.to_be_bytes());
     k.extend_from_slice(&index.to_be_bytes());
     k
 }
 
-pub(super) fn delete_key(version: u64, id: u64) -> Vec<u8> {
-    let mut k = group(DELETE, version);
+pub(super) fn delete_key(version: Version, id: u64) -> Vec<u8> {
+    let mut k = group(DELETE, version.0);
     k.extend_from_slice(&id.to_be_bytes());
     k
 }

@@ -8,6 +8,7 @@ use strait_fs_core::changelog::{decode, Change, ChangeRecord, DeadSlice, Unlinke
 use strait_fs_core::kv::{self, decode_counter, KvTxn};
 use strait_fs_core::layout::{block_count, block_len};
 use strait_fs_core::meta::{keys, Format, Ino, SliceRef};
+use strait_fs_core::Version;
 
 use super::keys::{
     copy_key, delete_key, name_key, stat_key, INDEXED, PENDING_BLOCKS, PENDING_BYTES,
@@ -34,7 +35,7 @@ impl Blocks {
     fn enqueue(
         &self,
         t: &mut dyn KvTxn,
-        version: u64,
+        version: Version,
         s: &SliceRef,
         bs: u32,
     ) -> strait_fs_core::Result<()> {
@@ -62,7 +63,7 @@ impl Blocks {
     fn enqueue_eager<'a>(
         &self,
         t: &mut dyn KvTxn,
-        version: u64,
+        version: Version,
         ino: Ino,
         slices: impl IntoIterator<Item = &'a SliceRef>,
     ) -> strait_fs_core::Result<()> {
@@ -81,7 +82,7 @@ impl Blocks {
     pub fn hook(
         &self,
         t: &mut dyn KvTxn,
-        version: u64,
+        version: Version,
         rec: &ChangeRecord,
     ) -> strait_fs_core::Result<()> {
         if self.local.is_none() {
@@ -157,7 +158,7 @@ impl Blocks {
     /// After a snapshot load: index every name and queue every block the metadata
     /// references (under an eager policy), in batches. Idempotent, so a crash in the middle
     /// is finished by the next start.
-    pub fn index_all(&self, version: u64) -> strait_fs_core::Result<(u64, u64)> {
+    pub fn index_all(&self, version: Version) -> strait_fs_core::Result<(u64, u64)> {
         if self.local.is_none() {
             return Ok((0, 0));
         }

@@ -151,7 +151,7 @@ mod tests {
             for &(id, index) in &marks {
                 t.put(&old(id, index), &[]);
             }
-            t.put(&kv::log_key(7), b"a change record");
+            t.put(&kv::log_key(strait_fs_core::Version(7)), b"a change record");
             Ok(())
         })
         .unwrap();
@@ -164,7 +164,7 @@ mod tests {
                 assert!(t.get(&old(id, index))?.is_none(), "{id} {index}");
             }
             assert_eq!(
-                t.get(&kv::log_key(7))?.as_deref(),
+                t.get(&kv::log_key(strait_fs_core::Version(7)))?.as_deref(),
                 Some(&b"a change record"[..])
             );
             Ok(())
