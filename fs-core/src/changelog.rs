@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::kv::{KvTxn, LOG_GROUP};
 use crate::meta::keys;
 use crate::meta::types::{Attr, FileKind, Format, Ino, SliceRef};
-use crate::Version;
+use crate::{SliceId, Version};
 
 /// A file name, symlink target or xattr name in a record: bytes on the wire, shown as text
 /// (lossily) by `strait changelog`.
@@ -156,7 +156,7 @@ pub enum Change {
     },
     /// The blocks of these dead slices are deleted from the object store.
     PurgeSlices {
-        ids: Vec<u64>,
+        ids: Vec<SliceId>,
     },
 }
 
@@ -261,7 +261,7 @@ pub(crate) fn get_chunk(t: &mut dyn KvTxn, ino: Ino, idx: u32) -> Result<Vec<Sli
 
 /// Mark every real slice in `slices` dead as of `ts_ns`.
 fn free_slices(t: &mut dyn KvTxn, slices: &[SliceRef], ts_ns: i64) -> Result<()> {
-    for s in slices.iter().filter(|s| s.id != 0) {
+    for s in slices.iter().filter(|s| !s.id.is_hole()) {
         let key = keys::deadslice(s.id);
         if t.get(&key)?.is_none() {
             t.put(
@@ -536,7 +536,7 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                     list.len()
                 )));
             }
-            let keep_ids: std::collections::HashSet<u64> = list[n..]
+            let keep_ids: std::collections::HashSet<SliceId> = list[n..]
                 .iter()
                 .chain(slices.iter())
                 .map(|s| s.id)
@@ -743,5 +743,57 @@ pub fn apply_replica_with(
             version: first_version,
             source: e,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records and chunk lists written before slice ids had a type of their own read back
+    /// the same, and new ones are written byte for byte as before.
+    #[test]
+    fn slice_ids_encode_as_the_bare_u64_they_were() {
+        // a purge record, as postcard wrote it with `ids: Vec<u64>`: ts 5 (zigzag 10),
+        // variant 13, two ids, 1 and 300 (varint ac 02)
+        let before = [0x0a, 0x0d, 0x02, 0x01, 0xac, 0x02];
+        let rec = ChangeRecord {
+            ts_ns: 5,
+            change: Change::PurgeSlices {
+                ids: vec![SliceId(1), SliceId(300)],
+            },
+        };
+        assert_eq!(rec.encode().unwrap(), before);
+        assert_eq!(ChangeRecord::decode(&before).unwrap(), rec);
+
+        // a slice reference beside the struct it was with a u64 id
+        #[derive(Serialize)]
+        struct SliceRefU64 {
+            id: u64,
+            size: u32,
+            off: u32,
+            len: u32,
+            pos: u32,
+            crcs: Vec<u32>,
+        }
+        let old = SliceRefU64 {
+            id: 1 << 33,
+            size: 10,
+            off: 1,
+            len: 9,
+            pos: 4,
+            crcs: vec![0xdead_beef],
+        };
+        let new = SliceRef {
+            id: SliceId(1 << 33),
+            size: 10,
+            off: 1,
+            len: 9,
+            pos: 4,
+            crcs: vec![0xdead_beef],
+        };
+        let bytes = encode(&vec![old]).unwrap();
+        assert_eq!(encode(&vec![new.clone()]).unwrap(), bytes);
+        assert_eq!(decode::<Vec<SliceRef>>(&bytes).unwrap(), vec![new]);
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use strait_fs_core::meta::Meta;
 use strait_fs_core::object::DynStore;
-use strait_fs_core::Version;
+use strait_fs_core::{SliceId, Version};
 use strait_replicator_client::LogClient;
 
 /// Dead slices whose bound is remembered; beyond it the memory starts again (safe: a slice
@@ -44,7 +44,7 @@ pub struct Pass {
 #[derive(Debug, Default)]
 struct DeadSlices {
     /// slice id -> (a version at or after its death, when every mirror got there)
-    seen: HashMap<u64, (Version, Option<Instant>)>,
+    seen: HashMap<SliceId, (Version, Option<Instant>)>,
 }
 
 impl DeadSlices {
@@ -55,7 +55,7 @@ impl DeadSlices {
     /// seen.
     fn may_delete(
         &mut self,
-        id: u64,
+        id: SliceId,
         died_by: Version,
         horizon: Version,
         now: Instant,
@@ -70,8 +70,8 @@ impl DeadSlices {
     }
 
     /// Keep only the slices still listed dead (the others are purged, here or elsewhere).
-    fn retain_listed(&mut self, listed: &[u64]) {
-        let listed: std::collections::HashSet<u64> = listed.iter().copied().collect();
+    fn retain_listed(&mut self, listed: &[SliceId]) {
+        let listed: std::collections::HashSet<SliceId> = listed.iter().copied().collect();
         self.seen.retain(|id, _| listed.contains(id));
     }
 
@@ -225,9 +225,9 @@ mod tests {
         // the slice died by version 10; the slowest mirror has applied 9
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(!d.may_delete(7, Version(10), Version(9), t0, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(9), t0, GRACE));
         // still held much later while the mirror does not move
-        assert!(!d.may_delete(7, Version(10), Version(9), t0 + 10 * GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(9), t0 + 10 * GRACE, GRACE));
     }
 
     #[test]
@@ -235,26 +235,26 @@ mod tests {
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
         // behind for a long time: the waiting does not count towards the grace delay
-        assert!(!d.may_delete(7, Version(10), Version(5), t0, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(5), t0, GRACE));
         let t1 = t0 + 5 * GRACE;
         // every mirror at the death's version: held for the grace delay from now
-        assert!(!d.may_delete(7, Version(10), Version(10), t1, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(10), t1, GRACE));
         assert!(!d.may_delete(
-            7,
+            SliceId(7),
             Version(10),
             Version(12),
             t1 + GRACE - Duration::from_millis(1),
             GRACE
         ));
-        assert!(d.may_delete(7, Version(10), Version(12), t1 + GRACE, GRACE));
+        assert!(d.may_delete(SliceId(7), Version(10), Version(12), t1 + GRACE, GRACE));
     }
 
     #[test]
     fn without_grace_a_slice_goes_as_soon_as_every_mirror_is_past() {
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(d.may_delete(7, Version(10), Version(10), t0, Duration::ZERO));
-        assert!(d.may_delete(8, Version(10), Version(11), t0, Duration::ZERO));
+        assert!(d.may_delete(SliceId(7), Version(10), Version(10), t0, Duration::ZERO));
+        assert!(d.may_delete(SliceId(8), Version(10), Version(11), t0, Duration::ZERO));
     }
 
     #[test]
@@ -263,8 +263,8 @@ mod tests {
         // moved on): the slice still goes once the mirrors pass 10, not 50
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(!d.may_delete(7, Version(10), Version(8), t0, Duration::ZERO));
-        assert!(d.may_delete(7, Version(50), Version(10), t0, Duration::ZERO));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(8), t0, Duration::ZERO));
+        assert!(d.may_delete(SliceId(7), Version(50), Version(10), t0, Duration::ZERO));
     }
 
     #[test]
@@ -273,19 +273,19 @@ mod tests {
         // version): held, although the grace delay had started
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(!d.may_delete(7, Version(10), Version(10), t0, GRACE));
-        assert!(!d.may_delete(7, Version(10), Version(3), t0 + 2 * GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(10), t0, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(3), t0 + 2 * GRACE, GRACE));
     }
 
     #[test]
     fn slices_no_longer_listed_are_forgotten() {
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        d.may_delete(7, Version(10), Version(10), t0, GRACE);
-        d.may_delete(8, Version(10), Version(10), t0, GRACE);
-        d.retain_listed(&[8]);
-        assert_eq!(d.seen.keys().copied().collect::<Vec<_>>(), vec![8]);
+        d.may_delete(SliceId(7), Version(10), Version(10), t0, GRACE);
+        d.may_delete(SliceId(8), Version(10), Version(10), t0, GRACE);
+        d.retain_listed(&[SliceId(8)]);
+        assert_eq!(d.seen.keys().copied().collect::<Vec<_>>(), vec![SliceId(8)]);
         // slice 7, listed again, starts over with a new bound and a new grace delay
-        assert!(!d.may_delete(7, Version(20), Version(15), t0 + 2 * GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(20), Version(15), t0 + 2 * GRACE, GRACE));
     }
 }

@@ -655,7 +655,7 @@ impl MetaService for MetaServer {
                 )));
             }
             Ok(w::AllocReply {
-                first: m.alloc_slice_ids(r.count)?,
+                first: m.alloc_slice_ids(r.count)?.0,
                 count: r.count,
             })
         })

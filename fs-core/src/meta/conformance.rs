@@ -9,7 +9,7 @@ use super::{Meta, MetaClient, MetaOptions};
 use crate::changelog::{read_log, replay};
 use crate::error::Error;
 use crate::kv::DynKv;
-use crate::Version;
+use crate::{SliceId, Version};
 
 /// A fresh formatted engine and the metadata API over it.
 pub fn fresh(make: &dyn Fn() -> DynKv) -> (DynKv, Arc<Meta>) {
@@ -581,10 +581,10 @@ pub fn deferred_deletion_and_space(make: &dyn Fn() -> DynKv) {
     let c0 = m.read_chunk(g, 0).unwrap();
     assert_eq!(
         c0.last().map(|s| (s.id, s.pos, s.len)),
-        Some((0, 50, chunk as u32 - 50))
+        Some((SliceId::HOLE, 50, chunk as u32 - 50))
     );
     assert_eq!(m.dead_slices(i64::MAX, 10).unwrap().len(), 2);
-    let ids: Vec<u64> = m
+    let ids: Vec<SliceId> = m
         .dead_slices(i64::MAX, 10)
         .unwrap()
         .into_iter()

@@ -39,7 +39,7 @@ impl Blocks {
         s: &SliceRef,
         bs: u32,
     ) -> strait_fs_core::Result<()> {
-        if s.id == 0 {
+        if s.id.is_hole() {
             return Ok(());
         }
         for index in 0..block_count(s.size, bs) {
@@ -67,7 +67,7 @@ impl Blocks {
         ino: Ino,
         slices: impl IntoIterator<Item = &'a SliceRef>,
     ) -> strait_fs_core::Result<()> {
-        let real: Vec<&SliceRef> = slices.into_iter().filter(|s| s.id != 0).collect();
+        let real: Vec<&SliceRef> = slices.into_iter().filter(|s| !s.id.is_hole()).collect();
         if real.is_empty() || !self.eager(t, ino)? {
             return Ok(());
         }
@@ -203,7 +203,7 @@ impl Blocks {
                         continue;
                     }
                     let list: Vec<SliceRef> = decode(v)?;
-                    for s in list.iter().filter(|s| s.id != 0) {
+                    for s in list.iter().filter(|s| !s.id.is_hole()) {
                         slices += 1;
                         blocks += block_count(s.size, bs) as u64;
                         self.enqueue(t, version, s, bs)?;
