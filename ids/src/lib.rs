@@ -89,6 +89,12 @@ impl std::ops::Add<u64> for Version {
     }
 }
 
+impl std::ops::AddAssign<u64> for Version {
+    fn add_assign(&mut self, n: u64) {
+        self.0 += n;
+    }
+}
+
 impl SliceId {
     /// A hole: zeros, with no object behind it.
     pub const HOLE: SliceId = SliceId(0);
@@ -125,6 +131,9 @@ mod tests {
         assert_eq!(Version::ZERO.next(), Version(1));
         assert_eq!(Version(1).prev(), Version::ZERO);
         assert_eq!(Version(5) + 3, Version(8));
+        let mut v = Version(5);
+        v += 2;
+        assert_eq!(v, Version(7));
         assert!(Version(2) < Version(10));
         assert_eq!(format!("{} {}", Version(17), Epoch(3)), "17 3");
         assert!(SliceId::HOLE.is_hole() && !SliceId(1).is_hole());

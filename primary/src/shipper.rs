@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use strait_fs_core::changelog::{read_log_raw, trim_log};
 use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
-use strait_fs_core::Version;
+use strait_fs_core::{Epoch, Version};
 use strait_proto::limits::APPEND_RECORDS_MAX;
 use strait_proto::replicator as pb;
 use strait_replicator_client::{refusal, LogClient};
@@ -130,7 +130,7 @@ pub struct Shipped {
 
 pub struct ShipperConfig {
     pub replicator: Vec<String>,
-    pub epoch: u64,
+    pub epoch: Epoch,
     pub heartbeat: Duration,
 }
 
@@ -171,7 +171,7 @@ enum EpochCheck {
     Fenced(String),
 }
 
-fn check_epoch(own: u64, replicator: u64) -> EpochCheck {
+fn check_epoch(own: Epoch, replicator: Epoch) -> EpochCheck {
     if replicator > own {
         EpochCheck::Fenced(format!(
             "fenced: the replicator is at epoch {replicator}, this primary's epoch is {own} \
@@ -343,7 +343,7 @@ impl Shipper {
             .status()
             .await
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
-        match check_epoch(self.cfg.epoch, status.epoch) {
+        match check_epoch(self.cfg.epoch, Epoch(status.epoch)) {
             EpochCheck::Same => {}
             EpochCheck::Fenced(why) => return Err(Step::Stall(why)),
             EpochCheck::Raise => {
@@ -404,7 +404,7 @@ impl Shipper {
             let res = self
                 .client
                 .append(pb::AppendRequest {
-                    epoch: self.cfg.epoch,
+                    epoch: self.cfg.epoch.0,
                     first_version: shipped.next().0,
                     records,
                 })
@@ -480,7 +480,7 @@ impl Shipper {
             let res = self
                 .client
                 .heartbeat(pb::HeartbeatRequest {
-                    epoch: self.cfg.epoch,
+                    epoch: self.cfg.epoch.0,
                     primary_clock_ms: now_ms(),
                     latest_version: latest.0,
                 })
@@ -553,7 +553,7 @@ mod tests {
 
     #[test]
     fn a_newer_epoch_fences_this_primary() {
-        match check_epoch(3, 4) {
+        match check_epoch(Epoch(3), Epoch(4)) {
             EpochCheck::Fenced(why) => assert!(why.contains("epoch 4"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -561,13 +561,13 @@ mod tests {
 
     #[test]
     fn an_older_epoch_is_raised_first() {
-        assert_eq!(check_epoch(3, 2), EpochCheck::Raise);
-        assert_eq!(check_epoch(1, 0), EpochCheck::Raise);
+        assert_eq!(check_epoch(Epoch(3), Epoch(2)), EpochCheck::Raise);
+        assert_eq!(check_epoch(Epoch(1), Epoch(0)), EpochCheck::Raise);
     }
 
     #[test]
     fn the_same_epoch_ships() {
-        assert_eq!(check_epoch(3, 3), EpochCheck::Same);
+        assert_eq!(check_epoch(Epoch(3), Epoch(3)), EpochCheck::Same);
     }
 
     #[test]

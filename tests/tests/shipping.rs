@@ -347,7 +347,9 @@ fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
             .expect("a write before the fence");
         // another primary is promoted: the replicator's epoch moves past this one's (0)
         let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
-        lc.bump_epoch(5).await.expect("bump the epoch");
+        lc.bump_epoch(strait_fs_core::Epoch(5))
+            .await
+            .expect("bump the epoch");
         let start = Instant::now();
         let err = mkdir(&mut c, &token, sid, "after")
             .await

@@ -204,7 +204,7 @@ mod tests {
             let n = next_chunk(left, next, h);
             assert!(n > 0);
             cuts.push((next.0, n));
-            next = next + n as u64;
+            next += n as u64;
             left -= n;
         }
         assert_eq!(next, v(1401));
