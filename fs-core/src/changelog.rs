@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::kv::{KvTxn, LOG_GROUP};
 use crate::meta::keys;
 use crate::meta::types::{Attr, FileKind, Format, Ino, SliceRef};
+use crate::{SliceId, Version};
 
 /// A file name, symlink target or xattr name in a record: bytes on the wire, shown as text
 /// (lossily) by `strait changelog`.
@@ -155,7 +156,7 @@ pub enum Change {
     },
     /// The blocks of these dead slices are deleted from the object store.
     PurgeSlices {
-        ids: Vec<u64>,
+        ids: Vec<SliceId>,
     },
 }
 
@@ -260,7 +261,7 @@ pub(crate) fn get_chunk(t: &mut dyn KvTxn, ino: Ino, idx: u32) -> Result<Vec<Sli
 
 /// Mark every real slice in `slices` dead as of `ts_ns`.
 fn free_slices(t: &mut dyn KvTxn, slices: &[SliceRef], ts_ns: i64) -> Result<()> {
-    for s in slices.iter().filter(|s| s.id != 0) {
+    for s in slices.iter().filter(|s| !s.id.is_hole()) {
         let key = keys::deadslice(s.id);
         if t.get(&key)?.is_none() {
             t.put(
@@ -535,7 +536,7 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                     list.len()
                 )));
             }
-            let keep_ids: std::collections::HashSet<u64> = list[n..]
+            let keep_ids: std::collections::HashSet<SliceId> = list[n..]
                 .iter()
                 .chain(slices.iter())
                 .map(|s| s.id)
@@ -570,12 +571,19 @@ pub fn commit(t: &mut dyn KvTxn, change: Change, ts_ns: i64) -> Result<()> {
     Ok(())
 }
 
+/// The version in a change record's key ([`crate::kv::log_key`]).
+fn log_version(key: &[u8]) -> Result<Version> {
+    keys::u64_at(key, 9)
+        .map(Version)
+        .ok_or_else(|| Error::corrupt("log key"))
+}
+
 /// Read change records with versions in `(after, after + limit]`.
 pub fn read_log(
     kv: &dyn crate::kv::KvEngine,
-    after: u64,
+    after: Version,
     limit: usize,
-) -> Result<Vec<(u64, ChangeRecord)>> {
+) -> Result<Vec<(Version, ChangeRecord)>> {
     read_log_raw(kv, after, limit)?
         .into_iter()
         .map(|(v, b)| Ok((v, ChangeRecord::decode(&b)?)))
@@ -586,19 +594,23 @@ pub fn read_log(
 /// sends them.
 pub fn read_log_raw(
     kv: &dyn crate::kv::KvEngine,
-    after: u64,
+    after: Version,
     limit: usize,
-) -> Result<Vec<(u64, Vec<u8>)>> {
+) -> Result<Vec<(Version, Vec<u8>)>> {
     crate::kv::read(kv, |t| {
         let start = crate::kv::log_key(after);
         let page = t.scan(
             &LOG_GROUP,
-            if after == 0 { None } else { Some(&start) },
+            if after == Version::ZERO {
+                None
+            } else {
+                Some(&start)
+            },
             limit,
         )?;
         page.into_iter()
             .map(|(k, v)| {
-                let version = keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("log key"))?;
+                let version = log_version(&k)?;
                 Ok((version, v))
             })
             .collect()
@@ -611,20 +623,24 @@ pub fn read_log_raw(
 /// means none is left in the range.
 pub fn trim_log(
     kv: &dyn crate::kv::KvEngine,
-    after: u64,
-    upto: u64,
+    after: Version,
+    upto: Version,
     limit: usize,
 ) -> Result<usize> {
     let start = crate::kv::log_key(after);
     let (n, _) = crate::kv::txn(kv, |t| {
         let page = t.scan(
             &LOG_GROUP,
-            if after == 0 { None } else { Some(&start) },
+            if after == Version::ZERO {
+                None
+            } else {
+                Some(&start)
+            },
             limit,
         )?;
         let mut n = 0;
         for (k, _) in page {
-            let version = keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("log key"))?;
+            let version = log_version(&k)?;
             if version > upto {
                 break;
             }
@@ -637,7 +653,7 @@ pub fn trim_log(
 }
 
 /// Replay records into another engine (used by tests and `strait load --changelog`).
-pub fn replay(kv: &dyn crate::kv::KvEngine, records: &[(u64, ChangeRecord)]) -> Result<()> {
+pub fn replay(kv: &dyn crate::kv::KvEngine, records: &[(Version, ChangeRecord)]) -> Result<()> {
     for (version, rec) in records {
         let got = kv.txn(&mut |t| {
             apply(t, rec)?;
@@ -659,11 +675,11 @@ pub enum ReplicaError {
     /// The batch does not start right after the replica's version: applying it would skip
     /// or repeat records.
     #[error("version gap: the replica is at version {at}, the batch starts at {first}")]
-    Gap { at: u64, first: u64 },
+    Gap { at: Version, first: Version },
     /// Record `version` is invalid against the replica's state (or the store failed).
     #[error("record {version}: {source}")]
     Record {
-        version: u64,
+        version: Version,
         #[source]
         source: Error,
     },
@@ -679,33 +695,34 @@ pub enum ReplicaError {
 /// version: apply the records one by one to find the one at fault.
 pub fn apply_replica(
     kv: &dyn crate::kv::KvEngine,
-    first_version: u64,
+    first_version: Version,
     records: &[ChangeRecord],
-) -> std::result::Result<u64, ReplicaError> {
+) -> std::result::Result<Version, ReplicaError> {
     apply_replica_with(kv, first_version, records, &|_, _, _| Ok(()))
 }
 
 /// What a replica does beside each record, in the same transaction, before the record is
 /// applied (it sees the state before): a mirror queues the blocks the record brings.
-pub type ReplicaHook<'a> = &'a (dyn Fn(&mut dyn KvTxn, u64, &ChangeRecord) -> Result<()> + Sync);
+pub type ReplicaHook<'a> =
+    &'a (dyn Fn(&mut dyn KvTxn, Version, &ChangeRecord) -> Result<()> + Sync);
 
 /// [`apply_replica`] with `hook` called for each record (with its version) inside the
 /// transaction: what the hook writes commits or rolls back with the records.
 pub fn apply_replica_with(
     kv: &dyn crate::kv::KvEngine,
-    first_version: u64,
+    first_version: Version,
     records: &[ChangeRecord],
     hook: ReplicaHook<'_>,
-) -> std::result::Result<u64, ReplicaError> {
+) -> std::result::Result<Version, ReplicaError> {
     let n = records.len() as u64;
     if n == 0 {
-        return Ok(first_version.saturating_sub(1));
+        return Ok(Version(first_version.0.saturating_sub(1)));
     }
     let mut gap = None;
     let r = kv.txn(&mut |t| {
         gap = None;
         let at = crate::snapshot::version_in(t)?;
-        if at + 1 != first_version {
+        if at.next() != first_version {
             gap = Some(at);
             return Err(Error::Invalid("version gap".into()));
         }
@@ -717,7 +734,7 @@ pub fn apply_replica_with(
         Ok(())
     });
     match (r, gap) {
-        (Ok(_), _) => Ok(first_version + n - 1),
+        (Ok(_), _) => Ok(first_version + (n - 1)),
         (Err(_), Some(at)) => Err(ReplicaError::Gap {
             at,
             first: first_version,
@@ -726,5 +743,57 @@ pub fn apply_replica_with(
             version: first_version,
             source: e,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records and chunk lists written before slice ids had a type of their own read back
+    /// the same, and new ones are written byte for byte as before.
+    #[test]
+    fn slice_ids_encode_as_the_bare_u64_they_were() {
+        // a purge record, as postcard wrote it with `ids: Vec<u64>`: ts 5 (zigzag 10),
+        // variant 13, two ids, 1 and 300 (varint ac 02)
+        let before = [0x0a, 0x0d, 0x02, 0x01, 0xac, 0x02];
+        let rec = ChangeRecord {
+            ts_ns: 5,
+            change: Change::PurgeSlices {
+                ids: vec![SliceId(1), SliceId(300)],
+            },
+        };
+        assert_eq!(rec.encode().unwrap(), before);
+        assert_eq!(ChangeRecord::decode(&before).unwrap(), rec);
+
+        // a slice reference beside the struct it was with a u64 id
+        #[derive(Serialize)]
+        struct SliceRefU64 {
+            id: u64,
+            size: u32,
+            off: u32,
+            len: u32,
+            pos: u32,
+            crcs: Vec<u32>,
+        }
+        let old = SliceRefU64 {
+            id: 1 << 33,
+            size: 10,
+            off: 1,
+            len: 9,
+            pos: 4,
+            crcs: vec![0xdead_beef],
+        };
+        let new = SliceRef {
+            id: SliceId(1 << 33),
+            size: 10,
+            off: 1,
+            len: 9,
+            pos: 4,
+            crcs: vec![0xdead_beef],
+        };
+        let bytes = encode(&vec![old]).unwrap();
+        assert_eq!(encode(&vec![new.clone()]).unwrap(), bytes);
+        assert_eq!(decode::<Vec<SliceRef>>(&bytes).unwrap(), vec![new]);
     }
 }

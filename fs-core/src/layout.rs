@@ -5,6 +5,7 @@
 //! `chunks/{id / 1_000_000}/{id / 1_000}/{id}_{index}_{size}`.
 
 use crate::meta::SliceRef;
+use crate::SliceId;
 
 pub const CHUNK_SIZE: u64 = 64 << 20;
 pub const BLOCK_SIZE_DEFAULT: u32 = 4 << 20;
@@ -12,7 +13,8 @@ pub const BLOCK_SIZE_MIN: u32 = 64 << 10;
 pub const BLOCK_SIZE_MAX: u32 = 16 << 20;
 
 /// Object key of block `index` (of `size` bytes) of slice `id`.
-pub fn block_key(id: u64, index: u32, size: u32) -> String {
+pub fn block_key(id: SliceId, index: u32, size: u32) -> String {
+    let id = id.0;
     format!(
         "chunks/{}/{}/{}_{}_{}",
         id / 1_000_000,
@@ -75,7 +77,7 @@ pub fn visible_segments(slices: &[SliceRef], from: u32, to: u32) -> Vec<Segment<
     painted
         .into_iter()
         .map(|(a, b, owner)| match owner {
-            Some(i) if slices[i].id != 0 => Segment {
+            Some(i) if !slices[i].id.is_hole() => Segment {
                 pos: a,
                 len: b - a,
                 slice: Some(&slices[i]),
@@ -97,7 +99,7 @@ mod tests {
 
     fn s(id: u64, pos: u32, len: u32) -> SliceRef {
         SliceRef {
-            id,
+            id: SliceId(id),
             size: len,
             off: 0,
             len,
@@ -109,7 +111,7 @@ mod tests {
     #[test]
     fn block_keys_follow_the_design() {
         assert_eq!(
-            block_key(1_234_567, 2, 4 << 20),
+            block_key(SliceId(1_234_567), 2, 4 << 20),
             "chunks/1/1234/1234567_2_4194304"
         );
         assert_eq!(block_count(0, 4 << 20), 0);
@@ -124,7 +126,7 @@ mod tests {
         let segs = visible_segments(&slices, 0, 200);
         let got: Vec<(u32, u32, Option<u64>, u32)> = segs
             .iter()
-            .map(|g| (g.pos, g.len, g.slice.map(|x| x.id), g.off))
+            .map(|g| (g.pos, g.len, g.slice.map(|x| x.id.0), g.off))
             .collect();
         assert_eq!(
             got,

@@ -21,3 +21,5 @@ pub mod url;
 pub mod vfs;
 
 pub use error::{Error, Result};
+/// The numbers shared with the other crates, defined once in `strait-ids`.
+pub use strait_ids::{Epoch, SliceId, Version};

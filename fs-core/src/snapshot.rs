@@ -27,6 +27,7 @@ use crate::kv::{self, decode_counter, KvEngine, KvPairs, KvTxn, LAST_VERSION_KEY
 use crate::meta::keys;
 use crate::meta::types::FileKind;
 use crate::meta::ROOT_INO;
+use crate::Version;
 
 /// Pairs per batch of a streamed or written snapshot, and per transaction of a load.
 pub const BATCH_PAIRS_MAX: usize = 1024;
@@ -97,14 +98,14 @@ pub fn walk(
 }
 
 /// The version of the last change record, read inside `t`.
-pub fn version_in(t: &mut dyn KvTxn) -> Result<u64> {
-    Ok(decode_counter(t.get(LAST_VERSION_KEY)?)? as u64)
+pub fn version_in(t: &mut dyn KvTxn) -> Result<Version> {
+    Ok(Version(decode_counter(t.get(LAST_VERSION_KEY)?)? as u64))
 }
 
 /// What [`collect`] walked: the version, the number of pairs and the digest, all of one view.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Collected {
-    pub version: u64,
+    pub version: Version,
     pub pairs: u64,
     pub digest: String,
 }
@@ -115,7 +116,7 @@ pub struct Collected {
 /// sees each attempt from its start: `start` is called with the version before every attempt.
 pub fn collect(
     kv: &dyn KvEngine,
-    start: &mut dyn FnMut(u64) -> Result<()>,
+    start: &mut dyn FnMut(Version) -> Result<()>,
     batch: &mut dyn FnMut(KvPairs) -> Result<()>,
 ) -> Result<Collected> {
     // Not backon: a re-walk at once while the version moves, like a transaction conflict.
@@ -167,9 +168,9 @@ impl<'a> Loader<'a> {
     /// Start loading into `kv`, which must hold no file system and no change record.
     pub fn new(kv: &'a dyn KvEngine) -> Result<Self> {
         let occupied = kv::read(kv, |t| {
-            Ok(t.get(&keys::setting(keys::FORMAT))?.is_some() || version_in(t)? != 0)
+            Ok(t.get(&keys::setting(keys::FORMAT))?.is_some() || version_in(t)? != Version::ZERO)
         })?;
-        if occupied || kv.last_version()? != 0 {
+        if occupied || kv.last_version()? != Version::ZERO {
             return Err(Error::Invalid(format!(
                 "the {} engine already holds a file system: load needs an empty one",
                 kv.name()
@@ -195,7 +196,7 @@ impl<'a> Loader<'a> {
 
     /// Set the version the snapshot was taken at and check the result: the loaded tree must
     /// walk without a dangling reference and hold `pairs` pairs. Returns the digest.
-    pub fn finish(self, version: u64, pairs: u64) -> Result<String> {
+    pub fn finish(self, version: Version, pairs: u64) -> Result<String> {
         if pairs != self.pairs {
             return Err(Error::corrupt(format!(
                 "the snapshot announced {pairs} pairs but carried {}",
@@ -203,7 +204,7 @@ impl<'a> Loader<'a> {
             )));
         }
         self.kv.txn(&mut |t| {
-            t.add(LAST_VERSION_KEY, version as i64);
+            t.add(LAST_VERSION_KEY, version.0 as i64);
             Ok(())
         })?;
         let (got, digest) = kv::read(self.kv, |t| {
@@ -252,7 +253,7 @@ fn check_key(k: &[u8]) -> Result<()> {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct DumpHeader {
     pub name: String,
-    pub version: u64,
+    pub version: Version,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -464,6 +465,27 @@ mod tests {
     }
 
     #[test]
+    fn a_dump_header_encodes_as_before_the_version_type() {
+        // the header as dump files were written when the version was a bare u64
+        #[derive(Serialize)]
+        struct HeaderU64 {
+            name: String,
+            version: u64,
+        }
+        let new = DumpHeader {
+            name: "fs".into(),
+            version: Version(1 << 40),
+        };
+        let old = HeaderU64 {
+            name: "fs".into(),
+            version: 1 << 40,
+        };
+        let bytes = postcard::to_stdvec(&old).unwrap();
+        assert_eq!(postcard::to_stdvec(&new).unwrap(), bytes);
+        assert_eq!(postcard::from_bytes::<DumpHeader>(&bytes).unwrap(), new);
+    }
+
+    #[test]
     fn load_refuses_a_formatted_engine_and_a_bad_file() {
         let (kv, _) = fresh(&memory);
         let mut buf = vec![];
@@ -476,6 +498,6 @@ mod tests {
         let replica = memory();
         let e = load(replica.as_ref(), &mut &buf[..buf.len() - 3]).unwrap_err();
         assert!(e.to_string().contains("cut short"), "{e}");
-        assert_eq!(replica.last_version().unwrap(), 0);
+        assert_eq!(replica.last_version().unwrap(), Version::ZERO);
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
+use strait_fs_core::Version;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::site::site_service_server::SiteServiceServer;
 use strait_site::sessions::expire_sessions;
@@ -81,14 +82,14 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
 
     // the follower bootstraps when the engine is empty, then applies the log
     let follower = tokio::spawn(follower::run(mirror.clone(), primary.clone(), stop.clone()));
-    if applied == 0 {
+    if applied == Version::ZERO {
         println!(
             "strait mirror: bootstrapping from the primary at {}",
             cfg.primary
         );
     }
     let mut changed = mirror.changed.subscribe();
-    while mirror.applied() == 0 {
+    while mirror.applied() == Version::ZERO {
         if !pause(&stop, &mut changed).await {
             return Ok(());
         }
@@ -118,7 +119,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         let empty = tokio::task::spawn_blocking(move || kv2.last_version())
             .await
             .context("open task")??
-            == 0;
+            == Version::ZERO;
         if !(empty || mirror.phase() == Phase::Bootstrapping) || reopened >= REOPEN_MAX {
             return Err(anyhow::Error::from(e)).context("open the mirror's metadata");
         }
@@ -135,7 +136,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
             let v = tokio::task::spawn_blocking(move || kv2.last_version())
                 .await
                 .context("open task")??;
-            if v > 0 && mirror.phase() != Phase::Bootstrapping {
+            if v > Version::ZERO && mirror.phase() != Phase::Bootstrapping {
                 break;
             }
         }

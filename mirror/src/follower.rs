@@ -17,6 +17,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use strait_fs_core::changelog::{self, ChangeRecord, ReplicaError};
 use strait_fs_core::snapshot::Loader;
+use strait_fs_core::Version;
 use strait_proto::limits::{META_MESSAGE_BYTES_MAX, REPLICATOR_MESSAGE_BYTES_MAX};
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
@@ -51,7 +52,7 @@ enum Stop {
     /// Try again (reconnect, resubscribe) after a pause.
     Retry(String),
     /// The log no longer holds what the mirror needs: bootstrap again.
-    Truncated(u64),
+    Truncated(Version),
     /// An invalid record: stay halted.
     Halt(String),
     Cancelled,
@@ -99,7 +100,7 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 /// Load the primary's snapshot into the (wiped) engine. Returns the version loaded.
-pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<u64> {
+pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<Version> {
     use anyhow::Context;
     use tokio_stream::StreamExt;
     let kv = mirror.kv.clone();
@@ -132,7 +133,7 @@ pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<u64
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(4);
     let kv = mirror.kv.clone();
-    let version = header.version;
+    let version = Version(header.version);
     let loader = tokio::task::spawn_blocking(move || -> strait_fs_core::Result<Option<String>> {
         let mut l = Loader::new(kv.as_ref())?;
         while let Some(m) = rx.blocking_recv() {
@@ -202,7 +203,7 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
                 continue;
             }
         };
-        if applied == 0 {
+        if applied == Version::ZERO {
             mirror.set_phase(Phase::Bootstrapping, "");
             mirror.metrics.bootstraps.inc();
             match bootstrap(&mirror, &primary).await {
@@ -264,7 +265,7 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
                 tracing::warn!(
                     "the replicator no longer holds version {} (its log starts at {earliest}): \
                      bootstrapping again from the primary's snapshot",
-                    applied + 1
+                    applied.next()
                 );
                 mirror.set_error(&format!(
                     "re-bootstrapped: the log was purged up to {earliest} past version {applied}"
@@ -311,7 +312,12 @@ fn next_pause(pauses: &mut impl Iterator<Item = Duration>) -> Duration {
 }
 
 /// Subscribe at `addr` from `applied + 1` and apply until the stream ends.
-async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &CancellationToken) -> Stop {
+async fn follow(
+    mirror: &Arc<Mirror>,
+    addr: &str,
+    applied: Version,
+    stop: &CancellationToken,
+) -> Stop {
     let channel = match strait_replicator_client::channel(addr) {
         Ok(c) => c,
         Err(e) => return Stop::Retry(format!("replicator address {addr}: {e}")),
@@ -320,7 +326,7 @@ async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &Cancellat
         ReplicatorClient::new(channel).max_decoding_message_size(REPLICATOR_MESSAGE_BYTES_MAX);
     let stream = tokio::select! {
         _ = stop.cancelled() => return Stop::Cancelled,
-        r = client.subscribe(pb::SubscribeRequest { after_version: applied }) => r,
+        r = client.subscribe(pb::SubscribeRequest { after_version: applied.0 }) => r,
     };
     let mut stream = match stream {
         Ok(s) => s.into_inner(),
@@ -329,7 +335,7 @@ async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &Cancellat
     mirror.set_phase(Phase::Following, addr);
     tracing::info!(
         "following the change log at {addr} from version {}",
-        applied + 1
+        applied.next()
     );
     let mut at = applied;
     // a node cut off from the leader keeps the stream open and sends nothing: after this long
@@ -354,11 +360,13 @@ async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &Cancellat
         mirror.on_stream();
         match msg.kind {
             Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
-                mirror.on_heartbeat(h.primary_clock_ms, h.latest_version)
+                mirror.on_heartbeat(h.primary_clock_ms, Version(h.latest_version))
             }
-            Some(pb::subscribe_reply::Kind::TruncatedEarliest(e)) => return Stop::Truncated(e),
+            Some(pb::subscribe_reply::Kind::TruncatedEarliest(e)) => {
+                return Stop::Truncated(Version(e))
+            }
             Some(pb::subscribe_reply::Kind::Records(r)) => {
-                match apply_records(mirror, at, r.first_version, r.records, stop).await {
+                match apply_records(mirror, at, Version(r.first_version), r.records, stop).await {
                     Ok(v) => at = v,
                     Err(stop) => return stop,
                 }
@@ -371,11 +379,11 @@ async fn follow(mirror: &Arc<Mirror>, addr: &str, applied: u64, stop: &Cancellat
 /// Decode and apply one delivered batch; returns the new applied version.
 async fn apply_records(
     mirror: &Arc<Mirror>,
-    at: u64,
-    first: u64,
+    at: Version,
+    first: Version,
     raw: Vec<Vec<u8>>,
     stop: &CancellationToken,
-) -> Result<u64, Stop> {
+) -> Result<Version, Stop> {
     let (skip, last) = match delivered(at, first, raw.len()) {
         Delivered::Nothing => return Ok(at),
         Delivered::Gap => {
@@ -396,7 +404,7 @@ async fn apply_records(
             None => Ok(at),
         };
     }
-    let mut next = at + 1;
+    let mut next = at.next();
     let ts_ms = |r: &ChangeRecord| (r.ts_ns / 1_000_000).max(0) as u64;
     mirror.on_received(next, last, ts_ms(&recs[0]));
     let mut rest: &[ChangeRecord] = &recs;
@@ -410,7 +418,7 @@ async fn apply_records(
         let from = next;
         let blocks = mirror.blocks.clone();
         let r = tokio::task::spawn_blocking(move || {
-            let hook = |t: &mut dyn strait_fs_core::kv::KvTxn, v: u64, r: &ChangeRecord| {
+            let hook = |t: &mut dyn strait_fs_core::kv::KvTxn, v: Version, r: &ChangeRecord| {
                 blocks.hook(t, v, r)
             };
             let r = changelog::apply_replica_with(kv.as_ref(), from, &owned, &hook);
@@ -428,27 +436,27 @@ async fn apply_records(
             Ok(Err(ReplicaError::Gap { at, first })) => {
                 return Err(Stop::Retry(format!(
                     "the mirror is at version {at}, not {} (a batch starting at {first})",
-                    first - 1
+                    first.prev()
                 )))
             }
             Ok(Err(e)) => return Err(Stop::Retry(format!("apply: {e}"))),
             Err(e) => return Err(Stop::Retry(format!("apply task: {e}"))),
         };
-        let applied_ts: Vec<i64> = owned[..(v + 1 - from) as usize]
+        let applied_ts: Vec<i64> = owned[..(v.0 + 1 - from.0) as usize]
             .iter()
             .map(|r| r.ts_ns)
             .collect();
-        let pending = tail.first().map(|r| (v + 1, ts_ms(r)));
+        let pending = tail.first().map(|r| (v.next(), ts_ms(r)));
         mirror.on_applied(v, &applied_ts, pending);
         if let Some(why) = bad {
             return Err(Stop::Halt(why));
         }
-        next = v + 1;
+        next = v.next();
         rest = tail;
     }
     match undecodable {
         Some(why) => Err(Stop::Halt(why)),
-        None => Ok(next - 1),
+        None => Ok(next.prev()),
     }
 }
 
@@ -456,11 +464,11 @@ async fn apply_records(
 /// valid one before the culprit lands, and name the culprit.
 fn find_invalid(
     kv: &dyn strait_fs_core::kv::KvEngine,
-    from: u64,
+    from: Version,
     recs: &[ChangeRecord],
     hook: changelog::ReplicaHook<'_>,
-) -> Result<(u64, Option<String>), ReplicaError> {
-    let mut at = from - 1;
+) -> Result<(Version, Option<String>), ReplicaError> {
+    let mut at = from.prev();
     for (i, r) in recs.iter().enumerate() {
         let v = from + i as u64;
         match changelog::apply_replica_with(kv, v, std::slice::from_ref(r), hook) {
@@ -478,9 +486,9 @@ fn find_invalid(
 /// Wait while a hold sits below `next`; returns the apply lock and the hold to respect.
 async fn wait_for_hold<'a>(
     mirror: &'a Arc<Mirror>,
-    next: u64,
+    next: Version,
     stop: &CancellationToken,
-) -> Result<(tokio::sync::MutexGuard<'a, ()>, Option<u64>), Stop> {
+) -> Result<(tokio::sync::MutexGuard<'a, ()>, Option<Version>), Stop> {
     let mut changed = mirror.changed.subscribe();
     loop {
         let guard = tokio::select! {
@@ -512,7 +520,7 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
         }
     };
     let period = Duration::from_millis(mirror.cfg.ack_interval_ms);
-    let mut acked = 0;
+    let mut acked = Version::ZERO;
     let mut failing = false;
     loop {
         tokio::select! {
@@ -526,7 +534,7 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
         let r = client
             .ack(pb::AckRequest {
                 mirror: mirror.cfg.id.clone(),
-                applied_version: applied,
+                applied_version: applied.0,
             })
             .await;
         match r {
@@ -567,7 +575,7 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
         match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
             Ok(Ok(r)) => {
                 let s = r.into_inner();
-                mirror.on_heartbeat(s.clock_ms, s.version);
+                mirror.on_heartbeat(s.clock_ms, Version(s.version));
                 warned = false;
             }
             Ok(Err(e)) if !warned => {

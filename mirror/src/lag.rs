@@ -16,6 +16,8 @@
 
 use std::collections::VecDeque;
 
+use strait_fs_core::Version;
+
 /// Heartbeats remembered for the "announced but not received" case.
 pub const HEARTBEATS_KEPT_MAX: usize = 64;
 /// Seconds of lag history kept (one sample per second), for p50/p99 and the dashboard chart.
@@ -27,7 +29,7 @@ pub struct Beat {
     /// The primary's clock reading, ms since the Unix epoch.
     pub primary_clock_ms: u64,
     /// The primary's latest committed version when it sent the heartbeat.
-    pub latest_version: u64,
+    pub latest_version: Version,
     /// The mirror's monotonic clock when the heartbeat arrived, in ms.
     pub arrived_ms: u64,
 }
@@ -38,21 +40,22 @@ pub struct LagState {
     /// Heartbeats, oldest first (at most [`HEARTBEATS_KEPT_MAX`]).
     pub beats: VecDeque<Beat>,
     /// The mirror's applied version.
-    pub applied: u64,
-    /// The commit time (primary clock, ms) of the oldest received record not yet applied, and
-    /// its version.
-    pub oldest_pending: Option<(u64, u64)>,
+    pub applied: Version,
+    /// The oldest received record not yet applied: its version and its commit time (primary
+    /// clock, ms).
+    pub oldest_pending: Option<(Version, u64)>,
     /// The newest version received in a record.
-    pub received: u64,
+    pub received: Version,
 }
 
 /// Lag figures at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Lag {
     pub ms: u64,
+    /// How many versions the mirror is behind `latest`.
     pub versions: u64,
     /// The newest version the mirror knows the primary has.
-    pub latest: u64,
+    pub latest: Version,
     /// Milliseconds since the newest heartbeat arrived (None: no heartbeat yet).
     pub silence_ms: Option<u64>,
 }
@@ -66,15 +69,15 @@ impl LagState {
     }
 
     /// Records `first..=last` arrived; the first of them committed at `first_ts_ms`.
-    pub fn on_received(&mut self, first: u64, last: u64, first_ts_ms: u64) {
-        if first == self.applied + 1 && self.oldest_pending.is_none() {
+    pub fn on_received(&mut self, first: Version, last: Version, first_ts_ms: u64) {
+        if first == self.applied.next() && self.oldest_pending.is_none() {
             self.oldest_pending = Some((first, first_ts_ms));
         }
         self.received = self.received.max(last);
     }
 
     /// Records up to `applied` are applied; `next` is the oldest still pending (version, ts).
-    pub fn on_applied(&mut self, applied: u64, next: Option<(u64, u64)>) {
+    pub fn on_applied(&mut self, applied: Version, next: Option<(Version, u64)>) {
         self.applied = applied;
         self.oldest_pending = next;
         // heartbeats that announce nothing beyond the applied version are no longer needed,
@@ -90,7 +93,7 @@ impl LagState {
             // no clock reading from the primary yet: nothing can be said in ms
             return Lag {
                 ms: 0,
-                versions: self.received.saturating_sub(self.applied),
+                versions: self.received.0.saturating_sub(self.applied.0),
                 latest: self.received.max(self.applied),
                 silence_ms: None,
             };
@@ -113,7 +116,7 @@ impl LagState {
         }
         Lag {
             ms,
-            versions: latest - self.applied,
+            versions: latest.0 - self.applied.0,
             latest,
             silence_ms: Some(silence),
         }
@@ -159,7 +162,7 @@ mod tests {
     fn beat(clock: u64, latest: u64, arrived: u64) -> Beat {
         Beat {
             primary_clock_ms: clock,
-            latest_version: latest,
+            latest_version: Version(latest),
             arrived_ms: arrived,
         }
     }
@@ -170,11 +173,11 @@ mod tests {
         for skew in [0u64, 86_400_000] {
             let mut s = LagState::default();
             s.on_heartbeat(beat(1_000 + skew, 10, 500));
-            s.on_received(1, 10, 900 + skew);
+            s.on_received(Version(1), Version(10), 900 + skew);
             // 50 ms after the heartbeat arrived, record 1 (committed 100 ms before the
             // heartbeat was sent) is still unapplied: 150 ms of lag
             let l = s.lag(550, 1_000);
-            assert_eq!((l.ms, l.versions, l.latest), (150, 10, 10));
+            assert_eq!((l.ms, l.versions, l.latest), (150, 10, Version(10)));
         }
     }
 
@@ -182,13 +185,13 @@ mod tests {
     fn caught_up_is_zero_and_an_announced_version_counts_from_its_heartbeat() {
         let mut s = LagState::default();
         s.on_heartbeat(beat(1_000, 5, 0));
-        s.on_applied(5, None);
+        s.on_applied(Version(5), None);
         assert_eq!(s.lag(100, 1_000).ms, 0);
         // a heartbeat announces version 7, whose record has not arrived
         s.on_heartbeat(beat(1_200, 7, 200));
         let l = s.lag(260, 1_000);
         assert_eq!((l.ms, l.versions), (60, 2));
-        s.on_applied(7, None);
+        s.on_applied(Version(7), None);
         assert_eq!(s.lag(260, 1_000).ms, 0);
     }
 
@@ -196,7 +199,7 @@ mod tests {
     fn silence_makes_the_lag_grow() {
         let mut s = LagState::default();
         s.on_heartbeat(beat(1_000, 5, 0));
-        s.on_applied(5, None);
+        s.on_applied(Version(5), None);
         assert_eq!(s.lag(900, 1_000).ms, 0);
         let l = s.lag(3_000, 1_000);
         assert_eq!((l.ms, l.silence_ms), (3_000, Some(3_000)));

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
@@ -366,7 +367,8 @@ impl Router {
             .headers()
             .get(VERSION_HEADER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Version);
         self.mirror.metrics.forwarded_writes.inc();
         let reply = if method == "Create" {
             self.release_at_primary(reply).await

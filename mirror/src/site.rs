@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use strait_fs_core::Version;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
 use strait_site::now_ms;
@@ -51,11 +52,14 @@ impl SiteService for MirrorSite {
     ) -> Result<Response<s::DigestReply>, Status> {
         let r = req.into_inner();
         let kv = self.mirror.kv.clone();
-        if r.at_version == 0 {
+        let at = Version(r.at_version);
+        if at == Version::ZERO {
             let (digest, version) = digest_now(kv).await?;
-            return Ok(Response::new(s::DigestReply { digest, version }));
+            return Ok(Response::new(s::DigestReply {
+                digest,
+                version: version.0,
+            }));
         }
-        let at = r.at_version;
         let timeout = Duration::from_millis(match r.timeout_ms {
             0 => 30_000,
             t => t.min(DIGEST_TIMEOUT_MS_MAX),
@@ -101,7 +105,10 @@ impl SiteService for MirrorSite {
                 "the digest was taken at version {version}, not {at}"
             )));
         }
-        Ok(Response::new(s::DigestReply { digest, version }))
+        Ok(Response::new(s::DigestReply {
+            digest,
+            version: version.0,
+        }))
     }
 
     async fn gc(&self, _req: Request<s::Empty>) -> Result<Response<s::GcReply>, Status> {
@@ -123,7 +130,7 @@ impl SiteService for MirrorSite {
             let applied = self.mirror.applied();
             drop(Release(&self.mirror));
             return Ok(Response::new(s::PauseReply {
-                applied_version: applied,
+                applied_version: applied.0,
             }));
         }
         if hold_ms > PAUSE_MS_MAX {
@@ -151,7 +158,7 @@ impl SiteService for MirrorSite {
             }
         });
         Ok(Response::new(s::PauseReply {
-            applied_version: applied,
+            applied_version: applied.0,
         }))
     }
 

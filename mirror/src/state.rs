@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use strait_fs_core::kv::DynKv;
+use strait_fs_core::Version;
 use strait_proto::site as s;
 
 use crate::config::MirrorConfig;
@@ -52,7 +53,7 @@ struct Inner {
     /// (local wall clock ms at apply, commit-to-apply lag in µs by the local wall clock).
     apply_lag: VecDeque<(u64, u64)>,
     /// (monotonic ms, applied version) once a second, for the apply rate.
-    rate: VecDeque<(u64, u64)>,
+    rate: VecDeque<(u64, Version)>,
     /// Monotonic ms of the subscription's last message (0: none yet). The primary's clock
     /// also comes straight from the primary, so heartbeats alone cannot tell that the
     /// replication stream went silent.
@@ -72,7 +73,7 @@ pub struct Mirror {
     /// digest hold wait on.
     pub changed: tokio::sync::watch::Sender<u64>,
     /// Apply nothing past this version while set (a digest at that version is being taken).
-    pub hold: Mutex<Option<u64>>,
+    pub hold: Mutex<Option<Version>>,
     /// Held by the applier while it applies a batch: whoever sets `hold` under it knows no
     /// batch is in flight.
     pub apply_lock: tokio::sync::Mutex<()>,
@@ -91,7 +92,7 @@ impl Mirror {
         kv: DynKv,
         metrics: Arc<Metrics>,
         blocks: Arc<crate::blocks::Blocks>,
-        applied: u64,
+        applied: Version,
     ) -> Arc<Self> {
         let lag = LagState {
             applied,
@@ -162,7 +163,7 @@ impl Mirror {
         self.bump();
     }
 
-    pub fn on_heartbeat(&self, primary_clock_ms: u64, latest_version: u64) {
+    pub fn on_heartbeat(&self, primary_clock_ms: u64, latest_version: Version) {
         let arrived_ms = self.mono_ms();
         {
             let mut i = self.inner.lock();
@@ -180,17 +181,17 @@ impl Mirror {
                 arrived_ms,
             });
         }
-        self.metrics.primary_version.set(latest_version as i64);
+        self.metrics.primary_version.set(latest_version.0 as i64);
         self.bump();
     }
 
-    pub fn on_received(&self, first: u64, last: u64, first_ts_ms: u64) {
+    pub fn on_received(&self, first: Version, last: Version, first_ts_ms: u64) {
         self.inner.lock().lag.on_received(first, last, first_ts_ms);
     }
 
     /// Records up to `applied` are applied; `ts_ns` are the commit times of those just applied;
     /// `next` is the oldest record still pending (version, commit ms).
-    pub fn on_applied(&self, applied: u64, ts_ns: &[i64], next: Option<(u64, u64)>) {
+    pub fn on_applied(&self, applied: Version, ts_ns: &[i64], next: Option<(Version, u64)>) {
         let now_us = wall_us();
         let now_ms = now_us / 1000;
         {
@@ -205,12 +206,12 @@ impl Mirror {
                 self.metrics.record_lag.observe(lag_us as f64 / 1e6);
             }
         }
-        self.metrics.applied_version.set(applied as i64);
+        self.metrics.applied_version.set(applied.0 as i64);
         self.metrics.applied_records.inc_by(ts_ns.len() as u64);
         self.bump();
     }
 
-    pub fn applied(&self) -> u64 {
+    pub fn applied(&self) -> Version {
         self.inner.lock().lag.applied
     }
 
@@ -277,7 +278,7 @@ impl Mirror {
         let state = state_name(self.phase(), &lag, self.cfg.window_ms, self.cfg.silence_ms);
         self.metrics.lag_seconds.set(lag.ms as f64 / 1e3);
         self.metrics.lag_versions.set(lag.versions as i64);
-        self.metrics.primary_version.set(lag.latest as i64);
+        self.metrics.primary_version.set(lag.latest.0 as i64);
         for s in [
             "bootstrapping",
             "following",
@@ -312,7 +313,9 @@ impl Mirror {
         let lag = self.lag();
         let i = self.inner.lock();
         let rate = match (i.rate.front(), i.rate.back()) {
-            (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 * 1000.0 / (b.0 - a.0) as f64,
+            (Some(a), Some(b)) if b.0 > a.0 => {
+                (b.1 .0 - a.1 .0) as f64 * 1000.0 / (b.0 - a.0) as f64
+            }
             _ => 0.0,
         };
         let mut recent: Vec<u64> = i.apply_lag.iter().map(|(_, l)| *l).collect();
@@ -322,8 +325,8 @@ impl Mirror {
         s::MirrorState {
             id: self.cfg.id.clone(),
             state: state_name(i.phase, &lag, self.cfg.window_ms, self.cfg.silence_ms).into(),
-            applied_version: i.lag.applied,
-            latest_version: lag.latest,
+            applied_version: i.lag.applied.0,
+            latest_version: lag.latest.0,
             lag_versions: lag.versions,
             lag_ms: lag.ms,
             lag_p50_ms: i.history.quantile_ms(0.5),

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use strait_fs_core::Epoch;
 use strait_site::config::{validate_listen, SiteConfig};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -49,7 +50,7 @@ pub struct PrimaryConfig {
     pub replicator: Vec<String>,
     pub durability: Durability,
     /// This primary's epoch: the replicator refuses appends of any other epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// How often the primary's clock and latest version are appended.
     pub heartbeat_ms: u64,
     /// In `replicated` mode, how long an operation waits for the replicator before it fails.
@@ -104,7 +105,7 @@ impl Default for PrimaryConfig {
             serve_threads: 0,
             replicator: vec![],
             durability: Durability::Local,
-            epoch: 0,
+            epoch: Epoch::ZERO,
             heartbeat_ms: 200,
             replicated_timeout_ms: 30_000,
         }

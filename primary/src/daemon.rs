@@ -260,7 +260,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
 async fn render(metrics: Arc<Metrics>, engine: Arc<Meta>) -> String {
     let version = tokio::task::spawn_blocking(move || engine.kv().last_version()).await;
     if let Ok(Ok(v)) = version {
-        metrics.version.set(v as i64);
+        metrics.version.set(v.0 as i64);
     }
     metrics.render()
 }

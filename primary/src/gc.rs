@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use strait_fs_core::meta::Meta;
 use strait_fs_core::object::DynStore;
+use strait_fs_core::{SliceId, Version};
 use strait_replicator_client::LogClient;
 
 /// Dead slices whose bound is remembered; beyond it the memory starts again (safe: a slice
@@ -35,7 +36,7 @@ pub struct Pass {
     /// delay since it did has not passed).
     pub held: usize,
     /// The lowest applied version among the mirrors' cursors (None: no mirror registered).
-    pub horizon: Option<u64>,
+    pub horizon: Option<Version>,
 }
 
 /// What the passes remember of the dead slices they listed: the decision of the GC horizon,
@@ -43,7 +44,7 @@ pub struct Pass {
 #[derive(Debug, Default)]
 struct DeadSlices {
     /// slice id -> (a version at or after its death, when every mirror got there)
-    seen: HashMap<u64, (u64, Option<Instant>)>,
+    seen: HashMap<SliceId, (Version, Option<Instant>)>,
 }
 
 impl DeadSlices {
@@ -54,9 +55,9 @@ impl DeadSlices {
     /// seen.
     fn may_delete(
         &mut self,
-        id: u64,
-        died_by: u64,
-        horizon: u64,
+        id: SliceId,
+        died_by: Version,
+        horizon: Version,
         now: Instant,
         grace: Duration,
     ) -> bool {
@@ -69,8 +70,8 @@ impl DeadSlices {
     }
 
     /// Keep only the slices still listed dead (the others are purged, here or elsewhere).
-    fn retain_listed(&mut self, listed: &[u64]) {
-        let listed: std::collections::HashSet<u64> = listed.iter().copied().collect();
+    fn retain_listed(&mut self, listed: &[SliceId]) {
+        let listed: std::collections::HashSet<SliceId> = listed.iter().copied().collect();
         self.seen.retain(|id, _| listed.contains(id));
     }
 
@@ -114,7 +115,7 @@ impl MirrorHorizon {
     /// The lowest cursor of the mirrors that hold the log back: Ok(None) when there is no
     /// replicator or no mirror. Mirrors marked for re-bootstrap reference nothing the
     /// primary must keep: they load a fresh snapshot.
-    async fn lowest_cursor(&self) -> Result<Option<u64>, String> {
+    async fn lowest_cursor(&self) -> Result<Option<Version>, String> {
         let Some(client) = &self.client else {
             return Ok(None);
         };
@@ -134,7 +135,7 @@ impl MirrorHorizon {
             .cursors
             .iter()
             .filter(|c| !c.needs_bootstrap)
-            .map(|c| c.applied_version)
+            .map(|c| Version(c.applied_version))
             .min())
     }
 
@@ -170,7 +171,7 @@ impl MirrorHorizon {
         let mirrors = self.client.is_some() && horizon.is_some();
         let r = tokio::task::spawn_blocking(move || {
             let now = Instant::now();
-            let mut bound: Option<u64> = None;
+            let mut bound: Option<Version> = None;
             let mut held = 0;
             let mut listed = vec![];
             let r = strait_fs_core::vfs::gc::gc_once_with(&e, &s, &rt, &mut |id| {
@@ -224,9 +225,9 @@ mod tests {
         // the slice died by version 10; the slowest mirror has applied 9
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(!d.may_delete(7, 10, 9, t0, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(9), t0, GRACE));
         // still held much later while the mirror does not move
-        assert!(!d.may_delete(7, 10, 9, t0 + 10 * GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(9), t0 + 10 * GRACE, GRACE));
     }
 
     #[test]
@@ -234,20 +235,26 @@ mod tests {
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
         // behind for a long time: the waiting does not count towards the grace delay
-        assert!(!d.may_delete(7, 10, 5, t0, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(5), t0, GRACE));
         let t1 = t0 + 5 * GRACE;
         // every mirror at the death's version: held for the grace delay from now
-        assert!(!d.may_delete(7, 10, 10, t1, GRACE));
-        assert!(!d.may_delete(7, 10, 12, t1 + GRACE - Duration::from_millis(1), GRACE));
-        assert!(d.may_delete(7, 10, 12, t1 + GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(10), t1, GRACE));
+        assert!(!d.may_delete(
+            SliceId(7),
+            Version(10),
+            Version(12),
+            t1 + GRACE - Duration::from_millis(1),
+            GRACE
+        ));
+        assert!(d.may_delete(SliceId(7), Version(10), Version(12), t1 + GRACE, GRACE));
     }
 
     #[test]
     fn without_grace_a_slice_goes_as_soon_as_every_mirror_is_past() {
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(d.may_delete(7, 10, 10, t0, Duration::ZERO));
-        assert!(d.may_delete(8, 10, 11, t0, Duration::ZERO));
+        assert!(d.may_delete(SliceId(7), Version(10), Version(10), t0, Duration::ZERO));
+        assert!(d.may_delete(SliceId(8), Version(10), Version(11), t0, Duration::ZERO));
     }
 
     #[test]
@@ -256,8 +263,8 @@ mod tests {
         // moved on): the slice still goes once the mirrors pass 10, not 50
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(!d.may_delete(7, 10, 8, t0, Duration::ZERO));
-        assert!(d.may_delete(7, 50, 10, t0, Duration::ZERO));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(8), t0, Duration::ZERO));
+        assert!(d.may_delete(SliceId(7), Version(50), Version(10), t0, Duration::ZERO));
     }
 
     #[test]
@@ -266,19 +273,19 @@ mod tests {
         // version): held, although the grace delay had started
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        assert!(!d.may_delete(7, 10, 10, t0, GRACE));
-        assert!(!d.may_delete(7, 10, 3, t0 + 2 * GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(10), t0, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(10), Version(3), t0 + 2 * GRACE, GRACE));
     }
 
     #[test]
     fn slices_no_longer_listed_are_forgotten() {
         let mut d = DeadSlices::default();
         let t0 = Instant::now();
-        d.may_delete(7, 10, 10, t0, GRACE);
-        d.may_delete(8, 10, 10, t0, GRACE);
-        d.retain_listed(&[8]);
-        assert_eq!(d.seen.keys().copied().collect::<Vec<_>>(), vec![8]);
+        d.may_delete(SliceId(7), Version(10), Version(10), t0, GRACE);
+        d.may_delete(SliceId(8), Version(10), Version(10), t0, GRACE);
+        d.retain_listed(&[SliceId(8)]);
+        assert_eq!(d.seen.keys().copied().collect::<Vec<_>>(), vec![SliceId(8)]);
         // slice 7, listed again, starts over with a new bound and a new grace delay
-        assert!(!d.may_delete(7, 20, 15, t0 + 2 * GRACE, GRACE));
+        assert!(!d.may_delete(SliceId(7), Version(20), Version(15), t0 + 2 * GRACE, GRACE));
     }
 }

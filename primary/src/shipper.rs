@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use strait_fs_core::changelog::{read_log_raw, trim_log};
 use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
+use strait_fs_core::{Epoch, Version};
 use strait_proto::limits::APPEND_RECORDS_MAX;
 use strait_proto::replicator as pb;
 use strait_replicator_client::{refusal, LogClient};
@@ -57,8 +58,8 @@ pub struct CommitSignal {
 }
 
 impl CommitSignal {
-    pub fn latest(&self) -> u64 {
-        self.latest.load(Ordering::Acquire)
+    pub fn latest(&self) -> Version {
+        Version(self.latest.load(Ordering::Acquire))
     }
 }
 
@@ -73,7 +74,7 @@ impl TappedKv {
     pub fn wrap(inner: DynKv) -> (DynKv, Arc<CommitSignal>) {
         let signal = Arc::new(CommitSignal::default());
         if let Ok(v) = inner.last_version() {
-            signal.latest.store(v, Ordering::Release);
+            signal.latest.store(v.0, Ordering::Release);
         }
         let kv = Arc::new(TappedKv {
             inner,
@@ -90,10 +91,10 @@ impl KvEngine for TappedKv {
     fn txn(
         &self,
         f: &mut dyn FnMut(&mut dyn KvTxn) -> strait_fs_core::Result<()>,
-    ) -> strait_fs_core::Result<Option<u64>> {
+    ) -> strait_fs_core::Result<Option<Version>> {
         let v = self.inner.txn(f)?;
         if let Some(v) = v {
-            self.signal.latest.fetch_max(v, Ordering::AcqRel);
+            self.signal.latest.fetch_max(v.0, Ordering::AcqRel);
             self.signal.notify.notify_one();
         }
         Ok(v)
@@ -110,7 +111,7 @@ impl KvEngine for TappedKv {
     fn sync(&self) -> strait_fs_core::Result<()> {
         self.inner.sync()
     }
-    fn last_version(&self) -> strait_fs_core::Result<u64> {
+    fn last_version(&self) -> strait_fs_core::Result<Version> {
         self.inner.last_version()
     }
     fn wipe(&self) -> strait_fs_core::Result<()> {
@@ -122,14 +123,14 @@ impl KvEngine for TappedKv {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Shipped {
     /// Every version up to this one is committed by the replicator.
-    pub version: u64,
+    pub version: Version,
     /// Why shipping stopped, when it cannot go on by itself.
     pub stalled: Option<String>,
 }
 
 pub struct ShipperConfig {
     pub replicator: Vec<String>,
-    pub epoch: u64,
+    pub epoch: Epoch,
     pub heartbeat: Duration,
 }
 
@@ -170,7 +171,7 @@ enum EpochCheck {
     Fenced(String),
 }
 
-fn check_epoch(own: u64, replicator: u64) -> EpochCheck {
+fn check_epoch(own: Epoch, replicator: Epoch) -> EpochCheck {
     if replicator > own {
         EpochCheck::Fenced(format!(
             "fenced: the replicator is at epoch {replicator}, this primary's epoch is {own} \
@@ -187,7 +188,7 @@ fn check_epoch(own: u64, replicator: u64) -> EpochCheck {
 /// replicator continues this primary's log (which ends at `local`); otherwise why it cannot.
 /// A follower's status may lag the leader: resuming from an older version makes an append
 /// the replicator acknowledges as a duplicate or an overlap, never a loss.
-fn resume_after(replicated: u64, local: u64) -> Result<u64, String> {
+fn resume_after(replicated: Version, local: Version) -> Result<Version, String> {
     if replicated > local {
         return Err(format!(
             "the replicator holds versions up to {replicated} but this primary's change log \
@@ -200,8 +201,8 @@ fn resume_after(replicated: u64, local: u64) -> Result<u64, String> {
 
 /// Whether the outbox, whose first record is `first`, continues a replicator log that ends at
 /// `shipped`; if not, why shipping must stop (the versions between are lost to both).
-fn check_outbox(shipped: u64, first: u64) -> Result<(), String> {
-    if first != shipped + 1 {
+fn check_outbox(shipped: Version, first: Version) -> Result<(), String> {
+    if first != shipped.next() {
         return Err(format!(
             "the replicator's log ends at version {shipped} but the outbox starts at \
              {first}: the versions between are neither in the outbox nor in the replicator \
@@ -280,7 +281,7 @@ impl Shipper {
 
     /// The replicator has committed everything up to `version`; `progress` when this
     /// process's own append did it (which ends a stall).
-    fn committed(&self, version: u64, progress: bool) {
+    fn committed(&self, version: Version, progress: bool) {
         self.shipped.send_if_modified(|s| {
             let before = s.clone();
             s.version = s.version.max(version);
@@ -291,7 +292,7 @@ impl Shipper {
         });
         self.metrics
             .shipped_version
-            .set(self.shipped.borrow().version as i64);
+            .set(self.shipped.borrow().version.0 as i64);
     }
 
     async fn ship(&self, stop: CancellationToken) {
@@ -338,13 +339,13 @@ impl Shipper {
     }
 
     /// Where the replicator's log ends, once it is known to continue this primary's log.
-    async fn resync(&self) -> Result<u64, Step> {
+    async fn resync(&self) -> Result<Version, Step> {
         let status = self
             .client
             .status()
             .await
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
-        match check_epoch(self.cfg.epoch, status.epoch) {
+        match check_epoch(self.cfg.epoch, Epoch(status.epoch)) {
             EpochCheck::Same => {}
             EpochCheck::Fenced(why) => return Err(Step::Stall(why)),
             EpochCheck::Raise => {
@@ -368,13 +369,13 @@ impl Shipper {
         let local = blocking(move || kv.last_version())
             .await
             .map_err(|e| Step::Unreachable(format!("read the latest version: {e}")))?;
-        let replicated = resume_after(status.last_version, local).map_err(Step::Stall)?;
+        let replicated = resume_after(Version(status.last_version), local).map_err(Step::Stall)?;
         self.committed(replicated, false);
         Ok(replicated)
     }
 
     /// Append everything after `shipped`, then whatever is committed next, until a failure.
-    async fn stream(&self, mut shipped: u64) -> Step {
+    async fn stream(&self, mut shipped: Version) -> Step {
         loop {
             let kv = self.kv.clone();
             let after = shipped;
@@ -405,8 +406,8 @@ impl Shipper {
             let res = self
                 .client
                 .append(pb::AppendRequest {
-                    epoch: self.cfg.epoch,
-                    first_version: shipped + 1,
+                    epoch: self.cfg.epoch.0,
+                    first_version: shipped.next().0,
                     records,
                 })
                 .await;
@@ -439,7 +440,7 @@ impl Shipper {
     /// Delete committed records from the outbox.
     async fn trim(&self) {
         let mut rx = self.shipped.subscribe();
-        let mut trimmed = 0u64;
+        let mut trimmed = Version::ZERO;
         loop {
             if rx.changed().await.is_err() {
                 return;
@@ -481,9 +482,9 @@ impl Shipper {
             let res = self
                 .client
                 .heartbeat(pb::HeartbeatRequest {
-                    epoch: self.cfg.epoch,
+                    epoch: self.cfg.epoch.0,
                     primary_clock_ms: now_ms(),
-                    latest_version: latest,
+                    latest_version: latest.0,
                 })
                 .await;
             match res {
@@ -513,7 +514,10 @@ pub struct ShippedWait {
 }
 
 impl ReplicationWait for ShippedWait {
-    fn wait(&self, version: u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    fn wait(
+        &self,
+        version: Version,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         let mut rx = self.shipped.clone();
         Box::pin(async move { wait_committed(&mut rx, version, self.timeout).await })
     }
@@ -522,7 +526,7 @@ impl ReplicationWait for ShippedWait {
 /// Wait until the replicator has committed `version`, at most `timeout`.
 pub async fn wait_committed(
     rx: &mut watch::Receiver<Shipped>,
-    version: u64,
+    version: Version,
     timeout: Duration,
 ) -> Result<(), String> {
     let res = tokio::time::timeout(
@@ -551,7 +555,7 @@ mod tests {
 
     #[test]
     fn a_newer_epoch_fences_this_primary() {
-        match check_epoch(3, 4) {
+        match check_epoch(Epoch(3), Epoch(4)) {
             EpochCheck::Fenced(why) => assert!(why.contains("epoch 4"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -559,29 +563,29 @@ mod tests {
 
     #[test]
     fn an_older_epoch_is_raised_first() {
-        assert_eq!(check_epoch(3, 2), EpochCheck::Raise);
-        assert_eq!(check_epoch(1, 0), EpochCheck::Raise);
+        assert_eq!(check_epoch(Epoch(3), Epoch(2)), EpochCheck::Raise);
+        assert_eq!(check_epoch(Epoch(1), Epoch(0)), EpochCheck::Raise);
     }
 
     #[test]
     fn the_same_epoch_ships() {
-        assert_eq!(check_epoch(3, 3), EpochCheck::Same);
+        assert_eq!(check_epoch(Epoch(3), Epoch(3)), EpochCheck::Same);
     }
 
     #[test]
     fn shipping_resumes_after_the_replicators_last_version() {
         // the replicator is behind this primary: resume after its last version
-        assert_eq!(resume_after(5, 9), Ok(5));
+        assert_eq!(resume_after(Version(5), Version(9)), Ok(Version(5)));
         // it holds everything: resume at the end (new commits follow)
-        assert_eq!(resume_after(9, 9), Ok(9));
+        assert_eq!(resume_after(Version(9), Version(9)), Ok(Version(9)));
         // a fresh replicator: from the start
-        assert_eq!(resume_after(0, 9), Ok(0));
-        assert_eq!(resume_after(0, 0), Ok(0));
+        assert_eq!(resume_after(Version(0), Version(9)), Ok(Version(0)));
+        assert_eq!(resume_after(Version(0), Version(0)), Ok(Version(0)));
     }
 
     #[test]
     fn a_replicator_ahead_of_the_local_log_stops_shipping() {
-        let why = resume_after(10, 9).unwrap_err();
+        let why = resume_after(Version(10), Version(9)).unwrap_err();
         assert!(
             why.contains("up to 10") && why.contains("ends at 9"),
             "{why}"
@@ -590,15 +594,15 @@ mod tests {
 
     #[test]
     fn the_outbox_must_continue_the_replicators_log() {
-        assert_eq!(check_outbox(5, 6), Ok(()));
-        assert_eq!(check_outbox(0, 1), Ok(()));
+        assert_eq!(check_outbox(Version(5), Version(6)), Ok(()));
+        assert_eq!(check_outbox(Version(0), Version(1)), Ok(()));
         // trimmed past what the replicator holds: a gap neither side can fill
-        let why = check_outbox(5, 8).unwrap_err();
+        let why = check_outbox(Version(5), Version(8)).unwrap_err();
         assert!(
             why.contains("ends at version 5") && why.contains("starts at 8"),
             "{why}"
         );
         // starting at or before the replicator's end is not a continuation either
-        assert!(check_outbox(5, 5).is_err());
+        assert!(check_outbox(Version(5), Version(5)).is_err());
     }
 }

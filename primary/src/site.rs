@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use strait_fs_core::meta::Meta;
+use strait_fs_core::Version;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
 use strait_site::now_ms;
@@ -38,14 +39,17 @@ impl SiteService for PrimarySite {
         &self,
         req: Request<s::DigestRequest>,
     ) -> Result<Response<s::DigestReply>, Status> {
-        let at = req.into_inner().at_version;
+        let at = Version(req.into_inner().at_version);
         let (digest, version) = digest_now(self.engine.kv().clone()).await?;
-        if at != 0 && at != version {
+        if at != Version::ZERO && at != version {
             return Err(Status::failed_precondition(format!(
                 "the primary is at version {version}, not {at}: it answers at its current version only"
             )));
         }
-        Ok(Response::new(s::DigestReply { digest, version }))
+        Ok(Response::new(s::DigestReply {
+            digest,
+            version: version.0,
+        }))
     }
 
     async fn pause(
@@ -80,7 +84,7 @@ impl SiteService for PrimarySite {
         Ok(Response::new(s::GcReply {
             purged: p.purged as u64,
             held: p.held as u64,
-            horizon: p.horizon.unwrap_or(0),
+            horizon: p.horizon.unwrap_or(Version::ZERO).0,
             has_mirrors: p.horizon.is_some(),
         }))
     }
@@ -94,7 +98,7 @@ impl SiteService for PrimarySite {
         Ok(Response::new(s::SiteStatus {
             role: "primary".into(),
             name: self.engine.settings().name.clone(),
-            version,
+            version: version.0,
             clock_ms: now_ms(),
             replicator: self.replicator.clone(),
             mirror: None,

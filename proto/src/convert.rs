@@ -326,7 +326,7 @@ pub const SLICE_BLOCKS_MAX: usize = 16384;
 impl From<&d::SliceRef> for w::SliceRef {
     fn from(s: &d::SliceRef) -> Self {
         w::SliceRef {
-            id: s.id,
+            id: s.id.0,
             size: s.size,
             off: s.off,
             len: s.len,
@@ -347,7 +347,7 @@ impl TryFrom<w::SliceRef> for d::SliceRef {
             )));
         }
         Ok(d::SliceRef {
-            id: s.id,
+            id: strait_fs_core::SliceId(s.id),
             size: s.size,
             off: s.off,
             len: s.len,

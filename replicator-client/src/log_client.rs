@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use strait_ids::Epoch;
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
@@ -198,9 +199,9 @@ impl LogClient {
         .map(|_| ())
     }
 
-    pub async fn bump_epoch(&self, epoch: u64) -> Result<pb::BumpEpochReply, Status> {
+    pub async fn bump_epoch(&self, epoch: Epoch) -> Result<pb::BumpEpochReply, Status> {
         self.leader_call("bump epoch", |mut c| async move {
-            c.bump_epoch(pb::BumpEpochRequest { epoch }).await
+            c.bump_epoch(pb::BumpEpochRequest { epoch: epoch.0 }).await
         })
         .await
     }

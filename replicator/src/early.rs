@@ -24,6 +24,7 @@ use openraft::ServerState;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use strait_ids::{Epoch, Version};
 use strait_proto::limits::RELAY_MESSAGE_BYTES_MAX;
 
 use crate::network::{peer_addr, PeerAddrs};
@@ -64,22 +65,22 @@ impl Drop for Reader {
 
 #[derive(Default)]
 struct Buffer {
-    epoch: u64,
+    epoch: Epoch,
     /// Versions after the state machine's last one, in order, contiguous.
-    records: VecDeque<(u64, Vec<u8>)>,
+    records: VecDeque<(Version, Vec<u8>)>,
     /// The primary's newest heartbeat as relayed (clock ms, latest version).
-    heartbeat: Option<(u64, u64)>,
+    heartbeat: Option<(u64, Version)>,
 }
 
 impl Buffer {
     /// Forget what the state machine has applied.
-    fn prune(&mut self, applied: u64) {
+    fn prune(&mut self, applied: Version) {
         while self.records.front().is_some_and(|(v, _)| *v <= applied) {
             self.records.pop_front();
         }
     }
 
-    fn last(&self) -> Option<u64> {
+    fn last(&self) -> Option<Version> {
         self.records.back().map(|(v, _)| *v)
     }
 }
@@ -119,20 +120,20 @@ impl Early {
     }
 
     /// The last version that can be served, relayed ones included.
-    pub fn served(&self) -> u64 {
+    pub fn served(&self) -> Version {
         let applied = self.log.watch().borrow().last_version;
-        lock(&self.buf).last().unwrap_or(0).max(applied)
+        lock(&self.buf).last().unwrap_or(Version::ZERO).max(applied)
     }
 
     /// Whether version `v` is held (so [`Early::read`] from it returns something).
-    pub fn has(&self, v: u64) -> bool {
+    pub fn has(&self, v: Version) -> bool {
         let b = lock(&self.buf);
         b.records.front().is_some_and(|(f, _)| *f <= v) && b.last().is_some_and(|l| v <= l)
     }
 
     /// Relayed records from `from` on (at most `max`, about `max_bytes`), with the epoch they
     /// were appended under; empty when `from` is not held.
-    pub fn read(&self, from: u64, max: usize, max_bytes: usize) -> (u64, Vec<Vec<u8>>) {
+    pub fn read(&self, from: Version, max: usize, max_bytes: usize) -> (Epoch, Vec<Vec<u8>>) {
         let b = lock(&self.buf);
         let mut out = vec![];
         let Some(&(first, _)) = b.records.front() else {
@@ -142,7 +143,7 @@ impl Early {
             return (b.epoch, out);
         }
         let mut bytes = 0;
-        for (_, r) in b.records.iter().skip((from - first) as usize) {
+        for (_, r) in b.records.iter().skip((from.0 - first.0) as usize) {
             if !out.is_empty() && (out.len() >= max || bytes + r.len() > max_bytes) {
                 break;
             }
@@ -153,7 +154,7 @@ impl Early {
     }
 
     /// The primary's newest heartbeat as relayed from the leader.
-    pub fn heartbeat(&self) -> Option<(u64, u64)> {
+    pub fn heartbeat(&self) -> Option<(u64, Version)> {
         lock(&self.buf).heartbeat
     }
 }
@@ -234,7 +235,7 @@ impl Relay {
                         _ = stop.cancelled() => return,
                         r = tokio::time::timeout(
                             SILENCE_MAX,
-                            c.subscribe(pb::SubscribeRequest { after_version: after }),
+                            c.subscribe(pb::SubscribeRequest { after_version: after.0 }),
                         ) => r.unwrap_or_else(|_| {
                             Err(tonic::Status::deadline_exceeded("no answer"))
                         }),
@@ -309,7 +310,8 @@ impl Relay {
                                 bump();
                             }
                             Some(pb::subscribe_reply::Kind::Heartbeat(h)) => {
-                                lock(&buf).heartbeat = Some((h.primary_clock_ms, h.latest_version));
+                                lock(&buf).heartbeat =
+                                    Some((h.primary_clock_ms, Version(h.latest_version)));
                                 bump();
                             }
                             // the leader purged past this node's position: this node's own log
@@ -330,18 +332,19 @@ impl Relay {
 }
 
 /// Add a relayed batch to the buffer; false when it does not follow what is held.
-fn take(b: &mut Buffer, applied: u64, r: pb::Records) -> bool {
+fn take(b: &mut Buffer, applied: Version, r: pb::Records) -> bool {
     b.prune(applied);
-    let next = b.last().unwrap_or(applied) + 1;
+    let next = b.last().unwrap_or(applied).next();
+    let first = Version(r.first_version);
     let n = r.records.len() as u64;
-    if r.first_version > next {
+    if first > next {
         return false;
     }
     // versions already held (or applied) are skipped: they are the same committed records
-    let skip = (next - r.first_version).min(n) as usize;
-    b.epoch = r.epoch;
+    let skip = (next.0 - first.0).min(n) as usize;
+    b.epoch = Epoch(r.epoch);
     for (i, rec) in r.records.into_iter().enumerate().skip(skip) {
-        b.records.push_back((r.first_version + i as u64, rec));
+        b.records.push_back((first + i as u64, rec));
     }
     true
 }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use strait_ids::{Epoch, Version};
 
 pub use strait_proto::limits::{APPEND_BYTES_MAX, APPEND_RECORDS_MAX};
 /// Longest mirror name.
@@ -49,23 +50,23 @@ pub mod versioned_bufs {
 pub enum Command {
     /// Records `first_version ..` from the primary of `epoch`.
     Append {
-        epoch: u64,
-        first_version: u64,
+        epoch: Epoch,
+        first_version: Version,
         #[serde(with = "byte_bufs")]
         records: Vec<Vec<u8>>,
     },
     /// Fence every writer of an older epoch (a promotion).
-    BumpEpoch { epoch: u64 },
+    BumpEpoch { epoch: Epoch },
     /// The primary's clock and latest version, so mirrors tell "caught up" from "cut off".
     Heartbeat {
-        epoch: u64,
+        epoch: Epoch,
         primary_clock_ms: u64,
-        latest_version: u64,
+        latest_version: Version,
     },
     /// A mirror has applied everything up to `applied_version`.
     Ack {
         mirror: String,
-        applied_version: u64,
+        applied_version: Version,
     },
     /// Change the retention caps.
     SetRetention(Retention),
@@ -99,13 +100,13 @@ pub struct Mark {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum AppendError {
     #[error("gap: the log ends at version {last}, the batch starts at {first}")]
-    Gap { last: u64, first: u64 },
+    Gap { last: Version, first: Version },
     #[error("overlap: version {version} is already in the log with different contents")]
-    Overlap { version: u64 },
+    Overlap { version: Version },
     #[error("stale epoch {got}: the current epoch is {current}")]
-    StaleEpoch { current: u64, got: u64 },
+    StaleEpoch { current: Epoch, got: Epoch },
     #[error("epoch {got} was never started (the current epoch is {current}): bump it first")]
-    FutureEpoch { current: u64, got: u64 },
+    FutureEpoch { current: Epoch, got: Epoch },
     #[error("malformed: {0}")]
     Malformed(String),
 }
@@ -130,15 +131,15 @@ pub enum Outcome {
     #[default]
     None,
     Appended {
-        last_version: u64,
+        last_version: Version,
     },
     /// Every record was already in the log, identical: nothing changed.
     Duplicate {
-        last_version: u64,
+        last_version: Version,
     },
     Epoch {
-        epoch: u64,
-        last_version: u64,
+        epoch: Epoch,
+        last_version: Version,
     },
     Done,
     Refused(AppendError),
@@ -147,7 +148,7 @@ pub enum Outcome {
 /// A mirror's position.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cursor {
-    pub applied_version: u64,
+    pub applied_version: Version,
     /// The log was purged past this mirror's position: it must bootstrap again.
     pub needs_bootstrap: bool,
 }
@@ -155,20 +156,20 @@ pub struct Cursor {
 /// The log's state besides its records.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogState {
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// The last version in the log (0: none yet).
-    pub last_version: u64,
+    pub last_version: Version,
     /// The first version still held; everything before it was purged. 1 until a purge.
-    pub earliest_version: u64,
+    pub earliest_version: Version,
     /// The primary's last heartbeat: (clock in ms, latest version).
-    pub heartbeat: Option<(u64, u64)>,
+    pub heartbeat: Option<(u64, Version)>,
     pub cursors: BTreeMap<String, Cursor>,
     pub retention: Retention,
     /// Bytes of records ever appended.
     pub appended_bytes: u64,
     /// Points of the log by version, for the retention caps: the first one is at or before
     /// `earliest_version`.
-    pub marks: BTreeMap<u64, Mark>,
+    pub marks: BTreeMap<Version, Mark>,
 }
 
 impl LogState {
@@ -187,7 +188,7 @@ impl LogState {
     }
 
     /// Remember where an append of `bytes` starting at `version` lies.
-    fn mark(&mut self, version: u64, bytes: u64) {
+    fn mark(&mut self, version: Version, bytes: u64) {
         let (at_ms, before) = (self.clock_ms(), self.appended_bytes);
         let due = match self.marks.values().next_back() {
             None => true,
@@ -212,7 +213,7 @@ impl LogState {
     /// Where the log may start now: above the lowest cursor of the mirrors still following,
     /// and within the retention caps. Moves `earliest_version` there and marks the mirrors
     /// left behind; returns the new start when it moved.
-    fn enforce(&mut self) -> Option<u64> {
+    fn enforce(&mut self) -> Option<Version> {
         let mut start = self.earliest_version;
         if let Some(low) = self
             .cursors
@@ -221,7 +222,7 @@ impl LogState {
             .map(|c| c.applied_version)
             .min()
         {
-            start = start.max(low + 1);
+            start = start.max(low.next());
         }
         // the first mark from which the log fits both caps (the newest mark always stays)
         let now = self.clock_ms();
@@ -239,7 +240,7 @@ impl LogState {
         {
             start = start.max(v);
         }
-        start = start.min(self.last_version + 1);
+        start = start.min(self.last_version.next());
         if start <= self.earliest_version {
             return None;
         }
@@ -253,7 +254,7 @@ impl LogState {
             .unwrap_or(start);
         self.marks = self.marks.split_off(&keep_from);
         for c in self.cursors.values_mut() {
-            if c.applied_version + 1 < start {
+            if c.applied_version.next() < start {
                 c.needs_bootstrap = true;
             }
         }
@@ -262,7 +263,7 @@ impl LogState {
 
     pub fn new() -> Self {
         LogState {
-            earliest_version: 1,
+            earliest_version: Version(1),
             ..Default::default()
         }
     }
@@ -273,12 +274,12 @@ impl LogState {
 pub struct Effect {
     pub outcome: Outcome,
     /// Records to store: (version, bytes).
-    pub put: Vec<(u64, Vec<u8>)>,
+    pub put: Vec<(Version, Vec<u8>)>,
     /// Purge every record below this version.
-    pub purge_below: Option<u64>,
+    pub purge_below: Option<Version>,
 }
 
-fn check_epoch(state: &LogState, epoch: u64) -> Result<(), AppendError> {
+fn check_epoch(state: &LogState, epoch: Epoch) -> Result<(), AppendError> {
     if epoch < state.epoch {
         Err(AppendError::StaleEpoch {
             current: state.epoch,
@@ -299,7 +300,7 @@ fn check_epoch(state: &LogState, epoch: u64) -> Result<(), AppendError> {
 pub fn apply(
     state: &mut LogState,
     cmd: Command,
-    existing: impl FnMut(u64) -> Option<Vec<u8>>,
+    existing: impl FnMut(Version) -> Option<Vec<u8>>,
 ) -> Effect {
     match cmd {
         Command::Append {
@@ -364,7 +365,7 @@ pub fn apply(
                 .max(applied_version.min(state.last_version));
             // the versions after its position were purged: it cannot follow from there (a
             // mirror that bootstrapped again acks its new position and follows again)
-            c.needs_bootstrap = c.applied_version + 1 < state.earliest_version;
+            c.needs_bootstrap = c.applied_version.next() < state.earliest_version;
             // keep everything above the lowest cursor of the mirrors still following
             Effect {
                 outcome: Outcome::Done,
@@ -397,10 +398,10 @@ fn refused(e: AppendError) -> Effect {
 
 fn append(
     state: &mut LogState,
-    epoch: u64,
-    first_version: u64,
+    epoch: Epoch,
+    first_version: Version,
     records: Vec<Vec<u8>>,
-    mut existing: impl FnMut(u64) -> Option<Vec<u8>>,
+    mut existing: impl FnMut(Version) -> Option<Vec<u8>>,
 ) -> Result<Effect, AppendError> {
     if records.is_empty() {
         return Err(AppendError::Malformed("the batch holds no records".into()));
@@ -417,14 +418,16 @@ fn append(
             "the batch holds {bytes} bytes; at most {APPEND_BYTES_MAX} are allowed"
         )));
     }
-    if first_version == 0 {
+    if first_version == Version::ZERO {
         return Err(AppendError::Malformed("versions start at 1".into()));
     }
     let last_in_batch = first_version
+        .0
         .checked_add(records.len() as u64 - 1)
+        .map(Version)
         .ok_or_else(|| AppendError::Malformed("the batch's versions overflow".into()))?;
     check_epoch(state, epoch)?;
-    if first_version > state.last_version + 1 {
+    if first_version > state.last_version.next() {
         return Err(AppendError::Gap {
             last: state.last_version,
             first: first_version,
@@ -451,15 +454,15 @@ fn append(
             ..Effect::default()
         });
     }
-    let skip = (state.last_version + 1 - first_version) as usize;
-    let put: Vec<(u64, Vec<u8>)> = records
+    let skip = (state.last_version.0 + 1 - first_version.0) as usize;
+    let put: Vec<(Version, Vec<u8>)> = records
         .into_iter()
         .enumerate()
         .skip(skip)
         .map(|(i, r)| (first_version + i as u64, r))
         .collect();
     let new_bytes: usize = put.iter().map(|(_, r)| r.len()).sum();
-    state.mark(state.last_version + 1, new_bytes as u64);
+    state.mark(state.last_version.next(), new_bytes as u64);
     state.last_version = last_in_batch;
     Ok(Effect {
         outcome: Outcome::Appended {
@@ -474,7 +477,7 @@ fn append(
 mod tests {
     use super::*;
 
-    fn run(state: &mut LogState, log: &mut BTreeMap<u64, Vec<u8>>, cmd: Command) -> Outcome {
+    fn run(state: &mut LogState, log: &mut BTreeMap<Version, Vec<u8>>, cmd: Command) -> Outcome {
         let snapshot = log.clone();
         let e = apply(state, cmd, |v| snapshot.get(&v).cloned());
         for (v, r) in e.put {
@@ -488,10 +491,89 @@ mod tests {
 
     fn app(epoch: u64, first: u64, recs: &[&str]) -> Command {
         Command::Append {
-            epoch,
-            first_version: first,
+            epoch: Epoch(epoch),
+            first_version: Version(first),
             records: recs.iter().map(|r| r.as_bytes().to_vec()).collect(),
         }
+    }
+
+    /// Raft entries, responses and state-machine snapshots written while versions and epochs
+    /// were bare u64 decode unchanged, and new ones are the same bytes.
+    #[test]
+    fn commands_and_state_encode_as_with_bare_u64() {
+        // an append as postcard wrote it: variant 0, epoch 2, first version 300 (ac 02), one
+        // record "ab"
+        let before = [0x00, 0x02, 0xac, 0x02, 0x01, 0x02, b'a', b'b'];
+        let cmd = app(2, 300, &["ab"]);
+        assert_eq!(postcard::to_stdvec(&cmd).unwrap(), before);
+        assert_eq!(postcard::from_bytes::<Command>(&before).unwrap(), cmd);
+
+        // the log's state beside the struct it was with u64 fields
+        #[derive(Serialize)]
+        struct CursorU64 {
+            applied_version: u64,
+            needs_bootstrap: bool,
+        }
+        #[derive(Serialize)]
+        struct LogStateU64 {
+            epoch: u64,
+            last_version: u64,
+            earliest_version: u64,
+            heartbeat: Option<(u64, u64)>,
+            cursors: BTreeMap<String, CursorU64>,
+            retention: Retention,
+            appended_bytes: u64,
+            marks: BTreeMap<u64, Mark>,
+        }
+        let mark = Mark {
+            bytes_before: 10,
+            at_ms: 20,
+        };
+        let old = LogStateU64 {
+            epoch: 3,
+            last_version: 1 << 40,
+            earliest_version: 7,
+            heartbeat: Some((99, 1 << 40)),
+            cursors: [(
+                "m".to_string(),
+                CursorU64 {
+                    applied_version: 6,
+                    needs_bootstrap: true,
+                },
+            )]
+            .into(),
+            retention: Retention::default(),
+            appended_bytes: 12345,
+            marks: [(7, mark)].into(),
+        };
+        let new = LogState {
+            epoch: Epoch(3),
+            last_version: Version(1 << 40),
+            earliest_version: Version(7),
+            heartbeat: Some((99, Version(1 << 40))),
+            cursors: [(
+                "m".to_string(),
+                Cursor {
+                    applied_version: Version(6),
+                    needs_bootstrap: true,
+                },
+            )]
+            .into(),
+            retention: Retention::default(),
+            appended_bytes: 12345,
+            marks: [(Version(7), mark)].into(),
+        };
+        let bytes = postcard::to_stdvec(&old).unwrap();
+        assert_eq!(postcard::to_stdvec(&new).unwrap(), bytes);
+        assert_eq!(postcard::from_bytes::<LogState>(&bytes).unwrap(), new);
+
+        // a refusal as a response carries its numbers the same way
+        let refusal = Outcome::Refused(AppendError::StaleEpoch {
+            current: Epoch(4),
+            got: Epoch(3),
+        });
+        // variant 5 (Refused), 2 (StaleEpoch), current 4, got 3
+        assert_eq!(postcard::to_stdvec(&refusal).unwrap(), [5, 2, 4, 3]);
     }
 
     #[test]
@@ -500,21 +582,27 @@ mod tests {
         let mut log = BTreeMap::new();
         assert_eq!(
             run(&mut s, &mut log, app(0, 1, &["a", "b"])),
-            Outcome::Appended { last_version: 2 }
+            Outcome::Appended {
+                last_version: Version(2)
+            }
         );
         // exact duplicate: acknowledged, nothing changes
         let before = (s.clone(), log.clone());
         assert_eq!(
             run(&mut s, &mut log, app(0, 1, &["a", "b"])),
-            Outcome::Duplicate { last_version: 2 }
+            Outcome::Duplicate {
+                last_version: Version(2)
+            }
         );
         assert_eq!((s.clone(), log.clone()), before);
         // an overlap with the same bytes plus new ones: the new ones are taken
         assert_eq!(
             run(&mut s, &mut log, app(0, 2, &["b", "c"])),
-            Outcome::Appended { last_version: 3 }
+            Outcome::Appended {
+                last_version: Version(3)
+            }
         );
-        assert_eq!(log.get(&3).map(|r| r.as_slice()), Some(&b"c"[..]));
+        assert_eq!(log.get(&Version(3)).map(|r| r.as_slice()), Some(&b"c"[..]));
         // refusals leave everything unchanged
         let before = (s.clone(), log.clone());
         for (cmd, kind) in [
@@ -525,8 +613,8 @@ mod tests {
             (app(0, 4, &[]), "malformed"),
             (
                 Command::Append {
-                    epoch: 0,
-                    first_version: u64::MAX,
+                    epoch: Epoch(0),
+                    first_version: Version(u64::MAX),
                     records: vec![vec![1], vec![2]],
                 },
                 "malformed",
@@ -546,28 +634,33 @@ mod tests {
         let mut log = BTreeMap::new();
         run(&mut s, &mut log, app(0, 1, &["a"]));
         assert_eq!(
-            run(&mut s, &mut log, Command::BumpEpoch { epoch: 3 }),
+            run(&mut s, &mut log, Command::BumpEpoch { epoch: Epoch(3) }),
             Outcome::Epoch {
-                epoch: 3,
-                last_version: 1
+                epoch: Epoch(3),
+                last_version: Version(1)
             }
         );
         match run(&mut s, &mut log, app(0, 2, &["b"])) {
-            Outcome::Refused(AppendError::StaleEpoch { current: 3, got: 0 }) => {}
+            Outcome::Refused(AppendError::StaleEpoch {
+                current: Epoch(3),
+                got: Epoch(0),
+            }) => {}
             o => panic!("{o:?}"),
         }
-        match run(&mut s, &mut log, Command::BumpEpoch { epoch: 3 }) {
+        match run(&mut s, &mut log, Command::BumpEpoch { epoch: Epoch(3) }) {
             Outcome::Refused(AppendError::StaleEpoch { .. }) => {}
             o => panic!("{o:?}"),
         }
         assert_eq!(
             run(&mut s, &mut log, app(3, 2, &["b"])),
-            Outcome::Appended { last_version: 2 }
+            Outcome::Appended {
+                last_version: Version(2)
+            }
         );
         let hb = Command::Heartbeat {
-            epoch: 0,
+            epoch: Epoch(0),
             primary_clock_ms: 5,
-            latest_version: 2,
+            latest_version: Version(2),
         };
         assert!(matches!(run(&mut s, &mut log, hb), Outcome::Refused(_)));
         assert_eq!(s.heartbeat, None);
@@ -580,20 +673,20 @@ mod tests {
         run(&mut s, &mut log, app(0, 1, &["a", "b", "c", "d"]));
         let ack = |m: &str, v| Command::Ack {
             mirror: m.into(),
-            applied_version: v,
+            applied_version: Version(v),
         };
         run(&mut s, &mut log, ack("m1", 3));
-        assert_eq!(s.earliest_version, 4);
-        assert_eq!(log.keys().copied().collect::<Vec<_>>(), vec![4]);
+        assert_eq!(s.earliest_version, Version(4));
+        assert_eq!(log.keys().copied().collect::<Vec<_>>(), vec![Version(4)]);
         // a second mirror behind the purge point must bootstrap... it acks what it has
         run(&mut s, &mut log, ack("m2", 1));
-        assert_eq!(s.earliest_version, 4, "a purge is never undone");
+        assert_eq!(s.earliest_version, Version(4), "a purge is never undone");
         assert!(s.cursors["m2"].needs_bootstrap);
         assert!(!s.cursors["m1"].needs_bootstrap);
         // cursors do not move back, nor past the end
         run(&mut s, &mut log, ack("m1", 1));
         run(&mut s, &mut log, ack("m1", 99));
-        assert_eq!(s.cursors["m1"].applied_version, 4);
+        assert_eq!(s.cursors["m1"].applied_version, Version(4));
         assert!(matches!(
             run(&mut s, &mut log, ack("", 1)),
             Outcome::Refused(_)
@@ -618,40 +711,43 @@ mod tests {
             &mut log,
             Command::Ack {
                 mirror: "slow".into(),
-                applied_version: 0,
+                applied_version: Version(0),
             },
         );
         let hb = |ms: u64| Command::Heartbeat {
-            epoch: 0,
+            epoch: Epoch(0),
             primary_clock_ms: ms,
-            latest_version: 0,
+            latest_version: Version(0),
         };
         let rec = "0123456789"; // 10 bytes; 10 per append
                                 // appended before any heartbeat: as old as the first one, not as old as the epoch
         run(&mut s, &mut log, app(0, 1, &["x"]));
         run(&mut s, &mut log, hb(1_000));
-        assert_eq!(s.earliest_version, 1);
+        assert_eq!(s.earliest_version, Version(1));
         for i in 0..50u64 {
             run(&mut s, &mut log, hb(1_000 + i * 10));
             let o = run(&mut s, &mut log, app(0, i * 10 + 2, &[rec; 10]));
             assert_eq!(
                 o,
                 Outcome::Appended {
-                    last_version: i * 10 + 11
+                    last_version: Version(i * 10 + 11)
                 }
             );
             let held: usize = log.values().map(Vec::len).sum();
             assert!(held <= 1000 + 100, "{held} bytes held after append {i}");
             assert_eq!(log.keys().next().copied(), Some(s.earliest_version));
-            assert_eq!(log.len() as u64, s.last_version - s.earliest_version + 1);
+            assert_eq!(
+                log.len() as u64,
+                s.last_version.0 - s.earliest_version.0 + 1
+            );
         }
-        assert!(s.earliest_version > 1);
+        assert!(s.earliest_version > Version(1));
         assert!(s.held_bytes() <= 1100, "{}", s.held_bytes());
         assert!(s.cursors["slow"].needs_bootstrap);
         assert!(s.marks.len() <= 12, "{} marks", s.marks.len());
         // the age cap: 20 s later by the primary's clock, only the newest batch stays
         run(&mut s, &mut log, hb(1_000 + 50 * 10 + 20_000));
-        assert_eq!(s.earliest_version, 492);
+        assert_eq!(s.earliest_version, Version(492));
         assert_eq!(log.len(), 10);
         // a mirror that bootstrapped again acks its new position and follows
         run(
@@ -659,11 +755,11 @@ mod tests {
             &mut log,
             Command::Ack {
                 mirror: "slow".into(),
-                applied_version: 496,
+                applied_version: Version(496),
             },
         );
         assert!(!s.cursors["slow"].needs_bootstrap);
-        assert_eq!(s.earliest_version, 497);
+        assert_eq!(s.earliest_version, Version(497));
         // caps must be positive; a refusal changes nothing
         let before = (s.clone(), log.clone());
         assert!(matches!(

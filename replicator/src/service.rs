@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
+use strait_ids::{Epoch, Version};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -108,17 +109,17 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     ) -> Result<Response<pb::AppendReply>, Status> {
         let r = req.into_inner();
         let cmd = Command::Append {
-            epoch: r.epoch,
-            first_version: r.first_version,
+            epoch: Epoch(r.epoch),
+            first_version: Version(r.first_version),
             records: r.records,
         };
         match self.write(cmd).await? {
             Outcome::Appended { last_version } => Ok(Response::new(pb::AppendReply {
-                last_version,
+                last_version: last_version.0,
                 duplicate: false,
             })),
             Outcome::Duplicate { last_version } => Ok(Response::new(pb::AppendReply {
-                last_version,
+                last_version: last_version.0,
                 duplicate: true,
             })),
             o => Err(Status::internal(format!("unexpected outcome {o:?}"))),
@@ -129,14 +130,14 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         &self,
         req: Request<pb::BumpEpochRequest>,
     ) -> Result<Response<pb::BumpEpochReply>, Status> {
-        let epoch = req.into_inner().epoch;
+        let epoch = Epoch(req.into_inner().epoch);
         match self.write(Command::BumpEpoch { epoch }).await? {
             Outcome::Epoch {
                 epoch,
                 last_version,
             } => Ok(Response::new(pb::BumpEpochReply {
-                epoch,
-                last_version,
+                epoch: epoch.0,
+                last_version: last_version.0,
             })),
             o => Err(Status::internal(format!("unexpected outcome {o:?}"))),
         }
@@ -148,9 +149,9 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
         self.write(Command::Heartbeat {
-            epoch: r.epoch,
+            epoch: Epoch(r.epoch),
             primary_clock_ms: r.primary_clock_ms,
-            latest_version: r.latest_version,
+            latest_version: Version(r.latest_version),
         })
         .await?;
         Ok(Response::new(pb::Empty {}))
@@ -165,7 +166,7 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         }
         self.write(Command::Ack {
             mirror: r.mirror,
-            applied_version: r.applied_version,
+            applied_version: Version(r.applied_version),
         })
         .await?;
         Ok(Response::new(pb::Empty {}))
@@ -195,7 +196,7 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<SubscribeStream>, Status> {
-        let after = req.into_inner().after_version;
+        let after = Version(req.into_inner().after_version);
         let log = self.log.clone();
         let early = self.early.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIBE_QUEUE);
@@ -235,28 +236,28 @@ impl pb::replicator_server::Replicator for ReplicatorService {
             last_log_index: m.last_log_index,
             applied_index: m.last_applied.map(|l| l.index),
             members,
-            epoch: log.epoch,
-            earliest_version: log.earliest_version,
-            last_version: log.last_version,
+            epoch: log.epoch.0,
+            earliest_version: log.earliest_version.0,
+            last_version: log.last_version.0,
             cursors: log
                 .cursors
                 .iter()
                 .map(|(k, c)| pb::Cursor {
                     mirror: k.clone(),
-                    applied_version: c.applied_version,
+                    applied_version: c.applied_version.0,
                     needs_bootstrap: c.needs_bootstrap,
                 })
                 .collect(),
             heartbeat: log.heartbeat.map(|(c, v)| pb::PrimaryHeartbeat {
                 primary_clock_ms: c,
-                latest_version: v,
+                latest_version: v.0,
             }),
             retention: Some(pb::RetentionRequest {
                 max_bytes: log.retention.max_bytes,
                 max_age_ms: log.retention.max_age_ms,
             }),
             held_bytes: log.held_bytes(),
-            served_version: self.early.served().max(log.last_version),
+            served_version: self.early.served().max(log.last_version).0,
         }))
     }
 
@@ -338,14 +339,16 @@ impl pb::replicator_server::Replicator for ReplicatorService {
 async fn feed(
     log: ChangeLog,
     early: Early,
-    after: u64,
+    after: Version,
     tx: tokio::sync::mpsc::Sender<Result<pb::SubscribeReply, Status>>,
 ) -> Result<(), Status> {
     let _reader = early.reader();
     let mut watch = log.watch();
     let mut early_watch = early.watch();
     let mut next = after
+        .0
         .checked_add(1)
+        .map(Version)
         .ok_or_else(|| Status::invalid_argument("after_version is the largest version"))?;
     let mut last_heartbeat = None;
     loop {
@@ -355,7 +358,7 @@ async fn feed(
             let _ = tx
                 .send(Ok(pb::SubscribeReply {
                     kind: Some(pb::subscribe_reply::Kind::TruncatedEarliest(
-                        state.earliest_version,
+                        state.earliest_version.0,
                     )),
                 }))
                 .await;
@@ -404,7 +407,7 @@ async fn feed(
                 let hb = pb::SubscribeReply {
                     kind: Some(pb::subscribe_reply::Kind::Heartbeat(pb::PrimaryHeartbeat {
                         primary_clock_ms: clock,
-                        latest_version: latest,
+                        latest_version: latest.0,
                     })),
                 };
                 if tx.send(Ok(hb)).await.is_err() {
@@ -437,14 +440,14 @@ async fn feed(
 /// flow control.
 async fn send_records(
     tx: &tokio::sync::mpsc::Sender<Result<pb::SubscribeReply, Status>>,
-    epoch: u64,
-    first_version: u64,
+    epoch: Epoch,
+    first_version: Version,
     records: Vec<Vec<u8>>,
 ) -> bool {
     let batch = pb::SubscribeReply {
         kind: Some(pb::subscribe_reply::Kind::Records(pb::Records {
-            epoch,
-            first_version,
+            epoch: epoch.0,
+            first_version: first_version.0,
             records,
         })),
     };

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use strait_ids::Version;
 use strait_replicator::node::{Node, NodeConfig};
 use strait_replicator::pb;
 use strait_replicator::pb::replicator_client::ReplicatorClient;
@@ -359,7 +360,7 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
     let start = Instant::now();
     loop {
         let n = c.nodes[&behind].as_ref().unwrap();
-        if n.log.state().last_version == TOTAL {
+        if n.log.state().last_version == Version(TOTAL) {
             break;
         }
         assert!(
@@ -378,7 +379,7 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
     // every record, byte for byte, served from the follower's own database
     let mut v = 1;
     while v <= TOTAL {
-        let got = n.log.read(v, 100, usize::MAX).unwrap();
+        let got = n.log.read(Version(v), 100, usize::MAX).unwrap();
         assert!(!got.is_empty(), "version {v} is missing on node {behind}");
         for r in got {
             assert_eq!(
@@ -413,6 +414,6 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
     c.down(behind).await;
     c.up(behind).await;
     let n = c.nodes[&behind].as_ref().unwrap();
-    assert_eq!(n.log.state().last_version, TOTAL);
+    assert_eq!(n.log.state().last_version, Version(TOTAL));
     c.stop().await;
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use strait_fs_core::error::{Error, Result};
 use strait_fs_core::meta::*;
+use strait_fs_core::SliceId;
 use strait_proto::meta as w;
 
 use crate::call::wire_err;
@@ -409,7 +410,7 @@ impl MetaClient for RemoteMeta {
         Ok((slices, r.unsynced))
     }
 
-    fn next_slice_id(&self) -> Result<u64> {
+    fn next_slice_id(&self) -> Result<SliceId> {
         let mut ids = self.slice_ids.lock();
         if ids.0 >= ids.1 {
             // a lost reply only wastes the ids it carried
@@ -428,7 +429,7 @@ impl MetaClient for RemoteMeta {
         }
         let id = ids.0;
         ids.0 += 1;
-        Ok(id)
+        Ok(SliceId(id))
     }
 
     fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {

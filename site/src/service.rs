@@ -15,6 +15,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 use strait_fs_core::error::Error;
 use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
+use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
 use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
@@ -29,7 +30,10 @@ use crate::metrics::Metrics;
 pub trait ReplicationWait: Send + Sync + 'static {
     /// Resolve when every version up to `version` is replicated, or say why it will not be
     /// (shipping stopped, or it took too long).
-    fn wait(&self, version: u64) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+    fn wait(
+        &self,
+        version: Version,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
 }
 
 /// Most slice ids one call may take.
@@ -251,8 +255,9 @@ impl MetaServer {
     }
 
     /// [`MetaServer::blocking`] for a call that reports the version it committed; returns
-    /// that version (0: it changed nothing) once, in `replicated` durability, it is replicated.
-    async fn blocking_v<T, F>(&self, op: &'static str, f: F) -> Result<(T, u64), Status>
+    /// that version (None: it changed nothing) once, in `replicated` durability, it is
+    /// replicated.
+    async fn blocking_v<T, F>(&self, op: &'static str, f: F) -> Result<(T, Option<Version>), Status>
     where
         T: Send + 'static,
         F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
@@ -268,8 +273,8 @@ impl MetaServer {
         };
         let (res, committed) = match res {
             Ok(r) => {
-                let version = r.as_ref().ok().and_then(|c| c.version).unwrap_or(0);
-                if let (Some(wait), true) = (&self.replicated, version > 0) {
+                let version = r.as_ref().ok().and_then(|c| c.version);
+                if let (Some(wait), Some(version)) = (&self.replicated, version) {
                     if let Err(why) = wait.wait(version).await {
                         tracing::error!("{op}: {why}");
                         self.metrics.replication_timeouts.inc();
@@ -349,7 +354,7 @@ macro_rules! mutation {
             let $r = $req.into_inner();
             let (out, version) = $self.blocking_v($op, move || $body).await?;
             let mut resp = Response::new(out);
-            if version > 0 {
+            if let Some(version) = version {
                 if let Ok(v) = version.to_string().parse() {
                     resp.metadata_mut().insert(VERSION_HEADER, v);
                 }
@@ -650,7 +655,7 @@ impl MetaService for MetaServer {
                 )));
             }
             Ok(w::AllocReply {
-                first: m.alloc_slice_ids(r.count)?,
+                first: m.alloc_slice_ids(r.count)?.0,
                 count: r.count,
             })
         })

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use strait_fs_core::kv::DynKv;
 use strait_fs_core::meta::Meta;
 use strait_fs_core::snapshot;
+use strait_fs_core::Version;
 use strait_proto::site as s;
 use tokio_stream::Stream;
 use tonic::Status;
@@ -42,7 +43,7 @@ pub fn snapshot_stream(kv: DynKv) -> SnapshotStream {
                     let header = s::SnapshotHeader {
                         name: format.name.clone(),
                         uuid: format.uuid.clone(),
-                        version,
+                        version: version.0,
                     };
                     tx.blocking_send(Ok(s::SnapshotChunk {
                         kind: Some(s::snapshot_chunk::Kind::Header(header)),
@@ -82,7 +83,7 @@ pub fn snapshot_stream(kv: DynKv) -> SnapshotStream {
 }
 
 /// The digest of `kv` and its version, read together, computed on the blocking pool.
-pub async fn digest_now(kv: DynKv) -> Result<(String, u64), Status> {
+pub async fn digest_now(kv: DynKv) -> Result<(String, Version), Status> {
     tokio::task::spawn_blocking(move || Meta::digest_at(kv.as_ref()))
         .await
         .map_err(|e| Status::internal(format!("digest task: {e}")))?

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use strait_fs_core::changelog::read_log;
+use strait_fs_core::Version;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -19,7 +20,7 @@ const PAGE: usize = 1000;
 
 pub fn run(a: Args) -> Result<()> {
     let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;
-    let mut after = a.from;
+    let mut after = Version(a.from);
     let mut printed = 0u64;
     loop {
         let page = read_log(kv.as_ref(), after, PAGE)?;

@@ -120,7 +120,7 @@ impl Args {
             c.durability = v.parse()?;
         }
         if let Some(v) = self.epoch {
-            c.epoch = v;
+            c.epoch = strait_fs_core::Epoch(v);
         }
         c.validate()?;
         Ok(c)

@@ -8,14 +8,14 @@ use strait_fs_core::kv::memory::MemoryKv;
 use strait_fs_core::kv::redis::RedisKv;
 use strait_fs_core::kv::rocks::RocksKv;
 use strait_fs_core::kv::{conformance, decode_counter, KvEngine};
-use strait_fs_core::Error;
+use strait_fs_core::{Error, Version};
 use strait_tests::redis_server::RedisServer;
 
 const A: &[u8] = b"T\0\0\0\0\0\0\0\x01a";
 const COUNTER: &[u8] = b"C\0\0\0\0\0\0\0\0";
 
 /// Commit a transaction that reads `A` and appends a record; returns the record's version.
-fn read_and_log(kv: &dyn KvEngine) -> Option<u64> {
+fn read_and_log(kv: &dyn KvEngine) -> Option<Version> {
     kv.txn(&mut |t| {
         t.get(A)?;
         t.append_log(b"record".to_vec());
@@ -79,14 +79,14 @@ fn redis_recovers_from_a_script_flush() {
         return;
     };
     let kv = RedisKv::open(&server.url(0)).expect("open redis");
-    assert_eq!(read_and_log(&kv), Some(1));
+    assert_eq!(read_and_log(&kv), Some(Version(1)));
 
     // The scripts cached on the server are gone: the engine loads them again and reruns.
     assert_eq!(
         server.command(&["SCRIPT", "FLUSH"]).expect("flush scripts"),
         "+OK"
     );
-    assert_eq!(read_and_log(&kv), Some(2));
+    assert_eq!(read_and_log(&kv), Some(Version(2)));
     assert_eq!(
         server.command(&["SCRIPT", "FLUSH"]).expect("flush scripts"),
         "+OK"
@@ -100,14 +100,14 @@ fn redis_reconnects_after_a_server_restart() {
         return;
     };
     let kv = RedisKv::open(&server.url(0)).expect("open redis");
-    assert_eq!(read_and_log(&kv), Some(1));
+    assert_eq!(read_and_log(&kv), Some(Version(1)));
 
     // The pooled connection died with the server; the transaction notices at its first read,
     // before sending anything to commit, and runs again on a new connection. Nothing was
     // persisted, so the log starts again.
     server.restart();
-    assert_eq!(read_and_log(&kv), Some(1));
-    assert_eq!(kv.last_version().expect("read last version"), 1);
+    assert_eq!(read_and_log(&kv), Some(Version(1)));
+    assert_eq!(kv.last_version().expect("read last version"), Version(1));
 }
 
 #[test]

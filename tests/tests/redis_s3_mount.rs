@@ -53,7 +53,12 @@ fn redis_and_garage_mount_round_trip_and_replay() {
     let primary: DynKv = Arc::new(strait_fs_core::kv::redis::RedisKv::open(&redis.url(1)).unwrap());
     let replica: DynKv = Arc::new(strait_fs_core::kv::redis::RedisKv::open(&redis.url(2)).unwrap());
     replica.wipe().unwrap();
-    let records = strait_fs_core::changelog::read_log(primary.as_ref(), 0, usize::MAX).unwrap();
+    let records = strait_fs_core::changelog::read_log(
+        primary.as_ref(),
+        strait_fs_core::Version::ZERO,
+        usize::MAX,
+    )
+    .unwrap();
     strait_fs_core::changelog::replay(replica.as_ref(), &records).unwrap();
     assert_eq!(
         strait_fs_core::meta::Meta::digest(&primary).unwrap(),

@@ -122,9 +122,14 @@ fn created_names(log: &[(u64, Vec<u8>)]) -> BTreeSet<String> {
 /// Replay `log` into an empty engine: the names at its root.
 fn replayed_root(log: &[(u64, Vec<u8>)]) -> BTreeSet<String> {
     let kv = strait_fs_core::kv::open("memory://").unwrap();
-    let recs: Vec<(u64, ChangeRecord)> = log
+    let recs: Vec<(strait_fs_core::Version, ChangeRecord)> = log
         .iter()
-        .map(|(v, b)| (*v, ChangeRecord::decode(b).unwrap()))
+        .map(|(v, b)| {
+            (
+                strait_fs_core::Version(*v),
+                ChangeRecord::decode(b).unwrap(),
+            )
+        })
         .collect();
     strait_fs_core::changelog::replay(kv.as_ref(), &recs).expect("the log replays");
     let meta = strait_fs_core::meta::Meta::open(kv, Default::default()).unwrap();
@@ -342,7 +347,9 @@ fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
             .expect("a write before the fence");
         // another primary is promoted: the replicator's epoch moves past this one's (0)
         let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
-        lc.bump_epoch(5).await.expect("bump the epoch");
+        lc.bump_epoch(strait_fs_core::Epoch(5))
+            .await
+            .expect("bump the epoch");
         let start = Instant::now();
         let err = mkdir(&mut c, &token, sid, "after")
             .await

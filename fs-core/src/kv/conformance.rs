@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::{decode_counter, log_key, read, txn, KvEngine, KvPairs, LAST_VERSION_KEY, LOG_GROUP};
 use crate::error::{Error, Result};
+use crate::Version;
 
 /// One case of the suite.
 pub type Case = fn(&dyn KvEngine);
@@ -240,7 +241,7 @@ fn read_discards_writes(kv: &dyn KvEngine) {
     );
     assert_eq!(get(kv, &x), None);
     assert_eq!(get(kv, &ctr), None);
-    assert_eq!(ok(kv.last_version(), "read last version"), 0);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(0));
     assert!(whole_log(kv).is_empty());
 }
 
@@ -436,7 +437,7 @@ fn error_aborts_everything(kv: &dyn KvEngine) {
         }),
         "commit the initial state",
     );
-    assert_eq!(first, Some(1));
+    assert_eq!(first, Some(Version(1)));
 
     // The closure's error comes back unchanged, and nothing of the transaction happened.
     let r = kv.txn(&mut |t| {
@@ -452,8 +453,8 @@ fn error_aborts_everything(kv: &dyn KvEngine) {
     assert_eq!(get(kv, &y), None);
     assert_eq!(get(kv, &z).as_deref(), Some(&b"z"[..]));
     assert_eq!(counter(kv, &ctr), 5);
-    assert_eq!(ok(kv.last_version(), "read last version"), 1);
-    assert_eq!(keys_of(&whole_log(kv)), vec![log_key(1)]);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(1));
+    assert_eq!(keys_of(&whole_log(kv)), vec![log_key(Version(1))]);
 
     // The aborted record left no gap.
     let next = ok(
@@ -463,7 +464,7 @@ fn error_aborts_everything(kv: &dyn KvEngine) {
         }),
         "commit after an abort",
     );
-    assert_eq!(next, Some(2));
+    assert_eq!(next, Some(Version(2)));
 }
 
 fn add_applies_at_commit(kv: &dyn KvEngine) {
@@ -551,7 +552,7 @@ fn incr_shares_counter_encoding(kv: &dyn KvEngine) {
         }),
         "commit a record",
     );
-    assert_eq!(ok(kv.last_version(), "read last version"), 1);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(1));
     assert_eq!(counter(kv, LAST_VERSION_KEY), 1);
 
     // A counter is a key like any other: scans of its group return it.
@@ -576,13 +577,13 @@ fn corrupt_counter_aborts_commit(kv: &dyn KvEngine) {
     assert!(matches!(r, Err(Error::Corrupt(_))), "got {r:?}");
     assert_eq!(get(kv, &x), None);
     assert_eq!(get(kv, &ctr).as_deref(), Some(&b"abc"[..]));
-    assert_eq!(ok(kv.last_version(), "read last version"), 0);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(0));
     assert!(matches!(kv.incr(&ctr, 1), Err(Error::Corrupt(_))));
 }
 
 fn append_log_is_gapless(kv: &dyn KvEngine) {
     let k = key(b'T', 17, b"k");
-    assert_eq!(ok(kv.last_version(), "read last version"), 0);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(0));
 
     // Versions are assigned 1, 2, 3… at commit.
     for i in 1..=5u64 {
@@ -594,7 +595,7 @@ fn append_log_is_gapless(kv: &dyn KvEngine) {
             }),
             "commit a record",
         );
-        assert_eq!(v, Some(i));
+        assert_eq!(v, Some(Version(i)));
     }
     let none = ok(
         kv.txn(&mut |t| {
@@ -604,16 +605,19 @@ fn append_log_is_gapless(kv: &dyn KvEngine) {
         "commit without a record",
     );
     assert_eq!(none, None);
-    assert_eq!(ok(kv.last_version(), "read last version"), 5);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(5));
 
     // The log group holds exactly those records, under log_key(version).
     let log = whole_log(kv);
     let want: KvPairs = (1..=5u64)
-        .map(|i| (log_key(i), format!("record {i}").into_bytes()))
+        .map(|i| (log_key(Version(i)), format!("record {i}").into_bytes()))
         .collect();
     assert_eq!(log, want);
-    let page = scan(kv, &LOG_GROUP, Some(&log_key(2)), 2);
-    assert_eq!(keys_of(&page), vec![log_key(3), log_key(4)]);
+    let page = scan(kv, &LOG_GROUP, Some(&log_key(Version(2))), 2);
+    assert_eq!(
+        keys_of(&page),
+        vec![log_key(Version(3)), log_key(Version(4))]
+    );
 }
 
 fn wipe_empties_everything(kv: &dyn KvEngine) {
@@ -633,7 +637,7 @@ fn wipe_empties_everything(kv: &dyn KvEngine) {
     ok(kv.wipe(), "wipe");
     assert_eq!(get(kv, &a), None);
     assert_eq!(get(kv, &c), None);
-    assert_eq!(ok(kv.last_version(), "read last version"), 0);
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(0));
     assert!(scan(kv, &group(b'T', 18), None, 10).is_empty());
     assert!(whole_log(kv).is_empty());
     let v = ok(
@@ -643,7 +647,7 @@ fn wipe_empties_everything(kv: &dyn KvEngine) {
         }),
         "commit a record",
     );
-    assert_eq!(v, Some(1));
+    assert_eq!(v, Some(Version(1)));
 }
 
 fn concurrent_read_modify_write(kv: &dyn KvEngine) {
@@ -653,7 +657,7 @@ fn concurrent_read_modify_write(kv: &dyn KvEngine) {
     // Each transaction reads the shared counter, writes it back plus one, and logs the value
     // it wrote. Serializable transactions with gapless versions mean the record at version v
     // says v.
-    let versions: Vec<u64> = std::thread::scope(|s| {
+    let versions: Vec<Version> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..CONCURRENT_THREADS)
             .map(|_| {
                 s.spawn(|| {
@@ -683,19 +687,22 @@ fn concurrent_read_modify_write(kv: &dyn KvEngine) {
     });
 
     assert_eq!(counter(kv, &shared), total as i64, "lost updates");
-    assert_eq!(ok(kv.last_version(), "read last version"), total as u64);
-    let distinct: BTreeSet<u64> = versions.iter().copied().collect();
+    assert_eq!(
+        ok(kv.last_version(), "read last version"),
+        Version(total as u64)
+    );
+    let distinct: BTreeSet<Version> = versions.iter().copied().collect();
     assert_eq!(distinct.len(), total, "a version was returned twice");
     assert_eq!(
         distinct,
-        (1..=total as u64).collect(),
+        (1..=total as u64).map(Version).collect(),
         "versions are not exactly 1..={total}"
     );
     let log = whole_log(kv);
     assert_eq!(log.len(), total);
     for (i, (k, record)) in log.iter().enumerate() {
         let v = i as u64 + 1;
-        assert_eq!(k, &log_key(v), "log keys are not gapless at {v}");
+        assert_eq!(k, &log_key(Version(v)), "log keys are not gapless at {v}");
         assert_eq!(
             ok(decode_counter(Some(record.clone())), "decode a record"),
             v as i64,

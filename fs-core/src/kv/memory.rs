@@ -7,6 +7,7 @@ use parking_lot::RwLock;
 
 use super::{decode_counter, log_key, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY};
 use crate::error::Result;
+use crate::Version;
 
 #[derive(Default)]
 pub struct MemoryKv {
@@ -77,7 +78,7 @@ impl KvEngine for MemoryKv {
         "memory"
     }
 
-    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<u64>> {
+    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<Version>> {
         let mut map = self.map.write();
         let mut t = MemTxn {
             map: &map,
@@ -98,7 +99,9 @@ impl KvEngine for MemoryKv {
             counters.insert(k.clone(), cur.wrapping_add(*d));
         }
         let version = match ws.log {
-            Some(_) => Some(decode_counter(map.get(LAST_VERSION_KEY).cloned())? as u64 + 1),
+            Some(_) => Some(Version(
+                decode_counter(map.get(LAST_VERSION_KEY).cloned())? as u64 + 1,
+            )),
             None => None,
         };
         for (k, v) in ws.writes {
@@ -115,7 +118,7 @@ impl KvEngine for MemoryKv {
         };
         map.insert(
             LAST_VERSION_KEY.to_vec(),
-            (version as i64).to_le_bytes().to_vec(),
+            (version.0 as i64).to_le_bytes().to_vec(),
         );
         map.insert(log_key(version), record);
         Ok(Some(version))
@@ -141,8 +144,10 @@ impl KvEngine for MemoryKv {
         Ok(())
     }
 
-    fn last_version(&self) -> Result<u64> {
-        Ok(decode_counter(self.map.read().get(LAST_VERSION_KEY).cloned())? as u64)
+    fn last_version(&self) -> Result<Version> {
+        Ok(Version(
+            decode_counter(self.map.read().get(LAST_VERSION_KEY).cloned())? as u64,
+        ))
     }
 
     fn wipe(&self) -> Result<()> {

@@ -39,6 +39,7 @@ pub mod tags;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::Version;
 
 /// Length of the group prefix every key starts with.
 pub const GROUP_LEN: usize = 9;
@@ -72,7 +73,7 @@ pub trait KvEngine: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Run `f` in a read-write transaction. Returns the version given to the change record
     /// appended by `f`, if any.
-    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<u64>>;
+    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<Version>>;
     /// Run `f` with read access only; writes made by `f` are discarded. Cheaper than
     /// [`KvEngine::txn`]: backends need not isolate it from concurrent writers.
     fn read(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<()>;
@@ -80,8 +81,8 @@ pub trait KvEngine: Send + Sync + 'static {
     fn incr(&self, key: &[u8], delta: i64) -> Result<i64>;
     /// Make every committed transaction durable on stable storage.
     fn sync(&self) -> Result<()>;
-    /// The version of the last committed change record (0 when none).
-    fn last_version(&self) -> Result<u64>;
+    /// The version of the last committed change record ([`Version::ZERO`] when none).
+    fn last_version(&self) -> Result<Version>;
     /// Delete every key of this store (used by `load` into a fresh engine and by tests).
     fn wipe(&self) -> Result<()>;
 }
@@ -99,7 +100,7 @@ pub fn in_process(kv: &dyn KvEngine) -> bool {
 pub fn txn<T>(
     kv: &dyn KvEngine,
     mut f: impl FnMut(&mut dyn KvTxn) -> Result<T>,
-) -> Result<(T, Option<u64>)> {
+) -> Result<(T, Option<Version>)> {
     let mut out = None;
     let version = kv.txn(&mut |t| {
         out = Some(f(t)?);
@@ -120,7 +121,7 @@ pub fn read<T>(kv: &dyn KvEngine, mut f: impl FnMut(&mut dyn KvTxn) -> Result<T>
 }
 
 /// The key of change record `version`.
-pub fn log_key(version: u64) -> Vec<u8> {
+pub fn log_key(version: Version) -> Vec<u8> {
     let mut k = LOG_GROUP.to_vec();
     k.extend_from_slice(&version.to_be_bytes());
     k

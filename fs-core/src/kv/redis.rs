@@ -51,6 +51,7 @@ use super::{
     LOG_GROUP, TXN_RETRIES_MAX,
 };
 use crate::error::{Error, Result};
+use crate::Version;
 
 /// Idle connections kept for reuse; more may be open while many threads are busy.
 const POOL_IDLE_CONNECTIONS_MAX: usize = 16;
@@ -259,7 +260,7 @@ impl RedisKv {
         &self,
         isolated: bool,
         f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<Version>> {
         let mut stale_retried = false;
         let mut attempt = 0;
         // Not backon: a WATCH conflict reruns the closure after a full-jitter pause (`backoff`,
@@ -309,7 +310,7 @@ impl RedisKv {
 }
 
 enum Outcome {
-    Committed(Option<u64>),
+    Committed(Option<Version>),
     /// A watched key changed before `EXEC`: rerun the closure.
     Conflict,
     /// The server lost the cached script (restart or `SCRIPT FLUSH`): load it and rerun.
@@ -440,7 +441,7 @@ impl Lease<'_> {
                         self.kv.server
                     )));
                 }
-                Ok(Outcome::Committed(Some(v as u64)))
+                Ok(Outcome::Committed(Some(Version(v as u64))))
             }
             Value::ServerError(e) if e.code() == "NOSCRIPT" => Ok(Outcome::NoScript),
             Value::ServerError(e) if e.code() == "ECORRUPT" => Err(Error::corrupt(format!(
@@ -652,7 +653,7 @@ impl KvEngine for RedisKv {
         "redis"
     }
 
-    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<u64>> {
+    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<Version>> {
         self.run(true, f)
     }
 
@@ -696,7 +697,7 @@ impl KvEngine for RedisKv {
         Ok(())
     }
 
-    fn last_version(&self) -> Result<u64> {
+    fn last_version(&self) -> Result<Version> {
         let mut lease = self.lease()?;
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(string_key(LAST_VERSION_KEY));
@@ -705,7 +706,9 @@ impl KvEngine for RedisKv {
             .pop()
             .unwrap_or(Value::Nil);
         let v = decode_counter(bytes_reply(self, "read last version", reply)?)?;
-        u64::try_from(v).map_err(|_| Error::corrupt(format!("last version {v}")))
+        u64::try_from(v)
+            .map(Version)
+            .map_err(|_| Error::corrupt(format!("last version {v}")))
     }
 
     fn wipe(&self) -> Result<()> {

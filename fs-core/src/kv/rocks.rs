@@ -13,6 +13,7 @@ use rocksdb::{Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOp
 
 use super::{decode_counter, log_key, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY};
 use crate::error::{Error, Result};
+use crate::Version;
 
 pub struct RocksKv {
     db: DB,
@@ -161,7 +162,7 @@ impl KvEngine for RocksKv {
         "rocksdb"
     }
 
-    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<u64>> {
+    fn txn(&self, f: &mut dyn FnMut(&mut dyn KvTxn) -> Result<()>) -> Result<Option<Version>> {
         self.writable()?;
         let _guard = self.write_lock.lock();
         let mut t = RocksTxn {
@@ -198,8 +199,8 @@ impl KvEngine for RocksKv {
                     .get(LAST_VERSION_KEY)
                     .map_err(|e| err("read version", e))?,
             )? as u64;
-            let v = last + 1;
-            batch.put(LAST_VERSION_KEY, (v as i64).to_le_bytes());
+            let v = Version(last + 1);
+            batch.put(LAST_VERSION_KEY, (v.0 as i64).to_le_bytes());
             batch.put(log_key(v), record);
             version = Some(v);
         }
@@ -237,12 +238,12 @@ impl KvEngine for RocksKv {
         self.db.flush_wal(true).map_err(|e| err("sync wal", e))
     }
 
-    fn last_version(&self) -> Result<u64> {
-        Ok(decode_counter(
+    fn last_version(&self) -> Result<Version> {
+        Ok(Version(decode_counter(
             self.db
                 .get(LAST_VERSION_KEY)
                 .map_err(|e| err("read version", e))?,
-        )? as u64)
+        )? as u64))
     }
 
     fn wipe(&self) -> Result<()> {

@@ -4,6 +4,7 @@
 use super::types::*;
 use super::{Committed, Meta};
 use crate::error::Result;
+use crate::SliceId;
 
 /// What a mount needs from the metadata service.
 ///
@@ -99,7 +100,7 @@ pub trait MetaClient: Send + Sync {
         Ok((self.read_chunk(ino, idx)?, vec![]))
     }
     /// A fresh slice id, never handed out before.
-    fn next_slice_id(&self) -> Result<u64>;
+    fn next_slice_id(&self) -> Result<SliceId>;
     fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr>;
     /// Replace the prefix `old` of a chunk's slice list by `new`; false if the list changed.
     fn compact_chunk(
@@ -248,7 +249,7 @@ impl MetaClient for Meta {
     fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
         Meta::read_chunk(self, ino, idx)
     }
-    fn next_slice_id(&self) -> Result<u64> {
+    fn next_slice_id(&self) -> Result<SliceId> {
         Meta::next_slice_id(self)
     }
     fn write_slice(&self, ino: Ino, idx: u32, slice: SliceRef, mtime_ns: i64) -> Result<Attr> {

@@ -1,6 +1,8 @@
 //! [`Committed`]: what a mutation of [`super::Meta`] returns, with the change-log version its
 //! transaction committed.
 
+use crate::Version;
+
 /// A mutation's result and the version of the change record it committed.
 ///
 /// `version` is `None` when the call appended no change record: it failed a check that needs
@@ -14,11 +16,11 @@
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Committed<T> {
     pub value: T,
-    pub version: Option<u64>,
+    pub version: Option<Version>,
 }
 
 impl<T> Committed<T> {
-    pub fn new(value: T, version: Option<u64>) -> Self {
+    pub fn new(value: T, version: Option<Version>) -> Self {
         Committed { value, version }
     }
 
@@ -43,8 +45,8 @@ impl<T> Committed<T> {
 }
 
 /// What [`crate::kv::txn`] returns: the closure's value and the version it committed.
-impl<T> From<(T, Option<u64>)> for Committed<T> {
-    fn from((value, version): (T, Option<u64>)) -> Self {
+impl<T> From<(T, Option<Version>)> for Committed<T> {
+    fn from((value, version): (T, Option<Version>)) -> Self {
         Committed { value, version }
     }
 }
@@ -55,8 +57,8 @@ mod tests {
 
     #[test]
     fn map_keeps_the_version() {
-        let c = Committed::from((2, Some(7))).map(|v| v * 10);
-        assert_eq!(c, Committed::new(20, Some(7)));
+        let c = Committed::from((2, Some(Version(7)))).map(|v| v * 10);
+        assert_eq!(c, Committed::new(20, Some(Version(7))));
         assert_eq!(Committed::unversioned(()).version, None);
     }
 }

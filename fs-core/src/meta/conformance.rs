@@ -9,6 +9,7 @@ use super::{Meta, MetaClient, MetaOptions};
 use crate::changelog::{read_log, replay};
 use crate::error::Error;
 use crate::kv::DynKv;
+use crate::{SliceId, Version};
 
 /// A fresh formatted engine and the metadata API over it.
 pub fn fresh(make: &dyn Fn() -> DynKv) -> (DynKv, Arc<Meta>) {
@@ -580,10 +581,10 @@ pub fn deferred_deletion_and_space(make: &dyn Fn() -> DynKv) {
     let c0 = m.read_chunk(g, 0).unwrap();
     assert_eq!(
         c0.last().map(|s| (s.id, s.pos, s.len)),
-        Some((0, 50, chunk as u32 - 50))
+        Some((SliceId::HOLE, 50, chunk as u32 - 50))
     );
     assert_eq!(m.dead_slices(i64::MAX, 10).unwrap().len(), 2);
-    let ids: Vec<u64> = m
+    let ids: Vec<SliceId> = m
         .dead_slices(i64::MAX, 10)
         .unwrap()
         .into_iter()
@@ -657,12 +658,12 @@ pub fn outbox_replays_to_the_same_digest(make: &dyn Fn() -> DynKv) {
     m.rmdir(&root, ROOT_INO, b"e2").unwrap();
     m.release(f).unwrap();
 
-    let records = read_log(kv.as_ref(), 0, usize::MAX).unwrap();
-    assert_eq!(records.len() as u64, kv.last_version().unwrap());
-    let versions: Vec<u64> = records.iter().map(|r| r.0).collect();
+    let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
+    assert_eq!(Version(records.len() as u64), kv.last_version().unwrap());
+    let versions: Vec<Version> = records.iter().map(|r| r.0).collect();
     assert_eq!(
         versions,
-        (1..=records.len() as u64).collect::<Vec<_>>(),
+        (1..=records.len() as u64).map(Version).collect::<Vec<_>>(),
         "versions are gapless"
     );
     let replica = make();

@@ -3,6 +3,7 @@
 //! in [`crate::kv::tags`], with every other owner's.
 
 use super::types::Ino;
+use crate::SliceId;
 
 // The tags are in the registry of every KV key tag.
 pub use crate::kv::tags::{
@@ -43,7 +44,7 @@ pub fn delfile(ino: Ino) -> Vec<u8> {
     k.extend_from_slice(&ino.to_be_bytes());
     k
 }
-pub fn deadslice(id: u64) -> Vec<u8> {
+pub fn deadslice(id: SliceId) -> Vec<u8> {
     let mut k = group(DEADSLICE, 0);
     k.extend_from_slice(&id.to_be_bytes());
     k

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::SliceId;
+
 pub type Ino = u64;
 
 /// The root directory's inode number.
@@ -135,10 +137,11 @@ impl Ctx {
 }
 
 /// One slice's reference in a chunk: bytes `[off, off + len)` of slice object `id` (whose
-/// total size is `size`) appear at position `pos` of the chunk. `id == 0` is a hole (zeros).
+/// total size is `size`) appear at position `pos` of the chunk. [`SliceId::HOLE`] is a hole
+/// (zeros).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct SliceRef {
-    pub id: u64,
+    pub id: SliceId,
     pub size: u32,
     pub off: u32,
     pub len: u32,

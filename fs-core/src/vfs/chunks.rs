@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::meta::{Ino, SliceRef};
+use crate::SliceId;
 
 use super::Shared;
 
@@ -20,11 +21,11 @@ pub(super) type SliceList = Arc<ChunkView>;
 #[derive(Default)]
 pub(super) struct ChunkView {
     pub(super) slices: Vec<SliceRef>,
-    pub(super) unsynced: HashMap<u64, Vec<u8>>,
+    pub(super) unsynced: HashMap<SliceId, Vec<u8>>,
 }
 
 impl ChunkView {
-    pub(super) fn unsynced(&self, id: u64, index: u32) -> bool {
+    pub(super) fn unsynced(&self, id: SliceId, index: u32) -> bool {
         self.unsynced
             .get(&id)
             .and_then(|m| m.get(index as usize / 8))

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::layout::{block_count, block_key, block_len};
 use crate::meta::{now_ns, Meta};
 use crate::object::DynStore;
+use crate::SliceId;
 
 /// Most dead slices handled in one pass.
 pub const GC_SLICES_PER_PASS_MAX: usize = 1000;
@@ -24,7 +25,7 @@ pub fn gc_once_with(
     meta: &Meta,
     store: &DynStore,
     rt: &tokio::runtime::Handle,
-    allow: &mut dyn FnMut(u64) -> bool,
+    allow: &mut dyn FnMut(SliceId) -> bool,
 ) -> Result<usize> {
     let delay_ns = meta.settings().trash_delay_s as i64 * 1_000_000_000;
     let dead = meta.dead_slices(now_ns() - delay_ns, GC_SLICES_PER_PASS_MAX)?;

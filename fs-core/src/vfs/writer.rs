@@ -12,6 +12,7 @@ use super::Shared;
 use crate::error::{Error, Result};
 use crate::layout::{block_key, CHUNK_SIZE};
 use crate::meta::{now_ns, Ino, SliceRef};
+use crate::SliceId;
 
 /// Smallest buffer allocated for a slice's unfinished block.
 const TAIL_CAPACITY_MIN: usize = 128 << 10;
@@ -24,7 +25,7 @@ struct OpenSlice {
     len: u32,
     /// Bytes not yet cut into a block (they start at block boundary `uploaded_blocks * bs`).
     tail: Vec<u8>,
-    id: u64,
+    id: SliceId,
     uploads: Vec<JoinHandle<Result<u32>>>,
 }
 
@@ -208,7 +209,7 @@ impl FileWriter {
 /// Upload one block in the background with bounded retries; resolves to its CRC32.
 fn spawn_upload(
     shared: &Arc<Shared>,
-    id: u64,
+    id: SliceId,
     index: u32,
     data: Bytes,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,

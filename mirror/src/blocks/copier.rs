@@ -11,6 +11,7 @@ use strait_fs_core::kv;
 use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::keys;
 use strait_fs_core::object::ObjectError;
+use strait_fs_core::SliceId;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -52,7 +53,7 @@ impl Blocks {
     /// Copy one queued block.
     async fn copy_one(&self, k: Vec<u8>, v: Vec<u8>) -> Result<(), String> {
         let (Some(id), Some(index), Some(len), Some(crc)) = (
-            keys::u64_at(&k, 9),
+            keys::u64_at(&k, 9).map(SliceId),
             u32_at(&k, 17),
             u32_at(&v, 0),
             u32_at(&v, 4),

@@ -8,6 +8,7 @@ use strait_fs_core::changelog::decode;
 use strait_fs_core::kv;
 use strait_fs_core::layout::{block_count, block_key, block_len};
 use strait_fs_core::meta::{keys, Format};
+use strait_fs_core::SliceId;
 use tokio_util::sync::CancellationToken;
 
 use super::keys::{synced_key, u32_at, DELETE};
@@ -48,7 +49,8 @@ impl Blocks {
                 if stop.is_cancelled() {
                     return;
                 }
-                let (Some(id), Some(size)) = (keys::u64_at(&k, 9), u32_at(&v, 0)) else {
+                let (Some(id), Some(size)) = (keys::u64_at(&k, 9).map(SliceId), u32_at(&v, 0))
+                else {
                     self.error("a malformed entry in the deletion queue: dropped".into());
                     continue;
                 };

@@ -3,6 +3,7 @@
 
 use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::{keys, Ino};
+use strait_fs_core::{SliceId, Version};
 
 // The tags are in fs-core's registry of every KV key tag.
 pub(super) use strait_fs_core::kv::tags::{
@@ -21,21 +22,21 @@ pub(super) fn group(tag: u8, owner: u64) -> Vec<u8> {
     keys::group(tag, owner)
 }
 
-pub(super) fn copy_key(version: u64, id: u64, index: u32) -> Vec<u8> {
-    let mut k = group(COPY, version);
+pub(super) fn copy_key(version: Version, id: SliceId, index: u32) -> Vec<u8> {
+    let mut k = group(COPY, version.0);
     k.extend_from_slice(&id.to_be_bytes());
     k.extend_from_slice(&index.to_be_bytes());
     k
 }
 
-pub(super) fn delete_key(version: u64, id: u64) -> Vec<u8> {
-    let mut k = group(DELETE, version);
+pub(super) fn delete_key(version: Version, id: SliceId) -> Vec<u8> {
+    let mut k = group(DELETE, version.0);
     k.extend_from_slice(&id.to_be_bytes());
     k
 }
 
-pub(super) fn synced_key(id: u64, index: u32) -> Vec<u8> {
-    let mut k = group(SYNCED, id);
+pub(super) fn synced_key(id: SliceId, index: u32) -> Vec<u8> {
+    let mut k = group(SYNCED, id.0);
     k.extend_from_slice(&index.to_be_bytes());
     k
 }
@@ -57,10 +58,10 @@ pub(super) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 
 /// The parts of a block key: (slice id, index, size of the block).
-pub(super) fn parse_block_key(key: &str) -> Option<(u64, u32, u32)> {
+pub(super) fn parse_block_key(key: &str) -> Option<(SliceId, u32, u32)> {
     let name = key.strip_prefix("chunks/")?.rsplit('/').next()?;
     let mut it = name.split('_');
-    let id = it.next()?.parse().ok()?;
+    let id = SliceId(it.next()?.parse().ok()?);
     let index = it.next()?.parse().ok()?;
     let len = it.next()?.parse().ok()?;
     if it.next().is_some() || block_key(id, index, len) != key {
@@ -75,8 +76,8 @@ mod tests {
 
     #[test]
     fn block_keys_parse_back() {
-        let k = block_key(1_234_567, 3, 4 << 20);
-        assert_eq!(parse_block_key(&k), Some((1_234_567, 3, 4 << 20)));
+        let k = block_key(SliceId(1_234_567), 3, 4 << 20);
+        assert_eq!(parse_block_key(&k), Some((SliceId(1_234_567), 3, 4 << 20)));
         for bad in [
             "",
             "chunks/",

@@ -8,6 +8,7 @@ use strait_fs_core::changelog::{decode, Change, ChangeRecord, DeadSlice, Unlinke
 use strait_fs_core::kv::{self, decode_counter, KvTxn};
 use strait_fs_core::layout::{block_count, block_len};
 use strait_fs_core::meta::{keys, Format, Ino, SliceRef};
+use strait_fs_core::Version;
 
 use super::keys::{
     copy_key, delete_key, name_key, stat_key, INDEXED, PENDING_BLOCKS, PENDING_BYTES,
@@ -34,11 +35,11 @@ impl Blocks {
     fn enqueue(
         &self,
         t: &mut dyn KvTxn,
-        version: u64,
+        version: Version,
         s: &SliceRef,
         bs: u32,
     ) -> strait_fs_core::Result<()> {
-        if s.id == 0 {
+        if s.id.is_hole() {
             return Ok(());
         }
         for index in 0..block_count(s.size, bs) {
@@ -62,11 +63,11 @@ impl Blocks {
     fn enqueue_eager<'a>(
         &self,
         t: &mut dyn KvTxn,
-        version: u64,
+        version: Version,
         ino: Ino,
         slices: impl IntoIterator<Item = &'a SliceRef>,
     ) -> strait_fs_core::Result<()> {
-        let real: Vec<&SliceRef> = slices.into_iter().filter(|s| s.id != 0).collect();
+        let real: Vec<&SliceRef> = slices.into_iter().filter(|s| !s.id.is_hole()).collect();
         if real.is_empty() || !self.eager(t, ino)? {
             return Ok(());
         }
@@ -81,7 +82,7 @@ impl Blocks {
     pub fn hook(
         &self,
         t: &mut dyn KvTxn,
-        version: u64,
+        version: Version,
         rec: &ChangeRecord,
     ) -> strait_fs_core::Result<()> {
         if self.local.is_none() {
@@ -157,7 +158,7 @@ impl Blocks {
     /// After a snapshot load: index every name and queue every block the metadata
     /// references (under an eager policy), in batches. Idempotent, so a crash in the middle
     /// is finished by the next start.
-    pub fn index_all(&self, version: u64) -> strait_fs_core::Result<(u64, u64)> {
+    pub fn index_all(&self, version: Version) -> strait_fs_core::Result<(u64, u64)> {
         if self.local.is_none() {
             return Ok((0, 0));
         }
@@ -202,7 +203,7 @@ impl Blocks {
                         continue;
                     }
                     let list: Vec<SliceRef> = decode(v)?;
-                    for s in list.iter().filter(|s| s.id != 0) {
+                    for s in list.iter().filter(|s| !s.id.is_hole()) {
                         slices += 1;
                         blocks += block_count(s.size, bs) as u64;
                         self.enqueue(t, version, s, bs)?;

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 
 use strait_fs_core::kv::{self, DynKv, KvEngine};
 use strait_fs_core::meta::SliceRef;
+use strait_fs_core::SliceId;
 
 use super::keys::{group, synced_key, u32_at, OLD_MARK_LEN, OLD_SYNCED, SYNCED};
 use super::{kv_call, Blocks};
@@ -67,7 +68,7 @@ fn unsynced_bitmap(blocks: usize, synced: &HashSet<u32>) -> Vec<u8> {
 }
 
 /// Record that block `index` of slice `id` is in this region's store (`synced`) or not.
-pub(super) async fn mark(kv: &DynKv, id: u64, index: u32, synced: bool) -> Result<(), String> {
+pub(super) async fn mark(kv: &DynKv, id: SliceId, index: u32, synced: bool) -> Result<(), String> {
     let r = kv_call(kv, move |kv| {
         kv::txn(kv, |t| {
             let k = synced_key(id, index);
@@ -97,12 +98,12 @@ impl Blocks {
         let r = kv::read(self.kv.as_ref(), |t| {
             let mut out = Vec::with_capacity(slices.len());
             for s in slices {
-                if s.id == 0 || s.crcs.is_empty() {
+                if s.id.is_hole() || s.crcs.is_empty() {
                     out.push(vec![]);
                     continue;
                 }
                 let synced: HashSet<u32> = t
-                    .scan(&group(SYNCED, s.id), None, s.crcs.len())?
+                    .scan(&group(SYNCED, s.id.0), None, s.crcs.len())?
                     .iter()
                     .filter_map(|(k, _)| u32_at(k, 9))
                     .collect();
@@ -116,7 +117,7 @@ impl Blocks {
         })
     }
 
-    pub(super) async fn is_marked(&self, id: u64, index: u32) -> bool {
+    pub(super) async fn is_marked(&self, id: SliceId, index: u32) -> bool {
         kv_call(&self.kv, move |kv| {
             kv::read(kv, |t| Ok(t.get(&synced_key(id, index))?.is_some()))
         })
@@ -125,7 +126,7 @@ impl Blocks {
         .unwrap_or(false)
     }
 
-    pub(super) async fn mark(&self, id: u64, index: u32, synced: bool) {
+    pub(super) async fn mark(&self, id: SliceId, index: u32, synced: bool) {
         if let Err(e) = mark(&self.kv, id, index, synced).await {
             self.error(e);
         }
@@ -141,17 +142,19 @@ mod tests {
     fn old_marks_move_to_their_own_tag_and_change_records_stay() {
         let kv = MemoryKv::new();
         // an engine written by an older mirror: marks under `L`, beside a change record
-        let old = |id: u64, index: u32| {
+        let old = |id: SliceId, index: u32| {
             let mut k = synced_key(id, index);
             k[0] = OLD_SYNCED;
             k
         };
-        let marks: Vec<(u64, u32)> = (1..=1500u64).map(|i| (i, (i % 3) as u32)).collect();
+        let marks: Vec<(SliceId, u32)> = (1..=1500u64)
+            .map(|i| (SliceId(i), (i % 3) as u32))
+            .collect();
         kv::txn(&kv, |t| {
             for &(id, index) in &marks {
                 t.put(&old(id, index), &[]);
             }
-            t.put(&kv::log_key(7), b"a change record");
+            t.put(&kv::log_key(strait_fs_core::Version(7)), b"a change record");
             Ok(())
         })
         .unwrap();
@@ -164,7 +167,7 @@ mod tests {
                 assert!(t.get(&old(id, index))?.is_none(), "{id} {index}");
             }
             assert_eq!(
-                t.get(&kv::log_key(7))?.as_deref(),
+                t.get(&kv::log_key(strait_fs_core::Version(7)))?.as_deref(),
                 Some(&b"a change record"[..])
             );
             Ok(())

@@ -17,7 +17,7 @@ impl Blocks {
             return Ok(());
         };
         let primary = self.primary().await?;
-        for s in slices.iter().filter(|s| s.id != 0) {
+        for s in slices.iter().filter(|s| !s.id.is_hole()) {
             for index in 0..block_count(s.size, bs) {
                 let len = block_len(s.size, bs, index);
                 let key = block_key(s.id, index, len);

@@ -12,6 +12,8 @@
 
 use std::fmt::Display;
 
+use strait_fs_core::Version;
+
 /// Records applied per transaction.
 pub const APPLY_BATCH_MAX_RECORDS: usize = 512;
 
@@ -23,23 +25,23 @@ pub enum Delivered {
     /// The batch starts past `at + 1`: the versions in between were skipped.
     Gap,
     /// Records `skip..` of the batch are the new versions `at + 1 ..= last`.
-    New { skip: usize, last: u64 },
+    New { skip: usize, last: Version },
 }
 
 /// Which records of a delivered batch are new to a mirror at version `at`.
-pub fn delivered(at: u64, first: u64, len: usize) -> Delivered {
+pub fn delivered(at: Version, first: Version, len: usize) -> Delivered {
     if len == 0 {
         return Delivered::Nothing;
     }
-    let last = first + len as u64 - 1;
+    let last = first + (len as u64 - 1);
     if last <= at {
         return Delivered::Nothing; // delivered again: already applied
     }
-    if first > at + 1 {
+    if first > at.next() {
         return Delivered::Gap;
     }
     Delivered::New {
-        skip: (at + 1 - first) as usize,
+        skip: (at.next().0 - first.0) as usize,
         last,
     }
 }
@@ -56,7 +58,7 @@ pub struct Decoded<T> {
 
 /// Decode records `skip..` of a batch that starts at version `first`.
 pub fn decode_new<T, E: Display>(
-    first: u64,
+    first: Version,
     raw: &[Vec<u8>],
     skip: usize,
     decode: impl Fn(&[u8]) -> Result<T, E>,
@@ -82,19 +84,24 @@ pub fn decode_new<T, E: Display>(
 /// How many of the `remaining` records from version `next` on go into the next transaction:
 /// at most [`APPLY_BATCH_MAX_RECORDS`], and none past `hold` (a digest being taken at that
 /// version; the follower waits while a hold sits below `next`).
-pub fn next_chunk(remaining: usize, next: u64, hold: Option<u64>) -> usize {
+pub fn next_chunk(remaining: usize, next: Version, hold: Option<Version>) -> usize {
     debug_assert!(
         hold.is_none_or(|h| h >= next),
         "a hold below the next version"
     );
-    remaining
-        .min(APPLY_BATCH_MAX_RECORDS)
-        .min(hold.map(|h| (h + 1 - next) as usize).unwrap_or(usize::MAX))
+    remaining.min(APPLY_BATCH_MAX_RECORDS).min(
+        hold.map(|h| (h.0 + 1 - next.0) as usize)
+            .unwrap_or(usize::MAX),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn v(n: u64) -> Version {
+        Version(n)
+    }
 
     fn dec(b: &[u8]) -> Result<u8, String> {
         match b {
@@ -107,30 +114,48 @@ mod tests {
     /// delivered again is skipped up to the applied version, or wholly when it adds nothing.
     #[test]
     fn a_batch_is_new_from_the_version_after_the_applied_one() {
-        assert_eq!(delivered(10, 11, 3), Delivered::New { skip: 0, last: 13 });
-        assert_eq!(delivered(10, 8, 5), Delivered::New { skip: 3, last: 12 });
-        assert_eq!(delivered(10, 8, 3), Delivered::Nothing);
-        assert_eq!(delivered(10, 1, 10), Delivered::Nothing);
-        assert_eq!(delivered(10, 11, 0), Delivered::Nothing);
+        assert_eq!(
+            delivered(v(10), v(11), 3),
+            Delivered::New {
+                skip: 0,
+                last: v(13)
+            }
+        );
+        assert_eq!(
+            delivered(v(10), v(8), 5),
+            Delivered::New {
+                skip: 3,
+                last: v(12)
+            }
+        );
+        assert_eq!(delivered(v(10), v(8), 3), Delivered::Nothing);
+        assert_eq!(delivered(v(10), v(1), 10), Delivered::Nothing);
+        assert_eq!(delivered(v(10), v(11), 0), Delivered::Nothing);
         // a mirror at version 0 takes a batch from version 1
-        assert_eq!(delivered(0, 1, 1), Delivered::New { skip: 0, last: 1 });
+        assert_eq!(
+            delivered(v(0), v(1), 1),
+            Delivered::New {
+                skip: 0,
+                last: v(1)
+            }
+        );
     }
 
     /// A batch that would leave a version out is never applied.
     #[test]
     fn a_batch_past_the_next_version_is_a_gap() {
-        assert_eq!(delivered(10, 12, 3), Delivered::Gap);
-        assert_eq!(delivered(0, 2, 1), Delivered::Gap);
+        assert_eq!(delivered(v(10), v(12), 3), Delivered::Gap);
+        assert_eq!(delivered(v(0), v(2), 1), Delivered::Gap);
     }
 
     /// Every version of a stream of overlapping batches is applied once, in order.
     #[test]
     fn overlapping_batches_deliver_every_version_once() {
         let batches = [(1, 4), (3, 4), (5, 2), (2, 3), (7, 10), (17, 1)];
-        let mut at = 0;
+        let mut at = Version::ZERO;
         let mut applied = vec![];
         for (first, len) in batches {
-            if let Delivered::New { skip, last } = delivered(at, first, len) {
+            if let Delivered::New { skip, last } = delivered(at, v(first), len) {
                 applied.extend((first..first + len as u64).skip(skip));
                 at = last;
             }
@@ -143,16 +168,16 @@ mod tests {
     #[test]
     fn decoding_stops_at_the_first_invalid_record() {
         let raw = vec![vec![1], vec![2], vec![3], vec![], vec![5]];
-        let all = decode_new(20, &raw[..3], 0, dec);
+        let all = decode_new(v(20), &raw[..3], 0, dec);
         assert_eq!(all.records, vec![1, 2, 3]);
         assert_eq!(all.undecodable, None);
-        let cut = decode_new(20, &raw, 1, dec);
+        let cut = decode_new(v(20), &raw, 1, dec);
         assert_eq!(cut.records, vec![2, 3]);
         assert_eq!(
             cut.undecodable.as_deref(),
             Some("record 23 is invalid: it does not decode: 0 bytes")
         );
-        let first_bad = decode_new(20, &raw, 3, dec);
+        let first_bad = decode_new(v(20), &raw, 3, dec);
         assert!(first_bad.records.is_empty());
         assert!(first_bad.undecodable.is_some());
     }
@@ -160,29 +185,29 @@ mod tests {
     /// A transaction holds at most the batch bound, and stops at a hold.
     #[test]
     fn a_transaction_is_bounded_and_stops_at_a_hold() {
-        assert_eq!(next_chunk(3, 1, None), 3);
-        assert_eq!(next_chunk(10_000, 1, None), APPLY_BATCH_MAX_RECORDS);
-        assert_eq!(next_chunk(100, 50, Some(59)), 10);
-        assert_eq!(next_chunk(100, 50, Some(50)), 1);
-        assert_eq!(next_chunk(5, 50, Some(1_000)), 5);
-        assert_eq!(next_chunk(0, 50, None), 0);
+        assert_eq!(next_chunk(3, v(1), None), 3);
+        assert_eq!(next_chunk(10_000, v(1), None), APPLY_BATCH_MAX_RECORDS);
+        assert_eq!(next_chunk(100, v(50), Some(v(59))), 10);
+        assert_eq!(next_chunk(100, v(50), Some(v(50))), 1);
+        assert_eq!(next_chunk(5, v(50), Some(v(1_000))), 5);
+        assert_eq!(next_chunk(0, v(50), None), 0);
     }
 
     /// Records cut into transactions cover the batch exactly, in order, never past a hold.
     #[test]
     fn transactions_cover_the_records_in_order() {
-        let (mut next, mut left) = (101u64, 1300usize);
-        let hold = Some(700);
+        let (mut next, mut left) = (v(101), 1300usize);
+        let hold = Some(v(700));
         let mut cuts = vec![];
         while left > 0 {
             let h = hold.filter(|&h| h >= next);
             let n = next_chunk(left, next, h);
             assert!(n > 0);
-            cuts.push((next, n));
+            cuts.push((next.0, n));
             next += n as u64;
             left -= n;
         }
-        assert_eq!(next, 1401);
+        assert_eq!(next, v(1401));
         assert_eq!(cuts[0], (101, 512));
         assert_eq!(cuts[1], (613, 88)); // up to the hold at 700
         assert_eq!(cuts[2], (701, 512));

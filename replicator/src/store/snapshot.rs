@@ -190,8 +190,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 "snapshot {} built in {} ms ({} versions)",
                 stored.meta.snapshot_id,
                 start.elapsed().as_millis(),
-                state.log.last_version + 1
-                    - state.log.earliest_version.min(state.log.last_version + 1),
+                state.log.last_version.0 + 1
+                    - state
+                        .log
+                        .earliest_version
+                        .min(state.log.last_version.next())
+                        .0,
             );
             Ok(stored)
         })
@@ -226,7 +230,7 @@ mod tests {
             ..SmState::default()
         };
         state.applied = Some(LogId::new(CommittedLeaderId::new(3, 1), 40));
-        state.log.last_version = n;
+        state.log.last_version = strait_ids::Version(n);
         let rc = cf(&db, CF_RECORDS).unwrap();
         for v in 1..=n {
             db.put_cf(
@@ -278,7 +282,7 @@ mod tests {
         let (sm, log) = StateMachine::open(db.clone()).unwrap();
         assert_eq!(records(&db), records(&src));
         assert_eq!(sm.state.applied, meta.last_log_id);
-        assert_eq!(log.state().last_version, 300);
+        assert_eq!(log.state().last_version, strait_ids::Version(300));
         let smcf = cf(&db, CF_SM).unwrap();
         assert!(db.get_cf(smcf, KEY_INSTALLING).unwrap().is_none());
         assert!(db.get_cf(smcf, KEY_SNAPSHOT).unwrap().is_some());

@@ -9,6 +9,7 @@ use openraft::Entry;
 use openraft::{EntryPayload, LogId, OptionalSend, SnapshotMeta, StorageIOError, StoredMembership};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use serde::{Deserialize, Serialize};
+use strait_ids::Version;
 use tokio::sync::watch;
 
 use super::snapshot::{
@@ -57,7 +58,12 @@ impl ChangeLog {
 
     /// Up to `max` records from version `from` on, with their total size capped near
     /// `max_bytes` (at least one record is returned when there is one).
-    pub fn read(&self, from: u64, max: usize, max_bytes: usize) -> anyhow::Result<Vec<Vec<u8>>> {
+    pub fn read(
+        &self,
+        from: Version,
+        max: usize,
+        max_bytes: usize,
+    ) -> anyhow::Result<Vec<Vec<u8>>> {
         let cf = self
             .db
             .cf_handle(CF_RECORDS)
@@ -68,7 +74,7 @@ impl ChangeLog {
         for (item, expect) in self
             .db
             .iterator_cf(cf, IteratorMode::From(&key, Direction::Forward))
-            .zip(from..)
+            .zip(from.0..)
         {
             let (k, v) = item?;
             let v_no = u64::from_be_bytes(
@@ -170,7 +176,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut out = vec![];
         let mut read_err = None;
         // records written by earlier entries of this batch, for the overlap check
-        let mut pending: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+        let mut pending: std::collections::HashMap<Version, Vec<u8>> = Default::default();
         for e in entries {
             self.state.applied = Some(e.log_id);
             let outcome = match e.payload {

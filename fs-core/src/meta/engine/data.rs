@@ -8,6 +8,7 @@ use crate::layout::CHUNK_SIZE;
 use crate::meta::keys;
 use crate::meta::types::*;
 use crate::meta::Committed;
+use crate::SliceId;
 
 impl Meta {
     pub fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
@@ -85,14 +86,16 @@ impl Meta {
     }
 
     /// Dead slices freed before `before_ns`, at most `limit`.
-    pub fn dead_slices(&self, before_ns: i64, limit: usize) -> Result<Vec<(u64, DeadSlice)>> {
+    pub fn dead_slices(&self, before_ns: i64, limit: usize) -> Result<Vec<(SliceId, DeadSlice)>> {
         kv::read(self.kv.as_ref(), |t| {
             let mut out = vec![];
             for (k, v) in t.scan(&keys::group(keys::DEADSLICE, 0), None, usize::MAX)? {
                 let d: DeadSlice = decode(&v)?;
                 if d.freed_ns < before_ns {
                     out.push((
-                        keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("dead slice key"))?,
+                        keys::u64_at(&k, 9)
+                            .map(SliceId)
+                            .ok_or_else(|| Error::corrupt("dead slice key"))?,
                         d,
                     ));
                     if out.len() >= limit {
@@ -105,7 +108,7 @@ impl Meta {
     }
 
     /// Record that the blocks of these dead slices are deleted.
-    pub fn purge_slices(&self, ids: Vec<u64>) -> Result<Committed<()>> {
+    pub fn purge_slices(&self, ids: Vec<SliceId>) -> Result<Committed<()>> {
         if ids.is_empty() {
             return Ok(Committed::unversioned(()));
         }

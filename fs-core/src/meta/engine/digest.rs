@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::kv::{self, DynKv, KvTxn};
 use crate::meta::keys;
 use crate::meta::types::*;
+use crate::Version;
 
 impl Meta {
     /// A digest of the whole file system tree (attributes, entries, chunks, symlinks, xattrs
@@ -21,7 +22,7 @@ impl Meta {
 
     /// The digest and the version it was taken at, read together (on RocksDB, from one
     /// snapshot; on Redis, compare [`kv::KvEngine::last_version`] before and after).
-    pub fn digest_at(kv: &dyn kv::KvEngine) -> Result<(String, u64)> {
+    pub fn digest_at(kv: &dyn kv::KvEngine) -> Result<(String, Version)> {
         kv::read(kv, |t| {
             let version = crate::snapshot::version_in(t)?;
             Ok((Self::digest_in(t)?, version))

@@ -23,6 +23,7 @@ use crate::changelog::{commit, decode, get_attr, Change};
 use crate::error::{sys, Error, Result};
 use crate::kv::{self, DynKv, KvTxn};
 use crate::layout::CHUNK_SIZE;
+use crate::SliceId;
 
 /// How many inode numbers / slice ids a client takes from the shared counter at once.
 const INODE_BATCH: i64 = 100;
@@ -72,7 +73,7 @@ fn check_name(name: &[u8]) -> Result<()> {
 /// with this: a bad reference would make readers fail or read past an object.
 fn check_slice(s: &SliceRef, block_size: u32) -> Result<()> {
     let inside_chunk = s.pos as u64 + s.len as u64 <= CHUNK_SIZE;
-    let ok = if s.id == 0 {
+    let ok = if s.id.is_hole() {
         s.crcs.is_empty() && inside_chunk
     } else {
         inside_chunk
@@ -229,7 +230,7 @@ impl Meta {
     }
 
     /// Take `count` ids (at least 1) from the shared slice counter: `[first, first + count)`.
-    pub fn alloc_slice_ids(&self, count: u32) -> Result<u64> {
+    pub fn alloc_slice_ids(&self, count: u32) -> Result<SliceId> {
         let count = count.max(1) as i64;
         let end = self.kv.incr(&keys::counter(keys::NEXT_SLICE), count)? as u64;
         // slice id 0 means a hole; ids at or below the root's inode number are never used
@@ -237,7 +238,7 @@ impl Meta {
         if first <= ROOT_INO {
             return self.alloc_slice_ids(count as u32);
         }
-        Ok(first)
+        Ok(SliceId(first))
     }
 
     pub fn kv(&self) -> &DynKv {
@@ -286,7 +287,8 @@ impl Meta {
         self.alloc(&self.inodes, keys::NEXT_INODE, INODE_BATCH)
     }
 
-    pub fn next_slice_id(&self) -> Result<u64> {
+    pub fn next_slice_id(&self) -> Result<SliceId> {
         self.alloc(&self.slices, keys::NEXT_SLICE, SLICE_BATCH)
+            .map(SliceId)
     }
 }

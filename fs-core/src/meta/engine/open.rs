@@ -7,6 +7,7 @@ use crate::kv;
 use crate::meta::perm::{access, MAY_READ, MAY_WRITE};
 use crate::meta::types::*;
 use crate::meta::Committed;
+use crate::Version;
 
 impl Meta {
     pub(super) fn opened(&self, ino: Ino) {
@@ -84,7 +85,7 @@ impl Meta {
     }
 
     /// Delete `ino` if no entry links it any more; returns the version that did.
-    pub(super) fn delete_unlinked(&self, ino: Ino) -> Result<Option<u64>> {
+    pub(super) fn delete_unlinked(&self, ino: Ino) -> Result<Option<Version>> {
         let ((), version) = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
             Some(a) if a.nlink == 0 => commit(t, Change::DeleteInode { ino }, now_ns()),
             _ => Ok(()),

@@ -8,6 +8,7 @@ use crate::layout::CHUNK_SIZE;
 use crate::meta::perm::{access, MAY_WRITE};
 use crate::meta::types::*;
 use crate::meta::Committed;
+use crate::SliceId;
 
 impl Meta {
     pub fn setattr_versioned(&self, ctx: &Ctx, ino: Ino, req: &SetAttr) -> Result<Committed<Attr>> {
@@ -113,7 +114,7 @@ pub fn truncate_plan(old: u64, new: u64) -> (u32, Option<(u32, SliceRef)>) {
     let chunk_end = (idx as u64 + 1) * CHUNK_SIZE;
     let hole_end = old.min(chunk_end) - idx as u64 * CHUNK_SIZE;
     let hole = SliceRef {
-        id: 0,
+        id: SliceId::HOLE,
         size: 0,
         off: 0,
         len: hole_end as u32 - in_chunk,
@@ -135,7 +136,7 @@ mod tests {
         Some((
             idx,
             SliceRef {
-                id: 0,
+                id: SliceId::HOLE,
                 size: 0,
                 off: 0,
                 len: len as u32,
