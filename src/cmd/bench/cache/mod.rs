@@ -395,7 +395,9 @@ impl Blocks {
     fn new(count: usize, block_bytes: u64) -> Blocks {
         let len = block_bytes as u32;
         let keys = (0..count)
-            .map(|i| strait_fs_core::layout::block_key(1_000 + i as u64, 0, len))
+            .map(|i| {
+                strait_fs_core::layout::block_key(strait_fs_core::SliceId(1_000 + i as u64), 0, len)
+            })
             .collect();
         let template: Vec<u8> = (0..block_bytes)
             .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8)
