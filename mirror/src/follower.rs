@@ -206,9 +206,13 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
         if applied == Version::ZERO {
             mirror.set_phase(Phase::Bootstrapping, "");
             mirror.metrics.bootstraps.inc();
+            let requested = mirror.mono_ms();
             match bootstrap(&mirror, &primary).await {
                 Ok(v) => {
                     mirror.on_applied(v, &[], None);
+                    // the snapshot was taken after it was asked for: it holds everything
+                    // committed before `requested`, which bounds the lag as a poll would
+                    mirror.on_snapshot(requested, v);
                     pauses = RETRY_BACKOFF.build();
                 }
                 Err(e) => {
@@ -273,7 +277,7 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
                 let kv = mirror.kv.clone();
                 // version 0 means "bootstrap": the next turn loads the snapshot
                 match tokio::task::spawn_blocking(move || kv.wipe()).await {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(())) => mirror.on_wiped(),
                     other => {
                         tracing::error!("empty the mirror's engine for a new bootstrap: {other:?}");
                         mirror.set_error(&format!(
@@ -558,24 +562,30 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
     }
 }
 
-/// Read the primary's clock and latest version straight from the primary every
-/// `clock_poll_ms`. The heartbeats in the change log reach the mirror behind every record
-/// before them, so a mirror that falls behind would see old clock readings only and think
-/// itself current; a reading taken now, one link away, bounds the lag from below truthfully.
+/// Poll the primary's latest version (and clock) every `clock_poll_ms`: the lag bound counts
+/// from when a poll the mirror has caught up with was *sent* (see `lag.rs`). The heartbeats
+/// in the change log reach the mirror behind every record before them, so they cannot bound
+/// anything.
 pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
     let every = Duration::from_millis(mirror.cfg.clock_poll_ms);
     let mut warned = false;
     let mut site = primary.site();
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+        // the first poll at once: until one is answered the lag is unknown
+        if !first {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
         }
+        first = false;
+        let requested = mirror.mono_ms();
         let call = site.status(strait_proto::site::Empty {});
         match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
             Ok(Ok(r)) => {
                 let s = r.into_inner();
-                mirror.on_heartbeat(s.clock_ms, Version(s.version));
+                mirror.on_poll(requested, s.clock_ms, Version(s.version));
                 warned = false;
             }
             Ok(Err(e)) if !warned => {

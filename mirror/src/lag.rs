@@ -1,25 +1,33 @@
 //! Lag arithmetic (docs/consistency.md, "Lag"), as plain functions over what the mirror has seen.
 //!
-//! Lag is measured on the primary's clock, never by comparing two machines' clocks: the
-//! mirror estimates "now at the primary" as the newest heartbeat's clock reading plus the
-//! time elapsed locally since that heartbeat arrived, and subtracts the commit time (also a
-//! primary clock reading, carried by every record) of the oldest record it has not applied.
-//! Skew between the regions' clocks therefore cancels out.
+//! The lag is an **upper bound** on how old the mirror's state is: the window's promise rests
+//! on it. It is counted on the mirror's own monotonic clock, from polls of the primary:
 //!
-//! Two cases need care:
-//! - An unapplied record the mirror has not received yet (a heartbeat announced a newer
-//!   version than any record that arrived): its commit time is at most the clock reading of
-//!   the first heartbeat that announced it, so that reading stands in for it.
-//! - Silence: with no heartbeat for longer than `silence_ms`, the mirror cannot know what the
-//!   primary committed since, so the lag is counted from the newest heartbeat's clock reading
-//!   and grows with the silence. A cut-off mirror is never reported as caught up.
+//! - A poll sent at local time `r` is answered with the primary's latest committed version
+//!   `L`, read *after* the poll arrived there. Every change committed (so every change
+//!   acknowledged to anyone) before `r` is at most `L`.
+//! - So once the mirror has applied `L`, it holds everything committed before `r`: its state
+//!   is at most `now - r` old. The lag is `now - r` for the newest such poll.
+//! - With no poll the mirror has caught up with (a mirror just started, or restarted while cut
+//!   off, or one whose polls fail), the lag is **unknown**, and an unknown lag is outside every
+//!   window.
+//!
+//! Neither clock reading of the primary is needed for this (they are kept for display), so a
+//! skew or a step of either machine's wall clock cannot make the bound low. Readings stamped
+//! on arrival, or heartbeats pushed through the change log (which may have waited anywhere on
+//! the way), would be biased low; they bound nothing here. A poll every `clock_poll_ms`
+//! makes a mirror that keeps up show a lag of about that period plus one round trip.
 
 use std::collections::VecDeque;
 
 use strait_fs_core::Version;
 
-/// Heartbeats remembered for the "announced but not received" case.
+/// Heartbeats remembered (for the newest version announced and the silence).
 pub const HEARTBEATS_KEPT_MAX: usize = 64;
+/// Polls remembered whose version the mirror has not applied yet (one per version, the
+/// newest request for it). At 100 ms per poll, about 25 s of a mirror falling behind; past
+/// that the oldest are forgotten, which can only make the lag read higher.
+pub const POLLS_KEPT_MAX: usize = 256;
 /// Seconds of lag history kept (one sample per second), for p50/p99 and the dashboard chart.
 pub const HISTORY_SECONDS: usize = 60;
 
@@ -46,6 +54,12 @@ pub struct LagState {
     pub oldest_pending: Option<(Version, u64)>,
     /// The newest version received in a record.
     pub received: Version,
+    /// Polls not caught up with yet: (local ms the poll was sent, the primary's latest
+    /// version in its answer), oldest first, versions strictly increasing.
+    pub polls: VecDeque<(u64, Version)>,
+    /// Local ms at which the newest poll the mirror has caught up with was sent: the mirror
+    /// holds everything committed before it.
+    pub caught_up_ms: Option<u64>,
 }
 
 /// Lag figures at one instant.
@@ -58,6 +72,10 @@ pub struct Lag {
     pub latest: Version,
     /// Milliseconds since the newest heartbeat arrived (None: no heartbeat yet).
     pub silence_ms: Option<u64>,
+    /// Whether `ms` is a bound at all (false: no poll of the primary caught up with yet); an
+    /// unknown lag is outside every window, and `ms` is then the time since anything was
+    /// heard, for display.
+    pub known: bool,
 }
 
 impl LagState {
@@ -76,10 +94,39 @@ impl LagState {
         self.received = self.received.max(last);
     }
 
+    /// A poll sent at local time `requested_ms` was answered: the primary's latest version
+    /// was `latest` (the reading itself goes through [`LagState::on_heartbeat`]).
+    pub fn on_poll(&mut self, requested_ms: u64, latest: Version) {
+        if latest <= self.applied {
+            self.caught_up_ms = Some(
+                self.caught_up_ms
+                    .map_or(requested_ms, |c| c.max(requested_ms)),
+            );
+            return;
+        }
+        match self.polls.back_mut() {
+            // a later request for the same version is the better bound
+            Some(last) if last.1 >= latest => last.0 = last.0.max(requested_ms),
+            _ => {
+                if self.polls.len() >= POLLS_KEPT_MAX {
+                    self.polls.pop_front();
+                }
+                self.polls.push_back((requested_ms, latest));
+            }
+        }
+    }
+
     /// Records up to `applied` are applied; `next` is the oldest still pending (version, ts).
     pub fn on_applied(&mut self, applied: Version, next: Option<(Version, u64)>) {
         self.applied = applied;
         self.oldest_pending = next;
+        while let Some(&(requested, latest)) = self.polls.front() {
+            if latest > applied {
+                break;
+            }
+            self.caught_up_ms = Some(self.caught_up_ms.map_or(requested, |c| c.max(requested)));
+            self.polls.pop_front();
+        }
         // heartbeats that announce nothing beyond the applied version are no longer needed,
         // except the newest, which carries the clock
         while self.beats.len() > 1 && self.beats[0].latest_version <= applied {
@@ -87,38 +134,35 @@ impl LagState {
         }
     }
 
-    /// The lag at local monotonic time `now_ms`.
-    pub fn lag(&self, now_ms: u64, silence_limit_ms: u64) -> Lag {
-        let Some(newest) = self.beats.back() else {
-            // no clock reading from the primary yet: nothing can be said in ms
-            return Lag {
-                ms: 0,
-                versions: self.received.0.saturating_sub(self.applied.0),
-                latest: self.received.max(self.applied),
-                silence_ms: None,
-            };
-        };
-        let silence = now_ms.saturating_sub(newest.arrived_ms);
-        let primary_now = newest.primary_clock_ms + silence;
-        let latest = self.received.max(newest.latest_version).max(self.applied);
-        // the commit time of the oldest unapplied record, or an upper bound of it
-        let oldest = match self.oldest_pending {
-            Some((_, ts)) => Some(ts),
-            None => self
-                .beats
-                .iter()
-                .find(|b| b.latest_version > self.applied)
-                .map(|b| b.primary_clock_ms),
-        };
-        let mut ms = oldest.map(|ts| primary_now.saturating_sub(ts)).unwrap_or(0);
-        if silence > silence_limit_ms {
-            ms = ms.max(silence);
-        }
+    /// The mirror's metadata was emptied (to bootstrap again): it holds nothing, so nothing
+    /// it knew bounds its lag any more.
+    pub fn on_wiped(&mut self) {
+        self.applied = Version::ZERO;
+        self.received = Version::ZERO;
+        self.oldest_pending = None;
+        self.polls.clear();
+        self.caught_up_ms = None;
+    }
+
+    /// The lag at local monotonic time `now_ms` (see the module's documentation).
+    pub fn lag(&self, now_ms: u64) -> Lag {
+        let silence = self
+            .beats
+            .back()
+            .map(|b| now_ms.saturating_sub(b.arrived_ms));
+        let newest = self
+            .beats
+            .back()
+            .map_or(Version::ZERO, |b| b.latest_version);
+        let polled = self.polls.back().map_or(Version::ZERO, |p| p.1);
+        let latest = self.received.max(newest).max(polled).max(self.applied);
+        let bound = self.caught_up_ms.map(|c| now_ms.saturating_sub(c));
         Lag {
-            ms,
+            ms: bound.unwrap_or_else(|| silence.unwrap_or(0)),
             versions: latest.0 - self.applied.0,
             latest,
-            silence_ms: Some(silence),
+            silence_ms: silence,
+            known: bound.is_some(),
         }
     }
 }
@@ -168,41 +212,92 @@ mod tests {
     }
 
     #[test]
-    fn skew_between_the_clocks_does_not_change_the_lag() {
-        // the primary's clock is a day ahead of the mirror's monotonic clock: no matter
-        for skew in [0u64, 86_400_000] {
+    fn nothing_caught_up_with_is_unknown() {
+        let mut s = LagState::default();
+        assert!(!s.lag(0).known);
+        // log heartbeats alone bound nothing: they may have waited anywhere on the way
+        s.on_heartbeat(beat(1_000, 5, 0));
+        s.on_applied(Version(5), None);
+        assert!(!s.lag(10).known);
+        // a poll that announces what the mirror has not applied: still nothing
+        let mut s = LagState::default();
+        s.on_poll(0, Version(5));
+        assert!(!s.lag(10).known);
+        assert_eq!(s.lag(10).versions, 5);
+        s.on_applied(Version(5), None);
+        let l = s.lag(10);
+        assert!(l.known);
+        assert_eq!((l.ms, l.versions), (10, 0));
+    }
+
+    #[test]
+    fn the_lag_counts_from_when_the_poll_caught_up_with_was_sent() {
+        let mut s = LagState::default();
+        // polls sent at 0, 100 and 200 found versions 3, 6 and 9
+        s.on_poll(0, Version(3));
+        s.on_poll(100, Version(6));
+        s.on_poll(200, Version(9));
+        // at 250 the mirror has applied 7: it holds everything committed before 100 (not
+        // yet what was committed between 100 and 200)
+        s.on_applied(Version(7), None);
+        assert_eq!(s.lag(250).ms, 150);
+        // the lag grows with time alone until the mirror reaches the next poll's version
+        assert_eq!(s.lag(900).ms, 800);
+        s.on_applied(Version(9), None);
+        assert_eq!(s.lag(900).ms, 700);
+        assert!(s.polls.is_empty());
+    }
+
+    #[test]
+    fn a_later_poll_of_a_version_already_applied_moves_the_bound_at_once() {
+        let mut s = LagState::default();
+        s.on_applied(Version(5), None);
+        s.on_poll(1_000, Version(5));
+        assert_eq!(s.lag(1_040).ms, 40);
+        // an answer that arrives late (a poll sent earlier) does not move it back
+        s.on_poll(600, Version(5));
+        assert_eq!(s.lag(1_040).ms, 40);
+    }
+
+    #[test]
+    fn clocks_do_not_enter_the_bound() {
+        // the primary's clock a day ahead, or stepped back: the lag is the same
+        for clock in [1_000u64, 86_401_000, 3] {
             let mut s = LagState::default();
-            s.on_heartbeat(beat(1_000 + skew, 10, 500));
-            s.on_received(Version(1), Version(10), 900 + skew);
-            // 50 ms after the heartbeat arrived, record 1 (committed 100 ms before the
-            // heartbeat was sent) is still unapplied: 150 ms of lag
-            let l = s.lag(550, 1_000);
-            assert_eq!((l.ms, l.versions, l.latest), (150, 10, Version(10)));
+            s.on_heartbeat(beat(clock, 10, 500));
+            s.on_poll(480, Version(10));
+            s.on_received(Version(1), Version(10), clock.saturating_sub(100));
+            assert!(!s.lag(550).known);
+            s.on_applied(Version(10), None);
+            let l = s.lag(550);
+            assert_eq!(
+                (l.ms, l.versions, l.latest, l.known),
+                (70, 0, Version(10), true)
+            );
         }
     }
 
     #[test]
-    fn caught_up_is_zero_and_an_announced_version_counts_from_its_heartbeat() {
+    fn silence_makes_the_lag_grow_and_a_wipe_forgets_the_bound() {
         let mut s = LagState::default();
-        s.on_heartbeat(beat(1_000, 5, 0));
-        s.on_applied(Version(5), None);
-        assert_eq!(s.lag(100, 1_000).ms, 0);
-        // a heartbeat announces version 7, whose record has not arrived
-        s.on_heartbeat(beat(1_200, 7, 200));
-        let l = s.lag(260, 1_000);
-        assert_eq!((l.ms, l.versions), (60, 2));
-        s.on_applied(Version(7), None);
-        assert_eq!(s.lag(260, 1_000).ms, 0);
+        s.on_poll(0, Version::ZERO);
+        assert_eq!(s.lag(3_000).ms, 3_000);
+        s.on_wiped();
+        assert!(!s.lag(3_000).known);
     }
 
     #[test]
-    fn silence_makes_the_lag_grow() {
+    fn polls_kept_are_bounded_and_forgetting_only_raises_the_lag() {
         let mut s = LagState::default();
-        s.on_heartbeat(beat(1_000, 5, 0));
+        for i in 0..(POLLS_KEPT_MAX as u64 + 10) {
+            s.on_poll(i * 100, Version(i + 1));
+        }
+        assert_eq!(s.polls.len(), POLLS_KEPT_MAX);
+        // the version of a forgotten poll: no bound from it
         s.on_applied(Version(5), None);
-        assert_eq!(s.lag(900, 1_000).ms, 0);
-        let l = s.lag(3_000, 1_000);
-        assert_eq!((l.ms, l.silence_ms), (3_000, Some(3_000)));
+        assert!(!s.lag(100_000).known);
+        s.on_applied(Version(20), None);
+        assert_eq!(s.lag(100_000).ms, 100_000 - 1_900);
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //!   the primary's. The answer goes back to the mount only once this mirror has applied the
 //!   version the primary committed the change as, so the writer reads its own writes here.
 //!   Under `writes = "refuse"` the mirror's read-only engine answers them: EROFS;
-//! - reads, while the mirror is inside its window `W`, are answered from its own metadata;
+//! - reads, while the mirror is inside its window `W` (its lag, an upper bound, is known and
+//!   at most `W`) and has applied every version a forwarded answer showed the region, are
+//!   answered from its own metadata. The second condition keeps a mount from going back in
+//!   time: after the primary answered a `GetAttr` at version 9, a `ReadChunk` answered from
+//!   version 7 would give slices older than the size the mount holds, and read as zeros;
 //! - reads outside the window follow the policy: `forward` sends the call as it is to the
 //!   primary (under the mirror's own session there and the primary's token), `wait` holds it
 //!   until the mirror is back inside the window (EAGAIN after `wait_timeout_ms`), `serve`
@@ -30,7 +34,9 @@ use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
-use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use strait_proto::{
+    ERRNO_HEADER, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
+};
 use strait_site::{Auth, MetaServer};
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
@@ -238,7 +244,7 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
-        match self.send_to_primary(&parts, bytes).await {
+        match self.send_to_primary(&parts, bytes, true).await {
             Ok(r) => r,
             Err(e) => status_reply(errno_status(
                 libc::EIO,
@@ -247,14 +253,29 @@ impl Router {
         }
     }
 
+    /// The version a forwarded read's answer names (see [`READ_VERSION_HEADER`]): the region
+    /// has now been shown the primary's state up to it.
+    fn note_seen(&self, reply: &Reply) {
+        if let Some(v) = reply_version(reply) {
+            self.mirror.note_seen(v);
+        }
+    }
+
     /// Send a call to the primary under the mirror's session there (opening it, or opening
-    /// another when the primary forgot it).
+    /// another when the primary forgot it). A `read` asks the primary to name its version in
+    /// the answer, and the version is noted as seen by the region.
     async fn send_to_primary(
         &self,
         parts: &http::request::Parts,
         bytes: bytes::Bytes,
+        read: bool,
     ) -> Result<Reply, String> {
         let mut headers = parts.headers.clone();
+        if read {
+            headers.insert(READ_VERSION_HEADER, http::HeaderValue::from_static("1"));
+        } else {
+            headers.remove(READ_VERSION_HEADER);
+        }
         let mut stale = 0;
         for _ in 0..2 {
             let sid = self
@@ -288,7 +309,12 @@ impl Router {
                     stale = sid;
                     continue;
                 }
-                Ok(r) => return Ok(r),
+                Ok(r) => {
+                    if read {
+                        self.note_seen(&r);
+                    }
+                    return Ok(r);
+                }
                 Err(e) => return Err(e.to_string()),
             }
         }
@@ -338,7 +364,8 @@ impl Router {
                 return status_reply(errno_status(errno, format!("{why}; nothing was changed")));
             }
         }
-        let sent = tokio::time::timeout_at(deadline, self.send_to_primary(&parts, bytes)).await;
+        let sent =
+            tokio::time::timeout_at(deadline, self.send_to_primary(&parts, bytes, false)).await;
         let reply = match sent {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
@@ -363,12 +390,7 @@ impl Router {
                 ));
             }
         };
-        let version = reply
-            .headers()
-            .get(VERSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Version);
+        let version = reply_version(&reply);
         self.mirror.metrics.forwarded_writes.inc();
         let reply = if method == "Create" {
             self.release_at_primary(reply).await
@@ -500,7 +522,7 @@ impl Router {
             .parse()
             .map_err(|e| status_reply(Status::internal(format!("{method} path: {e}"))))?;
         let (head, ()) = head.into_parts();
-        let reply = self.send_to_primary(&head, body).await.map_err(|e| {
+        let reply = self.send_to_primary(&head, body, true).await.map_err(|e| {
             status_reply(errno_status(
                 libc::EIO,
                 format!("open outside the window: the primary cannot be reached: {e}"),
@@ -611,6 +633,16 @@ impl Router {
             }
         }
     }
+}
+
+/// The version a primary's answer names in [`VERSION_HEADER`], if any.
+fn reply_version(reply: &Reply) -> Option<Version> {
+    reply
+        .headers()
+        .get(VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Version)
 }
 
 /// One gRPC message as a unary body: no compression, length, message.

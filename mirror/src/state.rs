@@ -2,6 +2,7 @@
 //! and the metrics.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,7 +39,7 @@ pub fn state_name(phase: Phase, lag: &Lag, window_ms: u64, silence_ms: u64) -> &
         Phase::Halted => "halted",
         Phase::Disconnected => "disconnected",
         Phase::Following if lag.silence_ms.is_some_and(|s| s > silence_ms) => "disconnected",
-        Phase::Following if lag.ms > window_ms => "stale",
+        Phase::Following if !lag.known || lag.ms > window_ms => "stale",
         Phase::Following => "following",
     }
 }
@@ -77,6 +78,12 @@ pub struct Mirror {
     /// Held by the applier while it applies a batch: whoever sets `hold` under it knows no
     /// batch is in flight.
     pub apply_lock: tokio::sync::Mutex<()>,
+    /// The newest primary version a forwarded read may have shown to this region's mounts
+    /// (the primary names it in each forwarded answer). The mirror answers from its own
+    /// metadata only once it has applied it, so no mount sees the region go back in time
+    /// (attributes from the primary and then a chunk's slices from older metadata read as
+    /// zeros).
+    seen: AtomicU64,
 }
 
 pub fn wall_us() -> u64 {
@@ -119,6 +126,7 @@ impl Mirror {
             changed: tokio::sync::watch::channel(0).0,
             hold: Mutex::new(None),
             apply_lock: tokio::sync::Mutex::new(()),
+            seen: AtomicU64::new(0),
         })
     }
 
@@ -163,16 +171,33 @@ impl Mirror {
         self.bump();
     }
 
+    /// A heartbeat pushed through the change log: the primary's clock and latest version, for
+    /// display and the silence (it bounds nothing: it may have waited anywhere on the way).
     pub fn on_heartbeat(&self, primary_clock_ms: u64, latest_version: Version) {
+        self.reading(primary_clock_ms, latest_version, None);
+    }
+
+    /// A poll of the primary sent at local time `requested_ms` (see `lag.rs`): what the lag
+    /// bound is counted from.
+    pub fn on_poll(&self, requested_ms: u64, primary_clock_ms: u64, latest_version: Version) {
+        self.reading(primary_clock_ms, latest_version, Some(requested_ms));
+    }
+
+    fn reading(&self, primary_clock_ms: u64, latest_version: Version, polled: Option<u64>) {
         let arrived_ms = self.mono_ms();
         {
             let mut i = self.inner.lock();
+            if let Some(requested_ms) = polled {
+                i.lag.on_poll(requested_ms, latest_version);
+            }
             // a repeated reading is no news: it must not reset the silence
             if i.lag
                 .beats
                 .back()
                 .is_some_and(|b| b.primary_clock_ms >= primary_clock_ms)
             {
+                drop(i);
+                self.bump();
                 return;
             }
             i.lag.on_heartbeat(Beat {
@@ -183,6 +208,24 @@ impl Mirror {
         }
         self.metrics.primary_version.set(latest_version.0 as i64);
         self.bump();
+    }
+
+    /// A snapshot asked for at local time `requested_ms` was loaded at `version`.
+    pub fn on_snapshot(&self, requested_ms: u64, version: Version) {
+        self.inner.lock().lag.on_poll(requested_ms, version);
+        self.bump();
+    }
+
+    /// The metadata was emptied for a new bootstrap: nothing bounds the lag until it is done.
+    pub fn on_wiped(&self) {
+        self.inner.lock().lag.on_wiped();
+        self.metrics.applied_version.set(0);
+        self.bump();
+    }
+
+    /// A forwarded answer showed the region the primary's state at `version` (or older).
+    pub fn note_seen(&self, version: Version) {
+        self.seen.fetch_max(version.0, Ordering::AcqRel);
     }
 
     pub fn on_received(&self, first: Version, last: Version, first_ts_ms: u64) {
@@ -219,13 +262,13 @@ impl Mirror {
     pub fn lag(&self) -> Lag {
         let now = self.mono_ms();
         let i = self.inner.lock();
-        Self::lag_of(&i, now, self.cfg.silence_ms)
+        Self::lag_of(&i, now)
     }
 
     /// The lag, with `silence_ms` the longer of the primary's clock silence and the
     /// subscription's.
-    fn lag_of(i: &Inner, now: u64, silence_limit_ms: u64) -> Lag {
-        let mut lag = i.lag.lag(now, silence_limit_ms);
+    fn lag_of(i: &Inner, now: u64) -> Lag {
+        let mut lag = i.lag.lag(now);
         if i.stream_ms > 0 {
             let quiet = now.saturating_sub(i.stream_ms);
             lag.silence_ms = Some(lag.silence_ms.map_or(quiet, |s| s.max(quiet)));
@@ -239,16 +282,18 @@ impl Mirror {
         self.inner.lock().stream_ms = now;
     }
 
-    /// Whether reads may be answered from the mirror's own metadata under the window.
+    /// Whether reads may be answered from the mirror's own metadata under the window: the
+    /// lag is known and within it, and the mirror has applied every version a forwarded
+    /// answer may have shown (see `seen`).
     pub fn fresh(&self) -> bool {
-        let (phase, lag) = {
+        let (phase, lag, applied) = {
             let i = self.inner.lock();
-            (
-                i.phase,
-                Self::lag_of(&i, self.mono_ms(), self.cfg.silence_ms),
-            )
+            (i.phase, Self::lag_of(&i, self.mono_ms()), i.lag.applied)
         };
-        matches!(phase, Phase::Following | Phase::Disconnected) && lag.ms <= self.cfg.window_ms
+        matches!(phase, Phase::Following | Phase::Disconnected)
+            && lag.known
+            && lag.ms <= self.cfg.window_ms
+            && applied.0 >= self.seen.load(Ordering::Acquire)
     }
 
     /// Once a second: the lag history and the rate, then the gauges.

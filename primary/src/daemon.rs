@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::{Durability, PrimaryConfig};
-use crate::shipper::{ShippedWait, Shipper, ShipperConfig, TappedKv};
+use crate::shipper::{EpochFence, ShippedWait, Shipper, ShipperConfig, TappedKv};
 
 /// How long calls in flight may take to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -79,6 +79,10 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
                 timeout: Duration::from_millis(cfg.replicated_timeout_ms),
             }));
         }
+        // a primary whose epoch another primary superseded commits nothing more
+        server = server.fenced_by(Arc::new(EpochFence {
+            shipped: shipper.watch(),
+        }));
         shipper.spawn(ship_stop.clone());
         shipped = Some(shipper.watch());
         tracing::info!(

@@ -126,6 +126,10 @@ pub struct Shipped {
     pub version: Version,
     /// Why shipping stopped, when it cannot go on by itself.
     pub stalled: Option<String>,
+    /// Set once the replicator is seen at an epoch newer than this primary's: another primary
+    /// was promoted. From then on this primary commits no mutation (they answer EROFS) until
+    /// it is restarted; it is never cleared.
+    pub fenced: Option<String>,
 }
 
 pub struct ShipperConfig {
@@ -271,6 +275,18 @@ impl Shipper {
         });
     }
 
+    /// A newer epoch was seen: refuse every mutation from now on (see [`Shipped::fenced`]).
+    fn fence(&self, why: &str) {
+        self.shipped.send_if_modified(|s| {
+            if s.fenced.is_some() {
+                return false;
+            }
+            tracing::error!("{why}: this primary refuses every change from now on (EROFS)");
+            s.fenced = Some(why.to_string());
+            true
+        });
+    }
+
     /// Shipping cannot go on: say why (once per reason) and fail the operations waiting.
     fn stall(&self, why: String) {
         if self.shipped.borrow().stalled.as_deref() != Some(why.as_str()) {
@@ -347,7 +363,10 @@ impl Shipper {
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
         match check_epoch(self.cfg.epoch, Epoch(status.epoch)) {
             EpochCheck::Same => {}
-            EpochCheck::Fenced(why) => return Err(Step::Stall(why)),
+            EpochCheck::Fenced(why) => {
+                self.fence(&why);
+                return Err(Step::Stall(why));
+            }
             EpochCheck::Raise => {
                 let r =
                     self.client.bump_epoch(self.cfg.epoch).await.map_err(|s| {
@@ -496,6 +515,15 @@ impl Shipper {
                 }
                 Err(s) => {
                     self.metrics.ship_errors.inc();
+                    if refusal(&s) == Some("stale-epoch") {
+                        // the heartbeat runs whether or not there is anything to ship: in
+                        // `local` durability it is how an idle primary learns it was fenced,
+                        // within one heartbeat period while the replicator is reachable
+                        self.fence(&format!(
+                            "fenced: the replicator refused this primary's heartbeat: {}",
+                            s.message()
+                        ));
+                    }
                     if !failing {
                         tracing::warn!("heartbeat to the replicator: {}", s.message());
                     }
@@ -503,6 +531,17 @@ impl Shipper {
                 }
             }
         }
+    }
+}
+
+/// The primary's mutations are refused once the shipper saw a newer epoch.
+pub struct EpochFence {
+    pub shipped: watch::Receiver<Shipped>,
+}
+
+impl strait_site::WriteFence for EpochFence {
+    fn refused(&self) -> Option<String> {
+        self.shipped.borrow().fenced.clone()
     }
 }
 

@@ -14,8 +14,16 @@ pub const ERRNO_HEADER: &str = "x-strait-errno";
 pub const SESSION_HEADER: &str = "x-strait-session";
 /// Metadata entry set on a status that asks the client to open its session again.
 pub const RESUME_HEADER: &str = "x-strait-resume";
-/// The change-log version a successful mutation committed as (set by a primary).
+/// The change-log version a successful mutation committed as (set by a primary); on a read
+/// that asked with [`READ_VERSION_HEADER`], a version at least as new as the state it read.
 pub const VERSION_HEADER: &str = "x-strait-version";
+/// Names one mutation (a mount's id and a sequence number); sent again unchanged when the
+/// call is retried after its connection broke, so the daemon runs it once.
+pub const REQUEST_ID_HEADER: &str = "x-strait-request-id";
+/// Set (to any value) on a read a mirror forwards: the primary then names in
+/// [`VERSION_HEADER`] its latest version once the read is done, so the mirror knows which
+/// version its region has been shown.
+pub const READ_VERSION_HEADER: &str = "x-strait-read-version";
 
 /// A wire value that does not make a valid domain value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -139,12 +139,16 @@ impl RemoteMeta {
     {
         let span = tracing::info_span!("meta_rpc", op);
         let start = Instant::now();
+        // a mutation keeps one request id over all its attempts: the daemon runs it once
+        // (site's requests.rs), so one broken in flight is safe to send again
+        let request_id = if reads { None } else { self.next_request_id() };
         let resumes = Cell::new(0);
         let warned = Cell::new(false);
         // one attempt: the call, sent again at once after each resumption of the session
         let attempt = || -> std::result::Result<T, Attempt> {
             loop {
-                let (rt, client) = self.connection().map_err(Attempt::Fail)?;
+                let (rt, channel) = self.connection().map_err(Attempt::Fail)?;
+                let client = self.client(channel, request_id.clone());
                 // the connection's tasks only run inside block_on: let them first take in what
                 // arrived while this thread was idle (a closed connection is then known closed,
                 // and the call goes to a new one instead of failing on the dead one)
@@ -160,7 +164,7 @@ impl RemoteMeta {
                         continue;
                     }
                     Failure::Final | Failure::Resume => Attempt::Fail(to_error(op, &s)),
-                    Failure::Broken if !reads => {
+                    Failure::Broken if !reads && request_id.is_none() => {
                         let e = Error::Meta(format!(
                             "{op}: the connection to {} broke while the call was in flight; \
                              it may or may not have been applied: {}",

@@ -14,11 +14,13 @@ use tonic::{Request, Status};
 
 use crate::remote_meta::RemoteMeta;
 
-/// Adds the token, the session id and the trace context to every call.
+/// Adds the token, the session id and the trace context to every call, and a mutation's
+/// request id ([`strait_proto::REQUEST_ID_HEADER`]).
 #[derive(Clone)]
 pub(crate) struct Stamp {
     pub(crate) auth: AsciiMetadataValue,
     pub(crate) session: Arc<AtomicU64>,
+    pub(crate) request_id: Option<AsciiMetadataValue>,
 }
 
 impl tonic::service::Interceptor for Stamp {
@@ -30,6 +32,9 @@ impl tonic::service::Interceptor for Stamp {
             if let Ok(v) = sid.to_string().parse() {
                 md.insert(strait_proto::SESSION_HEADER, v);
             }
+        }
+        if let Some(id) = &self.request_id {
+            md.insert(strait_proto::REQUEST_ID_HEADER, id.clone());
         }
         inject_trace_context(md);
         Ok(req)
@@ -56,7 +61,7 @@ fn inject_trace_context(md: &mut MetadataMap) {
 
 pub(crate) type Client = MetaServiceClient<InterceptedService<Channel, Stamp>>;
 /// A thread's runtime and connection for one client.
-pub(crate) type Connection = (std::rc::Rc<tokio::runtime::Runtime>, Client);
+pub(crate) type Connection = (std::rc::Rc<tokio::runtime::Runtime>, Channel);
 
 pub(crate) static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -74,8 +79,8 @@ impl RemoteMeta {
     pub(crate) fn connection(&self) -> Result<Connection> {
         CONNECTIONS.with(|c| {
             let mut c = c.borrow_mut();
-            if let Some((rt, client)) = c.get(&self.id) {
-                return Ok((rt.clone(), client.clone()));
+            if let Some((rt, channel)) = c.get(&self.id) {
+                return Ok((rt.clone(), channel.clone()));
             }
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -86,11 +91,30 @@ impl RemoteMeta {
                 let _guard = rt.enter();
                 self.endpoint.connect_lazy()
             };
-            let client = MetaServiceClient::with_interceptor(channel, self.stamp.clone())
-                .max_decoding_message_size(strait_proto::limits::META_MESSAGE_BYTES_MAX);
             let rt = std::rc::Rc::new(rt);
-            c.insert(self.id, (rt.clone(), client.clone()));
-            Ok((rt, client))
+            c.insert(self.id, (rt.clone(), channel.clone()));
+            Ok((rt, channel))
         })
+    }
+
+    /// A client on `channel` whose calls carry `request_id` (a mutation's, kept across its
+    /// retries) or none.
+    pub(crate) fn client(
+        &self,
+        channel: Channel,
+        request_id: Option<AsciiMetadataValue>,
+    ) -> Client {
+        let stamp = Stamp {
+            request_id,
+            ..self.stamp.clone()
+        };
+        MetaServiceClient::with_interceptor(channel, stamp)
+            .max_decoding_message_size(strait_proto::limits::META_MESSAGE_BYTES_MAX)
+    }
+
+    /// A new request id: this client's random prefix and a sequence number.
+    pub(crate) fn next_request_id(&self) -> Option<AsciiMetadataValue> {
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}-{n:x}", self.nonce).parse().ok()
     }
 }

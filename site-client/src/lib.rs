@@ -6,8 +6,9 @@
 //! - **Reconnection**: the channel reconnects by itself. A call the daemon never received
 //!   (connection refused, connect timeout) is retried with exponential backoff until
 //!   [`ConnectOptions::reconnect_timeout`] passes. A call that broke while in flight is retried
-//!   only if it reads; a mutation that may have been applied is reported as EIO rather than
-//!   applied twice.
+//!   too: a read as it is, a mutation with the request id of its first attempt
+//!   ([`strait_proto::REQUEST_ID_HEADER`]), which the daemon runs once and answers again with
+//!   the first result, so it is not applied twice.
 //! - **Sessions**: after a daemon restart the daemon asks the client to resume its session
 //!   ([`strait_proto::RESUME_HEADER`]); the client sends its open handle counts back so
 //!   unlinked-but-open files stay alive, then retries the call.

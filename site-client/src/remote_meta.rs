@@ -74,6 +74,11 @@ pub struct RemoteMeta {
     pub(crate) slice_ids: Mutex<(u64, u64)>,
     /// The daemon is a mirror that serves FetchBlock.
     pub(crate) block_fallback: std::sync::atomic::AtomicBool,
+    /// This client's request ids are `{nonce}-{n}`: random per client, so no two mounts
+    /// (or two runs of one) share an id.
+    pub(crate) nonce: u64,
+    /// The next request id's sequence number.
+    pub(crate) requests: AtomicU64,
 }
 
 impl RemoteMeta {
@@ -122,6 +127,7 @@ impl RemoteMeta {
         let stamp = Stamp {
             auth,
             session: session.clone(),
+            request_id: None,
         };
         Ok(Arc::new_cyclic(|me| RemoteMeta {
             me: me.clone(),
@@ -139,6 +145,8 @@ impl RemoteMeta {
             open: Mutex::new(HashMap::new()),
             slice_ids: Mutex::new((0, 0)),
             block_fallback: std::sync::atomic::AtomicBool::new(false),
+            nonce: random_nonce(),
+            requests: AtomicU64::new(1),
         }))
     }
 
@@ -146,4 +154,15 @@ impl RemoteMeta {
     pub fn session_timeout(&self) -> Duration {
         Duration::from_millis(self.session_timeout_ms.load(Ordering::Relaxed))
     }
+}
+
+/// 64 random bits: the standard library's per-process random hash keys, over the process id
+/// and the time.
+fn random_nonce() -> u64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
 }

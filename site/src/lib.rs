@@ -4,6 +4,7 @@
 //!
 //! - [`service`]: fs-core's metadata API over gRPC to the mounts of a region ([`MetaServer`]),
 //!   with token auth ([`Auth`]).
+//! - [`requests`]: a mutation sent again after its connection broke runs once.
 //! - [`sessions`]: closing the sessions of mounts that went silent.
 //! - [`snapshot`]: metadata snapshots and digests streamed to mirrors and `fsck --compare`.
 //! - [`metrics`]: the Prometheus metrics every site daemon has, and the one HTTP listener
@@ -13,6 +14,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod requests;
 pub mod service;
 pub mod sessions;
 pub mod signal;
@@ -20,7 +22,7 @@ pub mod snapshot;
 
 pub use config::{resolve_token, SiteConfig};
 pub use metrics::Metrics;
-pub use service::{Auth, BlockSource, MetaServer, ReplicationWait};
+pub use service::{Auth, BlockSource, MetaServer, ReplicationWait, WriteFence};
 pub use signal::wait_for_signal;
 
 /// Largest request or reply message a site daemon's services accept or send: the one limit

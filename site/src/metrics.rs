@@ -36,6 +36,8 @@ pub struct Metrics {
     pub ship_errors: IntCounter,
     /// Operations that failed in `replicated` mode because the replicator did not commit them in time.
     pub replication_timeouts: IntCounter,
+    /// Mutations sent again with a request id already seen, answered with the first result.
+    pub requests_retried: IntCounter,
 }
 
 impl Metrics {
@@ -108,8 +110,15 @@ impl Metrics {
             "Operations failed in replicated mode: the replicator did not commit them in time",
         ))
         .expect("valid counter");
+        let requests_retried = IntCounter::with_opts(Opts::new(
+            "strait_requests_retried_total",
+            "Mutations sent again with a request id already seen (a connection broke with the \
+             call in flight), answered with the first call's result",
+        ))
+        .expect("valid counter");
         for c in [
             Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(requests_retried.clone()),
             Box::new(sessions.clone()),
             Box::new(version.clone()),
             Box::new(unauthenticated.clone()),
@@ -136,6 +145,7 @@ impl Metrics {
             ship_seconds,
             ship_errors,
             replication_timeouts,
+            requests_retried,
         })
     }
 

@@ -18,13 +18,23 @@ use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
-use strait_proto::{to_status, WireError, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use strait_proto::{
+    to_status, WireError, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
+};
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::requests::{request_id, Claim, Finisher, Requests};
+
+/// Whether this daemon may commit mutations at all: a primary whose epoch was superseded may
+/// not (another primary was promoted), and every mutation then answers EROFS.
+pub trait WriteFence: Send + Sync + 'static {
+    /// Why mutations are refused, or None while they are allowed.
+    fn refused(&self) -> Option<String>;
+}
 
 /// `replicated` durability: a mutation is answered only once the replicator holds its version.
 pub trait ReplicationWait: Send + Sync + 'static {
@@ -107,6 +117,18 @@ pub struct MetaServer {
     /// At a mirror: the region's own object store (told to mounts instead of the primary's)
     /// and what serves FetchBlock.
     blocks: Option<(String, Arc<dyn BlockSource>)>,
+    /// Mutations by request id, for their retries.
+    requests: Arc<Requests>,
+    /// At a primary: refuses every mutation once its epoch is superseded.
+    fence: Option<Arc<dyn WriteFence>>,
+}
+
+/// What running an engine call needs, owned, so a call can run in a task of its own.
+#[derive(Clone)]
+struct Exec {
+    inline: bool,
+    replicated: Option<Arc<dyn ReplicationWait>>,
+    metrics: Arc<Metrics>,
 }
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
@@ -194,6 +216,8 @@ impl MetaServer {
             metrics,
             replicated: None,
             blocks: None,
+            requests: Arc::new(Requests::default()),
+            fence: None,
         }
     }
 
@@ -204,10 +228,45 @@ impl MetaServer {
         self
     }
 
+    /// Refuse every mutation (EROFS) while `fence` says so.
+    pub fn fenced_by(mut self, fence: Arc<dyn WriteFence>) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// EROFS with the fence's reason, when mutations are refused.
+    fn check_fence(&self, op: &str) -> Result<(), Status> {
+        let Some(why) = self.fence.as_ref().and_then(|f| f.refused()) else {
+            return Ok(());
+        };
+        self.metrics.observe(op, "EROFS", std::time::Duration::ZERO);
+        let mut s =
+            Status::failed_precondition(format!("{op}: {why}: this primary takes no changes"));
+        if let Ok(v) = libc::EROFS.to_string().parse() {
+            s.metadata_mut().insert(strait_proto::ERRNO_HEADER, v);
+        }
+        Err(s)
+    }
+
     /// Answer a mutation only once `wait` says the replicator holds its version.
     pub fn replicated(mut self, wait: Arc<dyn ReplicationWait>) -> Self {
         self.replicated = Some(wait);
         self
+    }
+
+    /// Name the engine's latest version in `resp` (see [`READ_VERSION_HEADER`]): read after
+    /// the call's own read, it is at least the version of anything that read saw, since a
+    /// transaction moves the version counter with its changes.
+    async fn stamp_version<T>(&self, resp: &mut Response<T>) -> Result<(), Status> {
+        let kv = self.engine.kv().clone();
+        let version = tokio::task::spawn_blocking(move || kv.last_version())
+            .await
+            .map_err(|_| Status::internal("read the latest version: the task failed"))?
+            .map_err(|e| to_status(&e))?;
+        if let Ok(v) = version.to_string().parse() {
+            resp.metadata_mut().insert(VERSION_HEADER, v);
+        }
+        Ok(())
     }
 
     pub fn engine(&self) -> &Arc<Meta> {
@@ -258,6 +317,65 @@ impl MetaServer {
     /// that version (None: it changed nothing) once, in `replicated` durability, it is
     /// replicated.
     async fn blocking_v<T, F>(&self, op: &'static str, f: F) -> Result<(T, Option<Version>), Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
+    {
+        self.exec().run(op, f).await
+    }
+
+    fn exec(&self) -> Exec {
+        Exec {
+            inline: self.inline,
+            replicated: self.replicated.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// [`MetaServer::blocking_v`] for a call with a request id (see `requests.rs`): the first
+    /// call with the id runs in a task of its own; it and every retry get its result.
+    async fn once<T, F>(
+        &self,
+        id: String,
+        op: &'static str,
+        f: F,
+    ) -> Result<(T, Option<Version>), Status>
+    where
+        T: Clone + Send + Sync + 'static,
+        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
+    {
+        let slot = match self.requests.claim(&id, Instant::now()) {
+            Claim::First(slot) => {
+                let exec = self.exec();
+                let finisher = Finisher(slot.clone());
+                tokio::spawn(async move {
+                    let out = exec.run(op, f).await.map(|(v, version)| {
+                        (Arc::new(v) as Arc<dyn std::any::Any + Send + Sync>, version)
+                    });
+                    finisher.0.finish(out);
+                });
+                slot
+            }
+            Claim::Again(slot) => {
+                tracing::info!("{op}: request {id} sent again; answering with its first result");
+                self.metrics.requests_retried.inc();
+                slot
+            }
+        };
+        let (any, version) = slot.outcome().await?;
+        let v = any.downcast_ref::<T>().cloned().ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "request id {id} was first used by a call of another kind"
+            ))
+        })?;
+        Ok((v, version))
+    }
+}
+
+impl Exec {
+    /// Run an engine call that reports the version it committed; returns that version (None:
+    /// it changed nothing) once, in `replicated` durability, it is replicated.
+    async fn run<T, F>(self, op: &'static str, f: F) -> Result<(T, Option<Version>), Status>
     where
         T: Send + 'static,
         F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
@@ -347,12 +465,22 @@ fn make_entry(
 /// [`Committed`] value: its version is named in the reply and, in `replicated` durability,
 /// waited for.
 macro_rules! mutation {
-    ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
+    ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {
+        mutation!(@fence true, $self, $req, $op, |$m, $r| $body)
+    };
+    (@fence $fence:expr, $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let span = rpc_span($op, $req.metadata());
         async {
+            if $fence {
+                $self.check_fence($op)?;
+            }
             let $m = $self.session($req.metadata())?;
+            let id = request_id($req.metadata())?;
             let $r = $req.into_inner();
-            let (out, version) = $self.blocking_v($op, move || $body).await?;
+            let (out, version) = match id {
+                Some(id) => $self.once(id, $op, move || $body).await?,
+                None => $self.blocking_v($op, move || $body).await?,
+            };
             let mut resp = Response::new(out);
             if let Some(version) = version {
                 if let Ok(v) = version.to_string().parse() {
@@ -366,11 +494,20 @@ macro_rules! mutation {
     }};
 }
 
-/// One call that commits nothing: [`mutation!`] with a plain value.
+/// One call that commits nothing: [`mutation!`] with a plain value. Asked with
+/// [`READ_VERSION_HEADER`] (a read a mirror forwards), the reply names the latest version
+/// once the read is done: at least that of any state the read saw.
 macro_rules! rpc {
-    ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {
-        mutation!($self, $req, $op, |$m, $r| unversioned(move || $body)())
-    };
+    ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
+        let stamp = $req.metadata().get(READ_VERSION_HEADER).is_some();
+        let resp: Result<Response<_>, Status> =
+            mutation!(@fence false, $self, $req, $op, |$m, $r| unversioned(move || $body)());
+        let mut resp = resp?;
+        if stamp {
+            $self.stamp_version(&mut resp).await?;
+        }
+        Ok(resp)
+    }};
 }
 
 #[tonic::async_trait]
@@ -440,7 +577,7 @@ impl MetaService for MetaServer {
     }
 
     async fn close_session(&self, req: Request<w::Empty>) -> Reply<w::Empty> {
-        let out: Reply<w::Empty> = mutation!(self, req, "close_session", |m, _r| {
+        let out: Reply<w::Empty> = mutation!(@fence false, self, req, "close_session", |m, _r| {
             let sid = m.session_id();
             Ok(m.close_session_versioned(sid)?.map(|()| w::Empty {}))
         });
@@ -591,7 +728,7 @@ impl MetaService for MetaServer {
     }
 
     async fn release(&self, req: Request<w::ReleaseRequest>) -> Reply<w::Empty> {
-        mutation!(self, req, "release", |m, r| {
+        mutation!(@fence false, self, req, "release", |m, r| {
             if r.inos.len() > strait_proto::RELEASE_BATCH_MAX {
                 return Err(Error::Invalid(format!(
                     "the request names {} handles; at most {} are allowed",

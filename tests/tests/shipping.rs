@@ -354,13 +354,28 @@ fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
         let err = mkdir(&mut c, &token, sid, "after")
             .await
             .expect_err("a fenced primary must not acknowledge a replicated write");
-        assert_eq!(strait_proto::status_errno(&err), Some(libc::EIO), "{err:?}");
+        // EIO when it committed locally before it learned (its replication then failed),
+        // EROFS when its heartbeat had already told it
+        let errno = strait_proto::status_errno(&err);
+        assert!(
+            errno == Some(libc::EIO) || errno == Some(libc::EROFS),
+            "{err:?}"
+        );
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the write waited {:?} instead of failing at once",
             start.elapsed()
         );
         assert!(err.message().contains("fenced"), "{err:?}");
+        // from then on it commits nothing: EROFS before anything is written
+        let err = mkdir(&mut c, &token, sid, "later")
+            .await
+            .expect_err("a fenced primary takes no changes");
+        assert_eq!(
+            strait_proto::status_errno(&err),
+            Some(libc::EROFS),
+            "{err:?}"
+        );
     });
     // said once in the log, and nothing of the fenced primary reached the replicator
     std::thread::sleep(Duration::from_secs(3));
@@ -375,4 +390,61 @@ fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
     let names = created_names(&log);
     assert!(names.contains("before"));
     assert!(!names.contains("after"));
+}
+
+/// In `local` durability nothing waits for the replicator, so only the fence stops a primary
+/// whose epoch was superseded: its heartbeat learns it within a heartbeat period, and every
+/// mutation then answers EROFS (reads go on).
+#[test]
+fn a_fenced_primary_in_local_durability_refuses_changes_within_a_heartbeat() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let primary = region.primary(&["--durability", "local"]);
+    let token = primary.token.clone();
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &token).await;
+        mkdir(&mut c, &token, sid, "before")
+            .await
+            .expect("a write before the fence");
+        let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
+        lc.bump_epoch(strait_fs_core::Epoch(5))
+            .await
+            .expect("bump the epoch");
+        let start = Instant::now();
+        let mut n = 0;
+        let err = loop {
+            n += 1;
+            match mkdir(&mut c, &token, sid, &format!("after-{n}")).await {
+                Ok(()) if start.elapsed() < Duration::from_secs(10) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(()) => panic!("still taking changes 10 s after the epoch moved on"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            strait_proto::status_errno(&err),
+            Some(libc::EROFS),
+            "{err:?}"
+        );
+        assert!(err.message().contains("fenced"), "{err:?}");
+        println!(
+            "refused changes {:?} after the epoch moved on ({} accepted before)",
+            start.elapsed(),
+            n - 1
+        );
+        // and keeps refusing, while reads still work
+        let err = mkdir(&mut c, &token, sid, "later")
+            .await
+            .expect_err("a fenced primary takes no changes");
+        assert_eq!(
+            strait_proto::status_errno(&err),
+            Some(libc::EROFS),
+            "{err:?}"
+        );
+        c.stat_fs(req(w::Empty {}, &token, sid))
+            .await
+            .expect("reads go on");
+    });
 }
