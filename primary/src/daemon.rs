@@ -82,6 +82,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         // a primary whose epoch another primary superseded commits nothing more
         server = server.fenced_by(Arc::new(EpochFence {
             shipped: shipper.watch(),
+            started: std::time::Instant::now(),
         }));
         shipper.spawn(ship_stop.clone());
         shipped = Some(shipper.watch());

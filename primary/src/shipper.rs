@@ -126,10 +126,13 @@ pub struct Shipped {
     pub version: Version,
     /// Why shipping stopped, when it cannot go on by itself.
     pub stalled: Option<String>,
-    /// Set once the replicator is seen at an epoch newer than this primary's: another primary
-    /// was promoted. From then on this primary commits no mutation (they answer EROFS) until
-    /// it is restarted; it is never cleared.
+    /// Set once the replicator is seen at an epoch newer than this primary's (another primary
+    /// was promoted), or holding versions this primary's log does not have (its metadata went
+    /// back: a power loss, a restore). From then on this primary commits no mutation (they
+    /// answer EROFS) until it is restarted; it is never cleared.
     pub fenced: Option<String>,
+    /// Whether the replicator's log has been compared with this primary's since it started.
+    pub checked: bool,
 }
 
 pub struct ShipperConfig {
@@ -275,7 +278,14 @@ impl Shipper {
         });
     }
 
-    /// A newer epoch was seen: refuse every mutation from now on (see [`Shipped::fenced`]).
+    /// The replicator's log was compared with this primary's once since it started.
+    fn checked(&self) {
+        self.shipped
+            .send_if_modified(|s| !std::mem::replace(&mut s.checked, true));
+    }
+
+    /// A newer epoch, or a replicator log this primary's does not continue, was seen: refuse
+    /// every mutation from now on (see [`Shipped::fenced`]).
     fn fence(&self, why: &str) {
         self.shipped.send_if_modified(|s| {
             if s.fenced.is_some() {
@@ -321,8 +331,16 @@ impl Shipper {
             }
             let before = self.shipped.borrow().version;
             let step = match self.resync().await {
-                Ok(shipped) => self.stream(shipped).await,
-                Err(s) => s,
+                Ok(shipped) => {
+                    self.checked();
+                    self.stream(shipped).await
+                }
+                Err(s) => {
+                    if matches!(s, Step::Stall(_)) {
+                        self.checked();
+                    }
+                    s
+                }
             };
             if self.shipped.borrow().version > before {
                 // it worked for a while: a new failure is news again
@@ -388,7 +406,15 @@ impl Shipper {
         let local = blocking(move || kv.last_version())
             .await
             .map_err(|e| Step::Unreachable(format!("read the latest version: {e}")))?;
-        let replicated = resume_after(Version(status.last_version), local).map_err(Step::Stall)?;
+        let replicated = match resume_after(Version(status.last_version), local) {
+            Ok(v) => v,
+            Err(why) => {
+                // taking changes now would write new records under versions the replicator
+                // (and the mirrors) already hold with other contents: a splice
+                self.fence(&format!("diverged: {why}"));
+                return Err(Step::Stall(why));
+            }
+        };
         self.committed(replicated, false);
         Ok(replicated)
     }
@@ -534,14 +560,28 @@ impl Shipper {
     }
 }
 
-/// The primary's mutations are refused once the shipper saw a newer epoch.
+/// How long a change waits, after the daemon started, for the shipper's first comparison of
+/// the replicator's log with this primary's (an unreachable replicator does not hold changes
+/// longer in `local` durability).
+pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
+
+/// The primary's mutations are refused once the shipper saw a newer epoch or a replicator
+/// log ahead of this primary's; until its first look (at most [`FIRST_CHECK_WAIT`]) they wait.
 pub struct EpochFence {
     pub shipped: watch::Receiver<Shipped>,
+    pub started: Instant,
 }
 
 impl strait_site::WriteFence for EpochFence {
-    fn refused(&self) -> Option<String> {
-        self.shipped.borrow().fenced.clone()
+    fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async move {
+            let left = FIRST_CHECK_WAIT.saturating_sub(self.started.elapsed());
+            if !left.is_zero() && !self.shipped.borrow().checked {
+                let mut rx = self.shipped.clone();
+                let _ = tokio::time::timeout(left, rx.wait_for(|s| s.checked)).await;
+            }
+            self.shipped.borrow().fenced.clone()
+        })
     }
 }
 

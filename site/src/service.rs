@@ -32,8 +32,9 @@ use crate::requests::{request_id, Claim, Finisher, Requests};
 /// Whether this daemon may commit mutations at all: a primary whose epoch was superseded may
 /// not (another primary was promoted), and every mutation then answers EROFS.
 pub trait WriteFence: Send + Sync + 'static {
-    /// Why mutations are refused, or None while they are allowed.
-    fn refused(&self) -> Option<String>;
+    /// Why mutations are refused, or None while they are allowed (it may wait a moment
+    /// while the daemon starts).
+    fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>>;
 }
 
 /// `replicated` durability: a mutation is answered only once the replicator holds its version.
@@ -235,8 +236,11 @@ impl MetaServer {
     }
 
     /// EROFS with the fence's reason, when mutations are refused.
-    fn check_fence(&self, op: &str) -> Result<(), Status> {
-        let Some(why) = self.fence.as_ref().and_then(|f| f.refused()) else {
+    async fn check_fence(&self, op: &str) -> Result<(), Status> {
+        let Some(fence) = &self.fence else {
+            return Ok(());
+        };
+        let Some(why) = fence.refused().await else {
             return Ok(());
         };
         self.metrics.observe(op, "EROFS", std::time::Duration::ZERO);
@@ -472,7 +476,7 @@ macro_rules! mutation {
         let span = rpc_span($op, $req.metadata());
         async {
             if $fence {
-                $self.check_fence($op)?;
+                $self.check_fence($op).await?;
             }
             let $m = $self.session($req.metadata())?;
             let id = request_id($req.metadata())?;

@@ -448,3 +448,90 @@ fn a_fenced_primary_in_local_durability_refuses_changes_within_a_heartbeat() {
             .expect("reads go on");
     });
 }
+
+/// Copy a directory tree (a stopped daemon's RocksDB directory).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// The primary's shipped version, from its metrics.
+fn shipped(p: &Primary) -> u64 {
+    metric(p, "strait_shipped_version").unwrap_or(0)
+}
+
+/// A primary whose metadata went back (a power loss that lost unsynced commits, or a restore
+/// from an older copy) while the replicator kept the newer versions must never take changes:
+/// its new records would take version numbers the replicator and the mirrors already hold
+/// with other contents (a splice). It says why and answers EROFS, and the replicator's log
+/// keeps the old history.
+#[test]
+fn a_primary_whose_metadata_went_back_takes_no_changes_and_never_splices() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let meta_dir = region.fs.dir.path().join("meta");
+    let saved = tempfile::tempdir().unwrap();
+    let mut primary = region.primary(&["--durability", "replicated"]);
+    let token = primary.token.clone();
+    let write = |p: &Primary, names: &[&str]| {
+        rt.block_on(async {
+            let mut c = connect(&p.addr).await;
+            let sid = session(&mut c, &token).await;
+            for n in names {
+                mkdir(&mut c, &token, sid, n).await.expect("mkdir");
+            }
+        })
+    };
+    write(&primary, &["kept-1", "kept-2"]);
+    assert!(primary.terminate(), "the primary stops cleanly");
+    // the older copy
+    copy_tree(&meta_dir, saved.path());
+    primary.restart();
+    write(&primary, &["lost-1", "lost-2", "lost-3"]);
+    let shipped_before = shipped(&primary);
+    assert!(primary.terminate());
+    // the primary's metadata goes back to the older copy; it starts again in `local`
+    // durability, where nothing waits for the replicator (before the fix, these changes
+    // were acknowledged, and once its versions passed the replicator's it shipped them on
+    // top of the old history)
+    std::fs::remove_dir_all(&meta_dir).unwrap();
+    copy_tree(saved.path(), &meta_dir);
+    drop(primary);
+    let primary = region.primary(&["--durability", "local"]);
+    let token = primary.token.clone();
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &token).await;
+        // even the first change after the start is refused: changes wait for the shipper's
+        // first look at the replicator
+        for i in 0..4 {
+            let err = mkdir(&mut c, &token, sid, &format!("new-{i}"))
+                .await
+                .expect_err("a primary behind its replicator must take no changes");
+            assert_eq!(
+                strait_proto::status_errno(&err),
+                Some(libc::EROFS),
+                "{err:?}"
+            );
+            assert!(err.message().contains("diverged"), "{err:?}");
+        }
+    });
+    let text = primary.log_text();
+    assert!(text.contains("diverged"), "{text}");
+    // the replicator's log still holds the history the mirrors applied, unchanged
+    let log = rt.block_on(region.cluster.read_log(0, Duration::from_secs(30)));
+    let names = created_names(&log);
+    for n in ["kept-1", "kept-2", "lost-1", "lost-2", "lost-3"] {
+        assert!(names.contains(n), "{n} must stay in the log: {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.starts_with("new-")), "{names:?}");
+    assert!(log.last().map(|(v, _)| *v).unwrap_or(0) >= shipped_before);
+}
