@@ -4,30 +4,35 @@
 //! views share the engine and the table of open handles, so a file unlinked at one mount
 //! stays readable at another that holds it open. Engine calls block (RocksDB, Redis), so each
 //! runs on tokio's blocking pool.
+//!
+//! Here: the service and its calls. In `auth.rs`, the token check; in `run.rs`, how one engine
+//! call runs (timing, errors, `replicated` durability, request ids, the fence).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use strait_fs_core::error::Error;
 use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
-use strait_proto::{
-    to_status, WireError, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
-};
-use subtle::ConstantTimeEq;
+use strait_proto::{WireError, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
-use crate::requests::{request_id, Claim, Finisher, Requests};
+
+mod auth;
+mod run;
+
+use crate::requests::{request_id, Requests};
+pub use auth::Auth;
+use run::unversioned;
 
 /// Whether this daemon may commit mutations at all: a primary whose epoch was superseded may
 /// not (another primary was promoted), and every mutation then answers EROFS.
@@ -56,53 +61,6 @@ const SESSION_INFO_LEN_MAX: usize = 1024;
 
 type Reply<T> = Result<Response<T>, Status>;
 
-/// Checks the token of every call; refusals are logged once per peer address.
-#[derive(Clone)]
-pub struct Auth {
-    expected: Arc<Vec<u8>>,
-    refused: Arc<Mutex<HashSet<Option<IpAddr>>>>,
-    metrics: Arc<Metrics>,
-}
-
-impl Auth {
-    pub fn new(token: &str, metrics: Arc<Metrics>) -> Self {
-        Auth {
-            expected: Arc::new(format!("Bearer {token}").into_bytes()),
-            refused: Arc::new(Mutex::new(HashSet::new())),
-            metrics,
-        }
-    }
-}
-
-impl tonic::service::Interceptor for Auth {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let given = req.metadata().get("authorization").map(|v| v.as_bytes());
-        // equal without leaking where the two first differ (only whether the lengths do)
-        let ok = given.is_some_and(|g| bool::from(g.ct_eq(&self.expected)));
-        if ok {
-            return Ok(req);
-        }
-        self.metrics.unauthenticated.inc();
-        let peer = req.remote_addr();
-        let why = if given.is_none() {
-            "no token"
-        } else {
-            "a wrong token"
-        };
-        let mut refused = self.refused.lock();
-        if refused.len() < REFUSED_PEERS_MAX && refused.insert(peer.map(|p| p.ip())) {
-            tracing::warn!(
-                "refused a call from {} with {why} (logged once per address)",
-                peer.map(|p| p.to_string())
-                    .unwrap_or_else(|| "an unknown peer".into())
-            );
-        }
-        Err(Status::unauthenticated(format!(
-            "this site daemon requires a valid token; the call carried {why}"
-        )))
-    }
-}
-
 /// The metadata service of one site.
 pub struct MetaServer {
     engine: Arc<Meta>,
@@ -122,14 +80,6 @@ pub struct MetaServer {
     requests: Arc<Requests>,
     /// At a primary: refuses every mutation once its epoch is superseded.
     fence: Option<Arc<dyn WriteFence>>,
-}
-
-/// What running an engine call needs, owned, so a call can run in a task of its own.
-#[derive(Clone)]
-struct Exec {
-    inline: bool,
-    replicated: Option<Arc<dyn ReplicationWait>>,
-    metrics: Arc<Metrics>,
 }
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
@@ -235,42 +185,10 @@ impl MetaServer {
         self
     }
 
-    /// EROFS with the fence's reason, when mutations are refused.
-    async fn check_fence(&self, op: &str) -> Result<(), Status> {
-        let Some(fence) = &self.fence else {
-            return Ok(());
-        };
-        let Some(why) = fence.refused().await else {
-            return Ok(());
-        };
-        self.metrics.observe(op, "EROFS", std::time::Duration::ZERO);
-        let mut s =
-            Status::failed_precondition(format!("{op}: {why}: this primary takes no changes"));
-        if let Ok(v) = libc::EROFS.to_string().parse() {
-            s.metadata_mut().insert(strait_proto::ERRNO_HEADER, v);
-        }
-        Err(s)
-    }
-
     /// Answer a mutation only once `wait` says the replicator holds its version.
     pub fn replicated(mut self, wait: Arc<dyn ReplicationWait>) -> Self {
         self.replicated = Some(wait);
         self
-    }
-
-    /// Name the engine's latest version in `resp` (see [`READ_VERSION_HEADER`]): read after
-    /// the call's own read, it is at least the version of anything that read saw, since a
-    /// transaction moves the version counter with its changes.
-    async fn stamp_version<T>(&self, resp: &mut Response<T>) -> Result<(), Status> {
-        let kv = self.engine.kv().clone();
-        let version = tokio::task::spawn_blocking(move || kv.last_version())
-            .await
-            .map_err(|_| Status::internal("read the latest version: the task failed"))?
-            .map_err(|e| to_status(&e))?;
-        if let Ok(v) = version.to_string().parse() {
-            resp.metadata_mut().insert(VERSION_HEADER, v);
-        }
-        Ok(())
     }
 
     pub fn engine(&self) -> &Arc<Meta> {
@@ -307,139 +225,6 @@ impl MetaServer {
             .insert(RESUME_HEADER, "1".parse().expect("ascii"));
         Err(s)
     }
-
-    /// Run `f` on the blocking pool, timing it and turning its error into a status.
-    async fn blocking<T, F>(&self, op: &'static str, f: F) -> Result<T, Status>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> strait_fs_core::Result<T> + Send + 'static,
-    {
-        self.blocking_v(op, unversioned(f)).await.map(|(v, _)| v)
-    }
-
-    /// [`MetaServer::blocking`] for a call that reports the version it committed; returns
-    /// that version (None: it changed nothing) once, in `replicated` durability, it is
-    /// replicated.
-    async fn blocking_v<T, F>(&self, op: &'static str, f: F) -> Result<(T, Option<Version>), Status>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
-    {
-        self.exec().run(op, f).await
-    }
-
-    fn exec(&self) -> Exec {
-        Exec {
-            inline: self.inline,
-            replicated: self.replicated.clone(),
-            metrics: self.metrics.clone(),
-        }
-    }
-
-    /// [`MetaServer::blocking_v`] for a call with a request id (see `requests.rs`): the first
-    /// call with the id runs in a task of its own; it and every retry get its result.
-    async fn once<T, F>(
-        &self,
-        id: String,
-        op: &'static str,
-        f: F,
-    ) -> Result<(T, Option<Version>), Status>
-    where
-        T: Clone + Send + Sync + 'static,
-        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
-    {
-        let slot = match self.requests.claim(&id, Instant::now()) {
-            Claim::First(slot) => {
-                let exec = self.exec();
-                let finisher = Finisher(slot.clone());
-                tokio::spawn(async move {
-                    let out = exec.run(op, f).await.map(|(v, version)| {
-                        (Arc::new(v) as Arc<dyn std::any::Any + Send + Sync>, version)
-                    });
-                    finisher.0.finish(out);
-                });
-                slot
-            }
-            Claim::Again(slot) => {
-                tracing::info!("{op}: request {id} sent again; answering with its first result");
-                self.metrics.requests_retried.inc();
-                slot
-            }
-        };
-        let (any, version) = slot.outcome().await?;
-        let v = any.downcast_ref::<T>().cloned().ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "request id {id} was first used by a call of another kind"
-            ))
-        })?;
-        Ok((v, version))
-    }
-}
-
-impl Exec {
-    /// Run an engine call that reports the version it committed; returns that version (None:
-    /// it changed nothing) once, in `replicated` durability, it is replicated.
-    async fn run<T, F>(self, op: &'static str, f: F) -> Result<(T, Option<Version>), Status>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
-    {
-        let start = Instant::now();
-        let res = if self.inline {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-                .map_err(|_| "the engine call panicked")
-        } else {
-            tokio::task::spawn_blocking(f)
-                .await
-                .map_err(|_| "the engine call panicked")
-        };
-        let (res, committed) = match res {
-            Ok(r) => {
-                let version = r.as_ref().ok().and_then(|c| c.version);
-                if let (Some(wait), Some(version)) = (&self.replicated, version) {
-                    if let Err(why) = wait.wait(version).await {
-                        tracing::error!("{op}: {why}");
-                        self.metrics.replication_timeouts.inc();
-                        self.metrics.observe(op, "EIO", start.elapsed());
-                        return Err(to_status(&Error::Meta(format!(
-                            "{op}: {why} (durability = replicated)"
-                        ))));
-                    }
-                }
-                (r.map(Committed::into_value), version)
-            }
-            Err(e) => {
-                tracing::error!("{op}: the engine call failed: {e}");
-                self.metrics.observe(op, "panic", start.elapsed());
-                return Err(Status::internal(format!("{op}: the engine call failed")));
-            }
-        };
-        match res {
-            Ok(v) => {
-                self.metrics.observe(op, "ok", start.elapsed());
-                Ok((v, committed))
-            }
-            Err(e) => {
-                let errno = e.errno();
-                if !e.is_sys() && !matches!(e, Error::Invalid(_)) {
-                    tracing::error!("{op}: {e}");
-                }
-                self.metrics.observe(
-                    op,
-                    &strait_fs_core::error::errno_name(errno),
-                    start.elapsed(),
-                );
-                Err(to_status(&e))
-            }
-        }
-    }
-}
-
-/// A call that commits nothing, as [`MetaServer::blocking_v`] takes it.
-fn unversioned<T>(
-    f: impl FnOnce() -> strait_fs_core::Result<T>,
-) -> impl FnOnce() -> strait_fs_core::Result<Committed<T>> {
-    move || f().map(Committed::unversioned)
 }
 
 /// MkNod, MkDir and Create: one request, three kinds of entry.
