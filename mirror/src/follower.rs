@@ -532,7 +532,9 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
             _ = tokio::time::sleep(period) => {}
         }
         let applied = mirror.applied();
-        if applied == acked || mirror.phase() == Phase::Bootstrapping {
+        // a halted mirror acknowledges nothing more: its cursor stays where it stopped, and
+        // `replicator forget-mirror` can drop it
+        if applied == acked || matches!(mirror.phase(), Phase::Bootstrapping | Phase::Halted) {
             continue;
         }
         let r = client

@@ -214,6 +214,19 @@ impl LogClient {
         .map(|_| ())
     }
 
+    /// Drop the cursor of the mirror named `mirror` (a mirror taken out of service).
+    pub async fn forget_mirror(&self, mirror: &str) -> Result<(), Status> {
+        let req = pb::ForgetMirrorRequest {
+            mirror: mirror.to_string(),
+        };
+        self.leader_call("forget mirror", |mut c| {
+            let req = req.clone();
+            async move { c.forget_mirror(req).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
     pub async fn add_node(&self, req: pb::AddNodeRequest) -> Result<(), Status> {
         self.leader_call("add node", |mut c| {
             let req = req.clone();

@@ -70,6 +70,10 @@ pub enum Command {
     },
     /// Change the retention caps.
     SetRetention(Retention),
+    /// Drop a mirror's cursor (a mirror taken out of service): it no longer holds back the
+    /// log's purge or the primary's GC. Appended last: the variants before keep their
+    /// numbers in logs and snapshots written before it existed.
+    ForgetMirror { mirror: String },
 }
 
 /// How much of the log is kept for mirrors that fall behind. A mirror whose position falls
@@ -386,6 +390,18 @@ pub fn apply(
                 ..Effect::default()
             }
         }
+        Command::ForgetMirror { mirror } => {
+            if state.cursors.remove(&mirror).is_none() {
+                return refused(AppendError::Malformed(format!(
+                    "no mirror named {mirror:?} has a cursor here"
+                )));
+            }
+            Effect {
+                outcome: Outcome::Done,
+                purge_below: state.enforce(),
+                ..Effect::default()
+            }
+        }
     }
 }
 
@@ -664,6 +680,31 @@ mod tests {
         };
         assert!(matches!(run(&mut s, &mut log, hb), Outcome::Refused(_)));
         assert_eq!(s.heartbeat, None);
+    }
+
+    #[test]
+    fn a_forgotten_mirror_no_longer_holds_the_log_back() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        run(&mut s, &mut log, app(0, 1, &["a", "b", "c", "d", "e"]));
+        let ack = |m: &str, v| Command::Ack {
+            mirror: m.into(),
+            applied_version: Version(v),
+        };
+        run(&mut s, &mut log, ack("gone", 1));
+        run(&mut s, &mut log, ack("live", 5));
+        assert_eq!(s.earliest_version, Version(2));
+        let forget = |m: &str| Command::ForgetMirror { mirror: m.into() };
+        assert_eq!(run(&mut s, &mut log, forget("gone")), Outcome::Done);
+        assert!(!s.cursors.contains_key("gone"));
+        // the log may now start above the live mirror's cursor
+        assert_eq!(s.earliest_version, Version(6));
+        // a name with no cursor: refused, nothing changes
+        assert!(matches!(
+            run(&mut s, &mut log, forget("never")),
+            Outcome::Refused(_)
+        ));
+        assert_eq!(s.cursors.len(), 1);
     }
 
     #[test]

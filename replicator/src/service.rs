@@ -190,6 +190,21 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         Ok(Response::new(pb::Empty {}))
     }
 
+    async fn forget_mirror(
+        &self,
+        req: Request<pb::ForgetMirrorRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let r = req.into_inner();
+        if r.mirror.is_empty() || r.mirror.len() > MIRROR_NAME_MAX {
+            return Err(Status::invalid_argument(format!(
+                "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
+            )));
+        }
+        self.write(Command::ForgetMirror { mirror: r.mirror })
+            .await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
     type SubscribeStream = SubscribeStream;
 
     async fn subscribe(

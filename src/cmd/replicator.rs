@@ -87,6 +87,15 @@ pub enum Action {
         #[arg(long)]
         max_age: String,
     },
+    /// Drop the cursor of a mirror taken out of service, so it no longer holds back the log's
+    /// purge or the primary's GC (a mirror that comes back later bootstraps again if the log
+    /// it needs was purged).
+    ForgetMirror {
+        #[arg(long)]
+        addr: String,
+        /// The mirror's id, as `replicator status` lists its cursor.
+        id: String,
+    },
     /// Benchmark a three-node cluster started here (loopback, RocksDB in a temporary
     /// directory): committed records/s with batching, then commit latency at half that rate;
     /// with --delay-ms, every link between nodes gets that one-way delay (fault proxy).
@@ -331,6 +340,13 @@ async fn admin(action: Action) -> Result<()> {
                 .await
                 .map_err(|s| status_err(&addr, s))?;
             println!("retention set: at most {max_bytes} bytes, at most {max_age_ms} ms old");
+        }
+        Action::ForgetMirror { addr, id } => {
+            leader_client(&addr)?
+                .forget_mirror(&id)
+                .await
+                .map_err(|s| status_err(&addr, s))?;
+            println!("forgot mirror {id}'s cursor");
         }
         Action::Status { addr } => {
             let s = connect(&addr)

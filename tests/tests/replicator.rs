@@ -482,3 +482,61 @@ fn the_replicator_bench_runs_both_phases_and_prints_the_disk_floor() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--batch"), "{err}");
 }
+
+/// `strait replicator forget-mirror` drops a mirror's cursor through Raft (every node loses
+/// it), so the cursor no longer holds back the log's purge or the primary's GC; a name with
+/// no cursor gets a non-zero exit and one readable line.
+#[test]
+fn forget_mirror_drops_a_cursor_everywhere_and_refuses_an_unknown_name() {
+    let rt = strait_tests::runtime();
+    let region = strait_tests::replicator::RegionA::start(&rt);
+    let addrs = region.addrs.clone();
+    rt.block_on(async {
+        let lc = strait_replicator_client::LogClient::new(&addrs).unwrap();
+        for m in ["retired", "live"] {
+            lc.ack(pb::AckRequest {
+                mirror: m.into(),
+                applied_version: 0,
+            })
+            .await
+            .expect("ack");
+        }
+    });
+    let cursors = |addr: &str| -> Vec<String> {
+        rt.block_on(async {
+            let s = client(addr.parse().unwrap())
+                .await
+                .status(pb::Empty {})
+                .await
+                .unwrap()
+                .into_inner();
+            s.cursors.into_iter().map(|c| c.mirror).collect()
+        })
+    };
+    let forget = |name: &str| {
+        Command::new(strait_bin())
+            .args(["replicator", "forget-mirror", "--addr", &addrs[0], name])
+            .output()
+            .expect("run strait")
+    };
+    let out = forget("retired");
+    assert!(out.status.success(), "{out:?}");
+    // applied by every node
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for a in &addrs {
+        loop {
+            let c = cursors(a);
+            if c == vec!["live".to_string()] {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {a} still lists {c:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let out = forget("never-was");
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("never-was"), "{err}");
+    assert_eq!(cursors(&addrs[0]), vec!["live".to_string()]);
+}
