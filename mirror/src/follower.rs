@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use strait_fs_core::changelog::{self, ChangeRecord, ReplicaError};
+use strait_fs_core::kv::DynKv;
 use strait_fs_core::snapshot::Loader;
 use strait_fs_core::Version;
 use strait_proto::limits::{META_MESSAGE_BYTES_MAX, REPLICATOR_MESSAGE_BYTES_MAX};
@@ -99,12 +100,32 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-/// Load the primary's snapshot into the (wiped) engine. Returns the version loaded.
-pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<Version> {
+/// Load the primary's snapshot into the (wiped) engine and verify it. Returns the version
+/// loaded. A load that fails, its digest check included, is wiped before this returns: the
+/// loader writes the version with the last pairs, so an unverified tree left in place would
+/// read as a mirror at that version, and the next turn would follow it instead of
+/// bootstrapping again.
+pub async fn bootstrap(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version> {
+    use anyhow::Context;
+    match load_snapshot(kv, primary).await {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let k = kv.clone();
+            tokio::task::spawn_blocking(move || k.wipe())
+                .await
+                .context("wipe task")?
+                .context("wipe the mirror's metadata after a failed bootstrap")?;
+            Err(e)
+        }
+    }
+}
+
+async fn load_snapshot(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version> {
     use anyhow::Context;
     use tokio_stream::StreamExt;
-    let kv = mirror.kv.clone();
-    tokio::task::spawn_blocking(move || kv.wipe())
+    let kv = kv.clone();
+    let k = kv.clone();
+    tokio::task::spawn_blocking(move || k.wipe())
         .await
         .context("wipe task")?
         .context("wipe the mirror's metadata before loading a snapshot")?;
@@ -132,7 +153,6 @@ pub async fn bootstrap(mirror: &Mirror, primary: &Primary) -> anyhow::Result<Ver
         End(u64),
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(4);
-    let kv = mirror.kv.clone();
     let version = Version(header.version);
     let loader = tokio::task::spawn_blocking(move || -> strait_fs_core::Result<Option<String>> {
         let mut l = Loader::new(kv.as_ref())?;
@@ -207,7 +227,7 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
             mirror.set_phase(Phase::Bootstrapping, "");
             mirror.metrics.bootstraps.inc();
             let requested = mirror.mono_ms();
-            match bootstrap(&mirror, &primary).await {
+            match bootstrap(&mirror.kv, &primary).await {
                 Ok(v) => {
                     mirror.on_applied(v, &[], None);
                     // the snapshot was taken after it was asked for: it holds everything
@@ -606,6 +626,88 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A site service whose snapshot is a real one with the end's digest changed.
+    struct TamperedSite {
+        kv: DynKv,
+    }
+
+    #[tonic::async_trait]
+    impl strait_proto::site::site_service_server::SiteService for TamperedSite {
+        type SnapshotStream = strait_site::snapshot::SnapshotStream;
+
+        async fn snapshot(
+            &self,
+            _req: tonic::Request<s::Empty>,
+        ) -> Result<tonic::Response<Self::SnapshotStream>, tonic::Status> {
+            use tokio_stream::StreamExt;
+            let real = strait_site::snapshot::snapshot_stream(self.kv.clone());
+            let tampered = real.map(|c| {
+                c.map(|mut c| {
+                    if let Some(s::snapshot_chunk::Kind::End(e)) = &mut c.kind {
+                        e.digest = "0".repeat(64);
+                    }
+                    c
+                })
+            });
+            Ok(tonic::Response::new(Box::pin(tampered)))
+        }
+        async fn digest(
+            &self,
+            _req: tonic::Request<s::DigestRequest>,
+        ) -> Result<tonic::Response<s::DigestReply>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+        async fn status(
+            &self,
+            _req: tonic::Request<s::Empty>,
+        ) -> Result<tonic::Response<s::SiteStatus>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+        async fn pause(
+            &self,
+            _req: tonic::Request<s::PauseRequest>,
+        ) -> Result<tonic::Response<s::PauseReply>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+        async fn gc(
+            &self,
+            _req: tonic::Request<s::Empty>,
+        ) -> Result<tonic::Response<s::GcReply>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bootstrap_whose_digest_differs_leaves_nothing_to_follow() {
+        let memory = || -> DynKv { Arc::new(strait_fs_core::kv::memory::MemoryKv::new()) };
+        // a primary with a small tree
+        let (primary_kv, meta) = strait_fs_core::meta::conformance::fresh(&memory);
+        let root = strait_fs_core::meta::Ctx::root();
+        strait_fs_core::meta::MetaClient::mkdir(meta.as_ref(), &root, 1, b"d", 0o755, 0)
+            .expect("mkdir");
+        assert!(primary_kv.last_version().expect("version") > Version::ZERO);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let svc = strait_proto::site::site_service_server::SiteServiceServer::new(TamperedSite {
+            kv: primary_kv,
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let primary = Primary::new(&addr.to_string(), "t").expect("primary");
+        let mirror_kv = memory();
+        let e = bootstrap(&mirror_kv, &primary)
+            .await
+            .expect_err("a snapshot whose digest differs must not load");
+        assert!(format!("{e:#}").contains("digest"), "{e:#}");
+        // nothing is left that the next turn could take for a bootstrapped mirror
+        assert_eq!(mirror_kv.last_version().expect("version"), Version::ZERO);
+    }
 
     #[test]
     fn the_pauses_double_from_100_ms_up_to_2_s_and_go_on() {
