@@ -19,6 +19,24 @@ use crate::store::ChangeLog;
 use crate::{NodeId, Raft, APPEND_HEADER, LEADER_HEADER};
 
 /// Records per streamed batch, and bytes (a batch holds at least one record).
+/// How far a heartbeat's clock may be from this node's: the log's age cap counts by the
+/// primary's clock, so a clock stepped years ahead would purge the whole log at once.
+pub const HEARTBEAT_CLOCK_SKEW_MAX_MS: u64 = 24 * 3600 * 1000;
+
+/// Whether a heartbeat's clock reading `primary_ms` is possible next to this node's `own_ms`.
+pub fn check_heartbeat_clock(primary_ms: u64, own_ms: u64) -> Result<(), String> {
+    let apart = primary_ms.abs_diff(own_ms);
+    if apart > HEARTBEAT_CLOCK_SKEW_MAX_MS {
+        return Err(format!(
+            "the heartbeat's clock ({primary_ms} ms since 1970) is {} s from this node's \
+             ({own_ms} ms): more than a day apart, so it is refused (the log's age cap counts \
+             by the primary's clock); check both machines' clocks",
+            apart / 1000
+        ));
+    }
+    Ok(())
+}
+
 const SUBSCRIBE_BATCH_RECORDS: usize = 4096;
 const SUBSCRIBE_BATCH_BYTES: usize = 4 << 20;
 /// Batches queued per subscriber before the reader waits for the subscriber (flow control).
@@ -148,6 +166,11 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
+        let own = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        check_heartbeat_clock(r.primary_clock_ms, own).map_err(Status::invalid_argument)?;
         self.write(Command::Heartbeat {
             epoch: Epoch(r.epoch),
             primary_clock_ms: r.primary_clock_ms,
@@ -467,4 +490,21 @@ async fn send_records(
         })),
     };
     tx.send(Ok(batch)).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn impossible_heartbeat_clocks_are_refused() {
+        let now = 1_764_000_000_000;
+        assert!(check_heartbeat_clock(now, now).is_ok());
+        assert!(check_heartbeat_clock(now + 3_600_000, now).is_ok());
+        assert!(check_heartbeat_clock(now - HEARTBEAT_CLOCK_SKEW_MAX_MS, now).is_ok());
+        // ten years ahead, zero, the largest reading: refused, no overflow
+        assert!(check_heartbeat_clock(now + 10 * 365 * 86_400_000, now).is_err());
+        assert!(check_heartbeat_clock(0, now).is_err());
+        assert!(check_heartbeat_clock(u64::MAX, now).is_err());
+    }
 }

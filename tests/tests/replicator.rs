@@ -540,3 +540,50 @@ fn forget_mirror_drops_a_cursor_everywhere_and_refuses_an_unknown_name() {
     assert!(err.contains("never-was"), "{err}");
     assert_eq!(cursors(&addrs[0]), vec!["live".to_string()]);
 }
+
+/// A heartbeat whose clock is more than a day from the node's is refused with a clear
+/// status and changes nothing: the log's age cap counts by the primary's clock, and a clock
+/// stepped years ahead would purge the whole log at once.
+#[test]
+fn an_impossible_heartbeat_clock_is_refused() {
+    let rt = strait_tests::runtime();
+    let region = strait_tests::replicator::RegionA::start(&rt);
+    rt.block_on(async {
+        let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        lc.heartbeat(pb::HeartbeatRequest {
+            epoch: 0,
+            primary_clock_ms: now,
+            latest_version: 0,
+        })
+        .await
+        .expect("a heartbeat with this machine's clock");
+        let ten_years = 10 * 365 * 86_400_000;
+        for clock in [now + ten_years, 0, u64::MAX] {
+            let s = lc
+                .heartbeat(pb::HeartbeatRequest {
+                    epoch: 0,
+                    primary_clock_ms: clock,
+                    latest_version: 0,
+                })
+                .await
+                .expect_err("an impossible clock");
+            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+            assert!(s.message().contains("more than a day"), "{s:?}");
+        }
+        let st = client(region.addrs[0].parse().unwrap())
+            .await
+            .status(pb::Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        let clock = st.heartbeat.map(|h| h.primary_clock_ms).unwrap_or(0);
+        assert!(
+            clock <= now + 60_000,
+            "the refused clocks changed the node's: {st:?}"
+        );
+    });
+}
