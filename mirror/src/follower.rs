@@ -105,9 +105,18 @@ impl tonic::service::Interceptor for Bearer {
 /// loader writes the version with the last pairs, so an unverified tree left in place would
 /// read as a mirror at that version, and the next turn would follow it instead of
 /// bootstrapping again.
-pub async fn bootstrap(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version> {
+///
+/// With `register` (the replicator and this mirror's id), the mirror's cursor is set at the
+/// snapshot's version as soon as its header arrives, before the pairs load: a mirror with no
+/// cursor holds nothing back, and the primary's GC could delete blocks of slices the snapshot
+/// still references (or that die after it) while the load runs.
+pub async fn bootstrap(
+    kv: &DynKv,
+    primary: &Primary,
+    register: Option<(&strait_replicator_client::LogClient, &str)>,
+) -> anyhow::Result<Version> {
     use anyhow::Context;
-    match load_snapshot(kv, primary).await {
+    match load_snapshot(kv, primary, register).await {
         Ok(v) => Ok(v),
         Err(e) => {
             let k = kv.clone();
@@ -120,7 +129,11 @@ pub async fn bootstrap(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version>
     }
 }
 
-async fn load_snapshot(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version> {
+async fn load_snapshot(
+    kv: &DynKv,
+    primary: &Primary,
+    register: Option<(&strait_replicator_client::LogClient, &str)>,
+) -> anyhow::Result<Version> {
     use anyhow::Context;
     use tokio_stream::StreamExt;
     let kv = kv.clone();
@@ -148,6 +161,28 @@ async fn load_snapshot(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version>
         header.name,
         header.version
     );
+    if let Some((client, id)) = register {
+        let ack = pb::AckRequest {
+            mirror: id.to_string(),
+            applied_version: header.version,
+        };
+        // not fatal: the acknowledgements that follow the load set the cursor too
+        match tokio::time::timeout(Duration::from_secs(10), client.ack(ack)).await {
+            Ok(Ok(())) => tracing::info!(
+                "registered this mirror's cursor at version {} before loading",
+                header.version
+            ),
+            Ok(Err(e)) => tracing::warn!(
+                "register this mirror's cursor at version {}: {}",
+                header.version,
+                e.message()
+            ),
+            Err(_) => tracing::warn!(
+                "register this mirror's cursor at version {}: no answer within 10 s",
+                header.version
+            ),
+        }
+    }
     enum Msg {
         Pairs(Vec<(Vec<u8>, Vec<u8>)>),
         End(u64),
@@ -204,6 +239,10 @@ async fn load_snapshot(kv: &DynKv, primary: &Primary) -> anyhow::Result<Version>
 /// Follow the log until `stop`: bootstrap when needed, subscribe, apply.
 pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
     let mut pauses = RETRY_BACKOFF.build();
+    // sets the mirror's cursor at a snapshot's version before it loads (see `bootstrap`)
+    let registrar = strait_replicator_client::LogClient::new(&mirror.cfg.replicator)
+        .ok()
+        .map(|c| c.with_attempts(2));
     let mut source = 0usize;
     // The follower's worker loop, run until `stop`: its two retries (a bootstrap, a
     // subscription) are steps of it, pausing as `pauses` says, begun again after a success.
@@ -227,7 +266,8 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
             mirror.set_phase(Phase::Bootstrapping, "");
             mirror.metrics.bootstraps.inc();
             let requested = mirror.mono_ms();
-            match bootstrap(&mirror.kv, &primary).await {
+            let register = registrar.as_ref().map(|c| (c, mirror.cfg.id.as_str()));
+            match bootstrap(&mirror.kv, &primary, register).await {
                 Ok(v) => {
                     mirror.on_applied(v, &[], None);
                     // the snapshot was taken after it was asked for: it holds everything
@@ -701,7 +741,7 @@ mod tests {
         );
         let primary = Primary::new(&addr.to_string(), "t").expect("primary");
         let mirror_kv = memory();
-        let e = bootstrap(&mirror_kv, &primary)
+        let e = bootstrap(&mirror_kv, &primary, None)
             .await
             .expect_err("a snapshot whose digest differs must not load");
         assert!(format!("{e:#}").contains("digest"), "{e:#}");

@@ -408,3 +408,60 @@ fn a_mirror_left_behind_by_the_logs_retention_bootstraps_again_by_itself() {
     }
     assert_eq!(mirror_row(&mirror.addr, &token)["state"], "following");
 }
+
+/// A bootstrapping mirror sets its cursor at the snapshot's version before it loads (a
+/// mirror with no cursor holds nothing back, so the primary's GC could delete blocks the
+/// snapshot references while it loads). With acknowledgements every 60 s, only that
+/// registration can put the cursor there right after the bootstrap.
+#[test]
+fn a_bootstrapping_mirror_registers_its_cursor_before_it_loads() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let addrs = region.addrs.clone();
+    let primary = region.primary(&[]);
+    let token = primary.token.clone();
+    rt.block_on(async {
+        let mut s = Site::connect(&primary.addr, &token).await;
+        for i in 0..5 {
+            s.mkdir(1, &format!("d{i}")).await.unwrap();
+        }
+    });
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(cfg.path(), "ack_interval_ms = 60000\n").unwrap();
+    let cfg_path = cfg.path().to_string_lossy().to_string();
+    let mirror = Primary::mirror(
+        &primary,
+        "region-b",
+        &addrs,
+        &["--config", &cfg_path, "--writes", "refuse"],
+    );
+    let text = mirror.log_text();
+    assert!(text.contains("bootstrapped at version"), "{text}");
+    assert!(
+        text.contains("registered this mirror's cursor at version"),
+        "{text}"
+    );
+    // the node asked may be a follower a moment behind the leader: look for 5 s (the first
+    // acknowledgement is 60 s away)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let c = loop {
+        let cursors = rt.block_on(async {
+            strait_tests::replicator::client(addrs[0].parse().unwrap())
+                .await
+                .status(strait_proto::replicator::Empty {})
+                .await
+                .unwrap()
+                .into_inner()
+                .cursors
+        });
+        if let Some(c) = cursors.iter().find(|c| c.mirror == "region-b") {
+            break c.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no cursor for region-b: {cursors:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(c.applied_version > 0 && !c.needs_bootstrap, "{c:?}");
+}
