@@ -25,6 +25,19 @@ const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
 /// Resumptions of the session tried for one call before giving up.
 const RESUME_ATTEMPTS_MAX: u32 = 3;
 
+/// What the error chain of a call that never reached the daemon says (lower case). Only
+/// these: "connection reset" or "connection closed" also contain "connect", and a call that
+/// broke so may have been applied.
+const NOT_SENT: &[&str] = &[
+    "connection refused",
+    "tcp connect error",
+    "error trying to connect",
+    "client error (connect)",
+    "connect timeout",
+    "connect timed out",
+    "dns error",
+];
+
 /// How a failed call ended, for the retry loop.
 pub(crate) enum Failure {
     /// The daemon never received the call: safe to send again.
@@ -71,12 +84,12 @@ pub(crate) fn classify(s: &Status) -> Failure {
     match s.code() {
         Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => {
             // tonic reports both "could not connect" and "connection broke" as Unavailable;
-            // only the first says "connect" in its source chain
+            // only the first says one of NOT_SENT in its source chain
             let t = describe(s).to_ascii_lowercase();
             if t.contains("certificate") || t.contains("alert") || t.contains("tls") {
                 // the daemon refused our certificate or we refused its: waiting cannot help
                 Failure::Final
-            } else if t.contains("connect") || t.contains("connection refused") {
+            } else if NOT_SENT.iter().any(|p| t.contains(p)) {
                 Failure::NotSent
             } else if s.code() == Code::Unknown && !t.contains("transport") && !t.contains("h2") {
                 Failure::Final
@@ -142,19 +155,35 @@ impl RemoteMeta {
         // a mutation keeps one request id over all its attempts: the daemon runs it once
         // (site's requests.rs), so one broken in flight is safe to send again
         let request_id = if reads { None } else { self.next_request_id() };
+        // the daemon's boot this change is first sent to, as last heard; named on a retry
+        // after it broke in flight, so a daemon that restarted meanwhile answers EIO instead
+        // of applying it perhaps a second time (site's requests.rs)
+        let boot = self.boot.load(Ordering::Relaxed);
+        let broke = Cell::new(false);
         let resumes = Cell::new(0);
         let warned = Cell::new(false);
         // one attempt: the call, sent again at once after each resumption of the session
         let attempt = || -> std::result::Result<T, Attempt> {
             loop {
                 let (rt, channel) = self.connection().map_err(Attempt::Fail)?;
-                let client = self.client(channel, request_id.clone());
+                let retry_of = broke.get().then_some(boot);
+                let client = self.client(channel, request_id.clone(), retry_of);
                 // the connection's tasks only run inside block_on: let them first take in what
                 // arrived while this thread was idle (a closed connection is then known closed,
                 // and the call goes to a new one instead of failing on the dead one)
                 rt.block_on(tokio::task::yield_now());
                 let s = match rt.block_on(f(client).instrument(span.clone())) {
-                    Ok(r) => return Ok(r.into_inner()),
+                    Ok(r) => {
+                        if let Some(b) = r
+                            .metadata()
+                            .get(strait_proto::BOOT_HEADER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse::<u64>().ok())
+                        {
+                            self.boot.store(b, Ordering::Relaxed);
+                        }
+                        return Ok(r.into_inner());
+                    }
                     Err(s) => s,
                 };
                 return Err(match classify(&s) {
@@ -174,7 +203,11 @@ impl RemoteMeta {
                         tracing::error!("{e}");
                         Attempt::Fail(e)
                     }
-                    Failure::NotSent | Failure::Broken => Attempt::Unreachable(s),
+                    Failure::Broken => {
+                        broke.set(true);
+                        Attempt::Unreachable(s)
+                    }
+                    Failure::NotSent => Attempt::Unreachable(s),
                 });
             }
         };
@@ -244,5 +277,29 @@ impl RemoteMeta {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_connection_is_not_taken_for_a_call_never_sent() {
+        let is = |msg: &str| match classify(&Status::unavailable(msg)) {
+            Failure::NotSent => "not sent",
+            Failure::Broken => "broken",
+            Failure::Resume => "resume",
+            Failure::Final => "final",
+        };
+        // the old test looked for "connect", which these contain too: a retry then applied
+        // a change twice
+        assert_eq!(is("transport error: connection reset by peer"), "broken");
+        assert_eq!(is("h2 protocol error: connection closed"), "broken");
+        assert_eq!(
+            is("transport error: tcp connect error: Connection refused (os error 111)"),
+            "not sent"
+        );
+        assert_eq!(is("error trying to connect: dns error"), "not sent");
     }
 }

@@ -11,8 +11,10 @@
 //! - A retry that arrives while the first call is still running waits for its result.
 //! - Results are kept [`KEEP`] (a mount gives up retrying after its reconnect timeout, 60 s by
 //!   default) and at most [`SLOTS_MAX`] of them; past that the oldest are forgotten first.
-//! - The table is in memory: a request retried after the daemon itself restarted runs again
-//!   (docs/chaos.md says which calls that can change).
+//! - The table is in memory. A retry says which run of the daemon (its boot number) the mount
+//!   last heard from; a daemon of another run that holds no result for the id cannot know
+//!   whether the first attempt was applied before it restarted, and answers EIO rather than
+//!   apply it perhaps a second time.
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -24,7 +26,7 @@ use strait_fs_core::Version;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-pub use strait_proto::REQUEST_ID_HEADER;
+pub use strait_proto::{REQUEST_ID_HEADER, RETRY_OF_BOOT_HEADER};
 
 /// The longest request id accepted.
 pub const REQUEST_ID_LEN_MAX: usize = 64;
@@ -138,6 +140,30 @@ impl Requests {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// 64 random bits: the standard library's per-process random hash keys over the process id and
+/// the time.
+pub fn random_u64() -> u64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
+}
+
+/// The boot a retried change was first sent to ([`RETRY_OF_BOOT_HEADER`]), if the call is such
+/// a retry; a malformed value is refused.
+pub fn retry_of_boot(md: &MetadataMap) -> Result<Option<u64>, Status> {
+    let Some(v) = md.get(RETRY_OF_BOOT_HEADER) else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| Status::invalid_argument(format!("{RETRY_OF_BOOT_HEADER} must be a number")))
 }
 
 /// The call's request id, if it has one; a malformed one is refused.

@@ -159,6 +159,59 @@ fn a_mutation_sent_again_with_its_request_id_runs_once() {
         );
         assert!(k.c.lookup(r).await.is_err(), "c must not exist");
 
+        // a retry of a call first sent to another run of the daemon (its boot differs) that
+        // left no result here: EIO, and nothing is applied (it may have been, before the
+        // restart); a retry naming this run's boot runs
+        let r = k.req(
+            w::RenameRequest {
+                ctx: Some(w::Ctx::default()),
+                parent: 1,
+                name: b"a".to_vec(),
+                new_parent: 1,
+                new_name: b"b".to_vec(),
+                flags: RENAME_EXCHANGE,
+            },
+            Some("test-nonce-3"),
+        );
+        let boot: u64 =
+            k.c.rename(r)
+                .await
+                .expect("exchange")
+                .metadata()
+                .get(strait_proto::BOOT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .expect("the daemon names its boot");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
+        let retry = |k: &Caller, id: &str, of: u64| {
+            let mut r = k.req(
+                w::RenameRequest {
+                    ctx: Some(w::Ctx::default()),
+                    parent: 1,
+                    name: b"a".to_vec(),
+                    new_parent: 1,
+                    new_name: b"b".to_vec(),
+                    flags: RENAME_EXCHANGE,
+                },
+                Some(id),
+            );
+            r.metadata_mut().insert(
+                strait_proto::RETRY_OF_BOOT_HEADER,
+                of.to_string().parse().expect("ascii"),
+            );
+            r
+        };
+        let s =
+            k.c.rename(retry(&k, "test-nonce-4", boot.wrapping_add(1)))
+                .await
+                .expect_err("a retry from another run of the daemon");
+        assert_eq!(strait_proto::status_errno(&s), Some(libc::EIO), "{s:?}");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
+        k.c.rename(retry(&k, "test-nonce-5", boot))
+            .await
+            .expect("a retry of a call this run never received");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (a, b));
+
         // a malformed id: refused before anything runs
         let long = "x".repeat(65);
         let s = k.exchange(Some(&long)).await.expect_err("too long");

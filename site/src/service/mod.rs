@@ -20,7 +20,9 @@ use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
-use strait_proto::{WireError, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
+use strait_proto::{
+    WireError, BOOT_HEADER, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
+};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -30,7 +32,7 @@ use crate::metrics::Metrics;
 mod auth;
 mod run;
 
-use crate::requests::{request_id, Requests};
+use crate::requests::{request_id, retry_of_boot, Requests};
 pub use auth::Auth;
 use run::unversioned;
 
@@ -80,6 +82,8 @@ pub struct MetaServer {
     requests: Arc<Requests>,
     /// At a primary: refuses every mutation once its epoch is superseded.
     fence: Option<Arc<dyn WriteFence>>,
+    /// Drawn at random when the daemon starts (see [`BOOT_HEADER`]).
+    boot: u64,
 }
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
@@ -169,6 +173,7 @@ impl MetaServer {
             blocks: None,
             requests: Arc::new(Requests::default()),
             fence: None,
+            boot: crate::requests::random_u64(),
         }
     }
 
@@ -265,12 +270,16 @@ macro_rules! mutation {
             }
             let $m = $self.session($req.metadata())?;
             let id = request_id($req.metadata())?;
+            let retry_of = retry_of_boot($req.metadata())?;
             let $r = $req.into_inner();
             let (out, version) = match id {
-                Some(id) => $self.once(id, $op, move || $body).await?,
+                Some(id) => $self.once(id, retry_of, $op, move || $body).await?,
                 None => $self.blocking_v($op, move || $body).await?,
             };
             let mut resp = Response::new(out);
+            if let Ok(v) = $self.boot.to_string().parse() {
+                resp.metadata_mut().insert(BOOT_HEADER, v);
+            }
             if let Some(version) = version {
                 if let Ok(v) = version.to_string().parse() {
                     resp.metadata_mut().insert(VERSION_HEADER, v);

@@ -100,6 +100,7 @@ impl MetaServer {
     pub(super) async fn once<T, F>(
         &self,
         id: String,
+        retry_of: Option<u64>,
         op: &'static str,
         f: F,
     ) -> Result<(T, Option<Version>), Status>
@@ -108,6 +109,21 @@ impl MetaServer {
         F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
     {
         let slot = match self.requests.claim(&id, Instant::now()) {
+            Claim::First(slot) if retry_of.is_some_and(|b| b != self.boot) => {
+                // a retry of a call first sent to an earlier run of this daemon (or to one the
+                // mount never heard from), which left no result here: it may have been applied
+                let why = format!(
+                    "{op}: the site daemon restarted while this call was in flight; it may or \
+                     may not have been applied (request {id})"
+                );
+                tracing::warn!("{why}");
+                let mut s = Status::unavailable(why);
+                if let Ok(v) = libc::EIO.to_string().parse() {
+                    s.metadata_mut().insert(strait_proto::ERRNO_HEADER, v);
+                }
+                slot.finish(Err(s));
+                slot
+            }
             Claim::First(slot) => {
                 let exec = self.exec();
                 let finisher = Finisher(slot.clone());
