@@ -148,7 +148,7 @@ impl RemoteMeta {
             open: Mutex::new(HashMap::new()),
             slice_ids: Mutex::new((0, 0)),
             block_fallback: std::sync::atomic::AtomicBool::new(false),
-            nonce: random_nonce(),
+            nonce: rand::random(),
             requests: AtomicU64::new(1),
             boot: AtomicU64::new(0),
         }))
@@ -158,15 +158,4 @@ impl RemoteMeta {
     pub fn session_timeout(&self) -> Duration {
         Duration::from_millis(self.session_timeout_ms.load(Ordering::Relaxed))
     }
-}
-
-/// 64 random bits: the standard library's per-process random hash keys, over the process id
-/// and the time.
-fn random_nonce() -> u64 {
-    use std::hash::BuildHasher;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
 }

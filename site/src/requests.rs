@@ -142,17 +142,6 @@ impl Requests {
     }
 }
 
-/// 64 random bits: the standard library's per-process random hash keys over the process id and
-/// the time.
-pub fn random_u64() -> u64 {
-    use std::hash::BuildHasher;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
-}
-
 /// The boot a retried change was first sent to ([`RETRY_OF_BOOT_HEADER`]), if the call is such
 /// a retry; a malformed value is refused.
 pub fn retry_of_boot(md: &MetadataMap) -> Result<Option<u64>, Status> {

@@ -65,8 +65,9 @@ impl Caller {
         self.c.lookup(r).await.expect("lookup").into_inner().ino
     }
 
-    async fn exchange(&mut self, id: Option<&str>) -> Result<(), tonic::Status> {
-        let r = self.req(
+    /// `RENAME_EXCHANGE` of a and b in the root, under request id `id`.
+    fn exchange_req(&self, id: Option<&str>) -> Request<w::RenameRequest> {
+        self.req(
             w::RenameRequest {
                 ctx: Some(w::Ctx::default()),
                 parent: 1,
@@ -76,7 +77,11 @@ impl Caller {
                 flags: RENAME_EXCHANGE,
             },
             id,
-        );
+        )
+    }
+
+    async fn exchange(&mut self, id: Option<&str>) -> Result<(), tonic::Status> {
+        let r = self.exchange_req(id);
         self.c.rename(r).await.map(|_| ())
     }
 }
@@ -162,17 +167,7 @@ fn a_mutation_sent_again_with_its_request_id_runs_once() {
         // a retry of a call first sent to another run of the daemon (its boot differs) that
         // left no result here: EIO, and nothing is applied (it may have been, before the
         // restart); a retry naming this run's boot runs
-        let r = k.req(
-            w::RenameRequest {
-                ctx: Some(w::Ctx::default()),
-                parent: 1,
-                name: b"a".to_vec(),
-                new_parent: 1,
-                new_name: b"b".to_vec(),
-                flags: RENAME_EXCHANGE,
-            },
-            Some("test-nonce-3"),
-        );
+        let r = k.exchange_req(Some("test-nonce-3"));
         let boot: u64 =
             k.c.rename(r)
                 .await
@@ -184,17 +179,7 @@ fn a_mutation_sent_again_with_its_request_id_runs_once() {
                 .expect("the daemon names its boot");
         assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
         let retry = |k: &Caller, id: &str, of: u64| {
-            let mut r = k.req(
-                w::RenameRequest {
-                    ctx: Some(w::Ctx::default()),
-                    parent: 1,
-                    name: b"a".to_vec(),
-                    new_parent: 1,
-                    new_name: b"b".to_vec(),
-                    flags: RENAME_EXCHANGE,
-                },
-                Some(id),
-            );
+            let mut r = k.exchange_req(Some(id));
             r.metadata_mut().insert(
                 strait_proto::RETRY_OF_BOOT_HEADER,
                 of.to_string().parse().expect("ascii"),

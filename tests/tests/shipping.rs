@@ -332,6 +332,24 @@ fn local_mode_ships_everything_after_a_restart_and_reports_what_was_at_risk() {
     );
 }
 
+/// A session at `primary` that made one change ("before"); then another primary is promoted:
+/// the replicator's epoch moves past this one's (0).
+async fn write_then_fence(
+    region: &RegionA,
+    primary: &Primary,
+) -> (MetaServiceClient<Channel>, u64) {
+    let mut c = connect(&primary.addr).await;
+    let sid = session(&mut c, &primary.token).await;
+    mkdir(&mut c, &primary.token, sid, "before")
+        .await
+        .expect("a write before the fence");
+    let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
+    lc.bump_epoch(strait_fs_core::Epoch(5))
+        .await
+        .expect("bump the epoch");
+    (c, sid)
+}
+
 #[test]
 fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
     let rt = strait_tests::runtime();
@@ -340,16 +358,7 @@ fn a_fenced_primary_stops_shipping_and_fails_replicated_writes_at_once() {
     let cluster = &region.cluster;
     let token = primary.token.clone();
     rt.block_on(async {
-        let mut c = connect(&primary.addr).await;
-        let sid = session(&mut c, &token).await;
-        mkdir(&mut c, &token, sid, "before")
-            .await
-            .expect("a write before the fence");
-        // another primary is promoted: the replicator's epoch moves past this one's (0)
-        let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
-        lc.bump_epoch(strait_fs_core::Epoch(5))
-            .await
-            .expect("bump the epoch");
+        let (mut c, sid) = write_then_fence(&region, &primary).await;
         let start = Instant::now();
         let err = mkdir(&mut c, &token, sid, "after")
             .await
@@ -402,15 +411,7 @@ fn a_fenced_primary_in_local_durability_refuses_changes_within_a_heartbeat() {
     let primary = region.primary(&["--durability", "local"]);
     let token = primary.token.clone();
     rt.block_on(async {
-        let mut c = connect(&primary.addr).await;
-        let sid = session(&mut c, &token).await;
-        mkdir(&mut c, &token, sid, "before")
-            .await
-            .expect("a write before the fence");
-        let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
-        lc.bump_epoch(strait_fs_core::Epoch(5))
-            .await
-            .expect("bump the epoch");
+        let (mut c, sid) = write_then_fence(&region, &primary).await;
         let start = Instant::now();
         let mut n = 0;
         let err = loop {

@@ -173,7 +173,7 @@ impl MetaServer {
             blocks: None,
             requests: Arc::new(Requests::default()),
             fence: None,
-            boot: crate::requests::random_u64(),
+            boot: rand::random(),
         }
     }
 
