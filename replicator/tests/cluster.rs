@@ -391,7 +391,8 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
         }
     }
     // one complete snapshot file is left, and nothing half-received (the follower may be
-    // building its own snapshot just now: wait for it)
+    // building its own snapshot just now: wait for it; a build renames its file into place
+    // before it removes the older one, so two complete files can be seen for a moment)
     let snap_dir = c.data_dir(behind).join("snapshots");
     let start = Instant::now();
     let files = loop {
@@ -399,8 +400,8 @@ async fn a_follower_left_behind_is_caught_up_from_a_snapshot_file() {
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        if !files.iter().any(|f| f.starts_with("tmp-")) || start.elapsed() > Duration::from_secs(10)
-        {
+        let settled = files.len() == 1 && !files.iter().any(|f| f.starts_with("tmp-"));
+        if settled || start.elapsed() > Duration::from_secs(10) {
             break files;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
