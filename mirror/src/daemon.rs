@@ -16,8 +16,9 @@ use tonic::transport::Server;
 
 use crate::config::{MirrorConfig, Writes};
 use crate::follower::{self, Primary};
+use crate::forward::ForwardSession;
 use crate::metrics::{self, Metrics};
-use crate::router::{ForwardSession, Router};
+use crate::router::Router;
 use crate::site::MirrorSite;
 use crate::state::{Mirror, Phase};
 
@@ -153,7 +154,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let server = Arc::new(server);
     tokio::spawn(blocks.clone().run_copier(stop.clone()));
     tokio::spawn(blocks.clone().run_deleter(stop.clone()));
-    let forward = ForwardSession::new(primary.clone(), &cfg.id);
+    let forward = ForwardSession::new(primary.clone(), &cfg.id, engine.clone());
     let router = Router::new(
         MetaServiceServer::from_arc(server.clone())
             .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -183,6 +184,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         stop.clone(),
     ));
     tokio::spawn(forward.clone().heartbeat(stop.clone()));
+    tokio::spawn(forward.clone().run_holds(stop.clone()));
     {
         let m = mirror.clone();
         let s = stop.clone();

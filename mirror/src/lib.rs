@@ -6,6 +6,8 @@
 //!   and apply the change log in order, exactly once, halting on an invalid record.
 //! - [`lag`]: lag on the primary's clock (plain functions).
 //! - [`state`]: what the mirror knows about itself, shared by every part.
+//! - [`forward`]: the mirror's session at the primary, for forwarded calls, holding the
+//!   region's open files there so an unlink does not free them.
 //! - [`router`]: the metadata service for the region's mounts, with the staleness window:
 //!   reads outside it are forwarded to the primary, wait, or are served stale, by policy;
 //!   [`calls`] says which calls are reads, mutations or the region's own.
@@ -18,6 +20,7 @@ pub mod calls;
 pub mod config;
 pub mod daemon;
 pub mod follower;
+pub mod forward;
 pub mod lag;
 pub mod metrics;
 pub mod router;

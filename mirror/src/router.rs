@@ -25,20 +25,17 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use strait_fs_core::Version;
 use strait_proto::meta as w;
-use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{
     ERRNO_HEADER, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
 };
 use strait_site::{Auth, MetaServer};
-use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::Interceptor;
@@ -47,7 +44,7 @@ use tower::Service;
 
 use crate::calls::{classify, Class};
 use crate::config::{Policy, Writes};
-use crate::follower::{Bearer, Primary};
+use crate::forward::ForwardSession;
 use crate::state::{Mirror, Phase};
 
 /// The message of a unary gRPC request or reply body (no compression).
@@ -80,112 +77,6 @@ fn errno_status(errno: i32, msg: String) -> Status {
         s.metadata_mut().insert(ERRNO_HEADER, v);
     }
     s
-}
-
-/// The mirror's session at the primary, under which forwarded reads run.
-pub struct ForwardSession {
-    primary: Primary,
-    sid: AtomicU64,
-    info: String,
-    lock: tokio::sync::Mutex<()>,
-}
-
-impl ForwardSession {
-    pub fn new(primary: Primary, mirror_id: &str) -> Arc<Self> {
-        Arc::new(ForwardSession {
-            primary,
-            sid: AtomicU64::new(0),
-            info: format!("mirror {mirror_id}: reads forwarded outside its window"),
-            lock: tokio::sync::Mutex::new(()),
-        })
-    }
-
-    fn client(
-        &self,
-    ) -> MetaServiceClient<
-        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
-    > {
-        MetaServiceClient::with_interceptor(
-            self.primary.channel.clone(),
-            Bearer(self.primary.token.clone()),
-        )
-    }
-
-    /// The session id, opening a session when there is none (or `stale` is the one refused).
-    async fn sid(&self, stale: u64) -> Result<u64, Status> {
-        let _g = self.lock.lock().await;
-        let cur = self.sid.load(Ordering::Relaxed);
-        if cur != 0 && cur != stale {
-            return Ok(cur);
-        }
-        let r = self
-            .client()
-            .open_session(w::OpenSessionRequest {
-                info: self.info.clone(),
-                resume_session: 0,
-                open_inodes: vec![],
-            })
-            .await?
-            .into_inner();
-        self.sid.store(r.session, Ordering::Relaxed);
-        tracing::info!(
-            "opened session {} at the primary for forwarded reads",
-            r.session
-        );
-        Ok(r.session)
-    }
-
-    /// Give back one handle on `ino` held by the mirror's session at the primary.
-    async fn release(&self, ino: u64) {
-        let sid = self.sid.load(Ordering::Relaxed);
-        if sid == 0 {
-            return;
-        }
-        let mut req = tonic::Request::new(w::ReleaseRequest { inos: vec![ino] });
-        if let Ok(v) = sid.to_string().parse() {
-            req.metadata_mut().insert(SESSION_HEADER, v);
-        }
-        if let Err(e) =
-            tokio::time::timeout(Duration::from_secs(10), self.client().release(req)).await
-        {
-            tracing::warn!("release inode {ino} at the primary: {e}");
-        }
-    }
-
-    /// Keep the session alive while it exists.
-    pub async fn heartbeat(self: Arc<Self>, stop: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-            }
-            let sid = self.sid.load(Ordering::Relaxed);
-            if sid == 0 {
-                continue;
-            }
-            let mut req = tonic::Request::new(w::HeartbeatRequest {});
-            if let Ok(v) = sid.to_string().parse() {
-                req.metadata_mut().insert(SESSION_HEADER, v);
-            }
-            if let Err(e) = self.client().heartbeat(req).await {
-                if e.metadata().get(RESUME_HEADER).is_some() {
-                    // the primary forgot it: open another at the next forwarded read
-                    let _ = self
-                        .sid
-                        .compare_exchange(sid, 0, Ordering::Relaxed, Ordering::Relaxed);
-                }
-            }
-        }
-        let sid = self.sid.load(Ordering::Relaxed);
-        if sid != 0 {
-            let mut req = tonic::Request::new(w::Empty {});
-            if let Ok(v) = sid.to_string().parse() {
-                req.metadata_mut().insert(SESSION_HEADER, v);
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.client().close_session(req))
-                .await;
-        }
-    }
 }
 
 type Local = MetaServiceServer<MetaServer>;
@@ -331,6 +222,22 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
+        let mount_sid = parts
+            .headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        // a file this region holds open must be held at the primary before an unlink or a
+        // rename over it arrives there
+        if method == "Unlink" || method == "Rename" {
+            match tokio::time::timeout_at(deadline, self.forward.sync_holds()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("{method} at the mirror: the region's open files: {e}"),
+                Err(_) => tracing::warn!(
+                    "{method} at the mirror: the region's open files were not held at the primary within {limit:?}"
+                ),
+            }
+        }
         let slices = match method {
             "WriteSlice" => decode::<w::WriteSliceRequest>(&bytes)
                 .map(|r| r.slice.into_iter().collect::<Vec<_>>()),
@@ -393,7 +300,7 @@ impl Router {
         let version = reply_version(&reply);
         self.mirror.metrics.forwarded_writes.inc();
         let reply = if method == "Create" {
-            self.release_at_primary(reply).await
+            self.created(mount_sid, reply).await
         } else {
             reply
         };
@@ -544,9 +451,10 @@ impl Router {
         }
     }
 
-    /// A file created through the mirror is held open at the primary by the mirror's session
-    /// there; the region counts its handles itself, so give that one back.
-    async fn release_at_primary(&self, reply: Reply) -> Reply {
+    /// A file created through the mirror is opened at the primary under the mirror's session
+    /// there: count that handle in the region for the creating mount's session, and keep it
+    /// held at the primary until the region closes the file (see [`crate::forward`]).
+    async fn created(&self, mount_sid: Option<u64>, reply: Reply) -> Reply {
         use http_body_util::BodyExt;
         let (parts, body) = reply.into_parts();
         let collected = match body.collect().await {
@@ -561,8 +469,9 @@ impl Router {
         let trailers = collected.trailers().cloned();
         let data = collected.to_bytes();
         if let Ok(r) = decode::<w::EntryReply>(&data) {
-            let me = self.forward.clone();
-            tokio::spawn(async move { me.release(r.ino).await });
+            if !data.is_empty() {
+                self.forward.created(mount_sid, r.ino).await;
+            }
         }
         rebuild(parts, data, trailers)
     }
@@ -585,6 +494,16 @@ impl Router {
         let method = method.as_str();
         // a method the service does not have goes to the local service, which says so
         let class = classify(method).unwrap_or(Class::Local);
+        let forward = self.forward.clone();
+        let reply = self.answer(method, class, req).await;
+        if method == "Open" {
+            // the region opened a file: hold it at the primary too (in the background)
+            forward.wake();
+        }
+        reply
+    }
+
+    async fn answer(self, method: &str, class: Class, req: http::Request<Body>) -> Reply {
         if class == Class::Mutation && self.mirror.cfg.writes == Writes::Forward {
             return self.forward_write(method, req).await;
         }

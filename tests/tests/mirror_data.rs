@@ -9,6 +9,7 @@
 //! - GC: the primary keeps a dead slice's blocks while a (paused) mirror still references
 //!   them; once the mirror applies the deletion, both stores drop them.
 //! - Per-path policies: only eager paths are copied in the background.
+//! - A file open at the mirror lives until its last close anywhere, as at the primary.
 
 use std::time::{Duration, Instant};
 
@@ -515,4 +516,131 @@ fn two_regions_on_garage_s3_the_mirror_serves_its_copies_with_the_link_cut() {
     link.heal();
     std::fs::write(b.path("d/from-b"), bytes(99, 5 << 20)).unwrap();
     assert!(std::fs::read(a.path("d/from-b")).unwrap() == bytes(99, 5 << 20));
+}
+
+/// GetAttr of `ino` at the daemon `m` is connected to: its link count, or the errno.
+async fn nlink(m: &mut strait_tests::site::Site, ino: u64) -> Result<u32, i32> {
+    let r =
+        m.c.get_attr(m.req(strait_proto::meta::InodeRequest {
+            ctx: Some(Default::default()),
+            ino,
+        }))
+        .await;
+    match r {
+        Ok(r) => Ok(r.into_inner().attr.map(|a| a.nlink).unwrap_or(u32::MAX)),
+        Err(s) => Err(s
+            .metadata()
+            .get(strait_proto::ERRNO_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1)),
+    }
+}
+
+#[test]
+fn a_file_open_at_the_mirror_lives_until_its_last_close_anywhere() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let primary = region.primary(&[]);
+    let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &[]);
+    let a = primary.mount(&[]);
+    let b = mirror.mount(&[]);
+
+    // created at B, unlinked at B: still written and read through its handle (the pattern
+    // of a temporary file; pjdfstest's unlink::open_file_not_freed)
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(b.path("tmpfile"))
+        .unwrap();
+    f.write_all(b"first").unwrap();
+    f.sync_all().unwrap();
+    let tmp_ino = f.metadata().unwrap().ino();
+    std::fs::remove_file(b.path("tmpfile")).unwrap();
+    assert!(!b.path("tmpfile").exists());
+    f.write_all_at(b"second", 5)
+        .expect("a write to an unlinked file still open at the mirror");
+    f.sync_all()
+        .expect("an fsync of an unlinked file still open at the mirror");
+    let mut got = String::new();
+    f.rewind().unwrap();
+    f.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "firstsecond");
+
+    // written at A, opened at B, unlinked at A: B still reads it whole
+    let data = bytes(11, 300_000);
+    std::fs::write(a.path("shared"), &data).unwrap();
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    let g = std::fs::File::open(b.path("shared")).unwrap();
+    let shared_ino = g.metadata().unwrap().ino();
+    // a change forwarded from B first holds every file open in B at the primary (the
+    // background does too, within a second; this makes the order certain)
+    std::fs::write(b.path("other"), b"x").unwrap();
+    std::fs::rename(b.path("other"), b.path("other2")).unwrap();
+    std::fs::remove_file(a.path("shared")).unwrap();
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    rt.block_on(async {
+        let mut pm = strait_tests::site::Site::connect(&primary.addr, &primary.token).await;
+        let mut mm = strait_tests::site::Site::connect(&mirror.addr, &mirror.token).await;
+        for ino in [tmp_ino, shared_ino] {
+            assert_eq!(
+                nlink(&mut pm, ino).await,
+                Ok(0),
+                "inode {ino}, unlinked and open at the mirror, at the primary"
+            );
+            assert_eq!(
+                nlink(&mut mm, ino).await,
+                Ok(0),
+                "inode {ino}, unlinked and open at the mirror, at the mirror"
+            );
+        }
+    });
+    let mut back = vec![0; data.len()];
+    g.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data, "the unlinked file read back differs at B");
+
+    // open at A, unlinked at A: a mount at B that ends its session deletes nothing at the
+    // mirror (the primary decides when the file goes; the mirror applies that)
+    std::fs::write(a.path("held-at-a"), b"kept").unwrap();
+    let h = std::fs::File::open(a.path("held-at-a")).unwrap();
+    let held_ino = h.metadata().unwrap().ino();
+    std::fs::remove_file(a.path("held-at-a")).unwrap();
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+    drop(mirror.mount(&[]));
+    rt.block_on(async {
+        let mut mm = strait_tests::site::Site::connect(&mirror.addr, &mirror.token).await;
+        assert_eq!(
+            nlink(&mut mm, held_ino).await,
+            Ok(0),
+            "inode {held_ino}, open at A and unlinked, at the mirror after a session there ended"
+        );
+    });
+    let (same, _, why) = strait_tests::site::compare(&primary, &mirror);
+    assert!(same, "the regions differ: {why}");
+    drop(h);
+
+    // closed at B: the primary deletes both, and the mirror follows
+    drop(f);
+    drop(g);
+    rt.block_on(async {
+        let mut pm = strait_tests::site::Site::connect(&primary.addr, &primary.token).await;
+        let start = Instant::now();
+        for ino in [tmp_ino, shared_ino] {
+            loop {
+                match nlink(&mut pm, ino).await {
+                    Err(e) if e == libc::ENOENT || e == libc::ESTALE => break,
+                    r => assert!(
+                        start.elapsed() < Duration::from_secs(60),
+                        "inode {ino} still at the primary after its last close at B: {r:?}\n{}",
+                        mirror.log_text()
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
 }

@@ -21,6 +21,22 @@ impl Meta {
             .or_insert(0) += 1;
     }
 
+    /// Count one more handle on `ino` for this view's session without an access check: a
+    /// mirror counts so the handle a create forwarded to the primary opened.
+    pub fn count_handle(&self, ino: Ino) {
+        self.opened(ino);
+    }
+
+    /// Every inode some session holds a handle on, with its handles in all.
+    pub fn open_handles(&self) -> Vec<(Ino, u32)> {
+        self.open_files
+            .lock()
+            .iter()
+            .map(|(&ino, by_session)| (ino, by_session.values().sum()))
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
     pub fn open_count(&self, ino: Ino) -> u32 {
         self.open_files
             .lock()

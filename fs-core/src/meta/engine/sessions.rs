@@ -81,6 +81,9 @@ impl Meta {
             Ok(v)
         })?;
         let mut version = None;
+        // a read-only engine (a mirror's) deletes nothing itself: the primary decides when an
+        // unlinked file goes, and the mirror applies that
+        let sustained = if self.read_only { vec![] } else { sustained };
         for ino in sustained {
             if self.open_count(ino) == 0 {
                 version = version.max(self.delete_unlinked(ino)?);
@@ -101,5 +104,47 @@ impl Meta {
             }
         }
         Ok(closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kv;
+    use crate::meta::conformance::fresh;
+    use crate::meta::keys;
+    use crate::meta::types::*;
+    use crate::meta::{Meta, MetaOptions};
+
+    #[test]
+    fn a_read_only_engine_deletes_no_unlinked_file_when_a_session_ends() {
+        let (kv, meta) = fresh(&|| std::sync::Arc::new(kv::memory::MemoryKv::new()) as kv::DynKv);
+        let ctx = Ctx::root();
+        let ino = meta
+            .create_versioned(&ctx, ROOT_INO, b"f", 0o644, 0)
+            .unwrap()
+            .value
+            .0;
+        meta.unlink_versioned(&ctx, ROOT_INO, b"f").unwrap();
+        // at a mirror the session that sustains the file is the primary's, unknown here
+        kv::txn(kv.as_ref(), |t| {
+            t.delete(&keys::session(meta.session_id()));
+            Ok(())
+        })
+        .unwrap();
+        let ro = Meta::open(
+            kv.clone(),
+            MetaOptions {
+                read_only: true,
+                writes_elsewhere: true,
+            },
+        )
+        .unwrap();
+        let sid = ro.new_session("a mount at a mirror").unwrap();
+        ro.close_session_versioned(sid).unwrap();
+        assert_eq!(
+            ro.getattr(ino).map(|a| a.nlink).ok(),
+            Some(0),
+            "a session ending at a read-only engine deleted an unlinked file"
+        );
     }
 }
