@@ -176,6 +176,35 @@ pub struct DeadSlice {
 }
 
 impl ChangeRecord {
+    /// The highest inode number and the highest slice id this record names (0 for none): a
+    /// primary that applies records it lost raises its id counters past them, so it never
+    /// hands out an id the log already used.
+    pub fn highest_ids(&self) -> (Ino, SliceId) {
+        let slices = |s: &[SliceRef]| s.iter().map(|s| s.id).max().unwrap_or(SliceId::HOLE);
+        match &self.change {
+            Change::Format { .. } => (crate::meta::ROOT_INO, SliceId::HOLE),
+            Change::SetAttr { ino, .. }
+            | Change::Create { ino, .. }
+            | Change::Link { ino, .. }
+            | Change::Unlink { ino, .. }
+            | Change::Rmdir { ino, .. }
+            | Change::SetXattr { ino, .. }
+            | Change::RemoveXattr { ino, .. }
+            | Change::DeleteInode { ino } => (*ino, SliceId::HOLE),
+            Change::Truncate { ino, hole, .. } => (
+                *ino,
+                hole.as_ref().map(|(_, s)| s.id).unwrap_or(SliceId::HOLE),
+            ),
+            Change::Rename { ino, replaced, .. } => (
+                (*ino).max(replaced.as_ref().map(|r| r.ino).unwrap_or(0)),
+                SliceId::HOLE,
+            ),
+            Change::WriteSlice { ino, slice, .. } => (*ino, slice.id),
+            Change::Compact { ino, slices: s, .. } => (*ino, slices(s)),
+            Change::PurgeSlices { ids } => (0, ids.iter().copied().max().unwrap_or(SliceId::HOLE)),
+        }
+    }
+
     pub fn encode(&self) -> Result<Vec<u8>> {
         postcard::to_stdvec(self).map_err(|e| Error::corrupt(format!("encode change record: {e}")))
     }

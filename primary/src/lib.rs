@@ -3,6 +3,7 @@
 //! (mutual) TLS; it ships the change log to the replicator, deletes dead slices' blocks and
 //! exports OpenTelemetry traces.
 
+pub mod catchup;
 pub mod config;
 pub mod daemon;
 pub mod gc;

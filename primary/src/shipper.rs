@@ -127,10 +127,13 @@ pub struct Shipped {
     /// Why shipping stopped, when it cannot go on by itself.
     pub stalled: Option<String>,
     /// Set once the replicator is seen at an epoch newer than this primary's (another primary
-    /// was promoted), or holding versions this primary's log does not have (its metadata went
-    /// back: a power loss, a restore). From then on this primary commits no mutation (they
-    /// answer EROFS) until it is restarted; it is never cleared.
+    /// was promoted), or holding versions this primary's log does not continue (the two
+    /// histories diverged), or cannot give back (it purged them). From then on this primary
+    /// commits no mutation (they answer EROFS) until it is restarted; it is never cleared.
     pub fenced: Option<String>,
+    /// Set while the primary applies versions it lost (its metadata went back: a power loss,
+    /// a restore) from the replicator: mutations wait (see [`crate::catchup`]).
+    pub catching_up: Option<String>,
     /// Whether the replicator's log has been compared with this primary's since it started.
     pub checked: bool,
 }
@@ -410,13 +413,51 @@ impl Shipper {
             Ok(v) => v,
             Err(why) => {
                 // taking changes now would write new records under versions the replicator
-                // (and the mirrors) already hold with other contents: a splice
-                self.fence(&format!("diverged: {why}"));
-                return Err(Step::Stall(why));
+                // (and the mirrors) already hold with other contents (a splice): apply them
+                // from the replicator first, if its log continues this primary's
+                return Err(self
+                    .catch_up(local, Version(status.last_version), why)
+                    .await);
             }
         };
         self.committed(replicated, false);
         Ok(replicated)
+    }
+
+    /// This primary's log ends at `local`, before the replicator's `target`: apply what it
+    /// lacks from the replicator, or fence it when the two histories diverged.
+    async fn catch_up(&self, local: Version, target: Version, why: String) -> Step {
+        let doing = format!(
+            "catching up from version {local} to the replicator's {target} (this primary's \
+             metadata went back)"
+        );
+        tracing::warn!("{why}: {doing}");
+        self.shipped
+            .send_modify(|s| s.catching_up = Some(doing.clone()));
+        let addr = self.client.current_addr();
+        let done = crate::catchup::catch_up(self.kv.clone(), &addr, local, target).await;
+        self.shipped.send_modify(|s| s.catching_up = None);
+        match done {
+            Ok(c) => {
+                tracing::warn!(
+                    "caught up from version {} to {} from the replicator at {addr} ({} records \
+                     of the outbox found equal to the replicator's); taking changes again",
+                    c.from,
+                    c.to,
+                    c.compared
+                );
+                self.metrics.caught_up_versions.inc_by(c.to.0 - c.from.0);
+                Step::Resync
+            }
+            Err(crate::catchup::CatchUpError::Diverged(d)) => {
+                let why = format!("{why}; {d}");
+                self.fence(&format!("diverged: {why}"));
+                Step::Stall(why)
+            }
+            Err(crate::catchup::CatchUpError::Failed(f)) => {
+                Step::Unreachable(format!("catch up from the replicator: {f}"))
+            }
+        }
     }
 
     /// Append everything after `shipped`, then whatever is committed next, until a failure.
@@ -576,14 +617,25 @@ impl strait_site::WriteFence for EpochFence {
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
         Box::pin(async move {
             let left = FIRST_CHECK_WAIT.saturating_sub(self.started.elapsed());
+            let mut rx = self.shipped.clone();
             if !left.is_zero() && !self.shipped.borrow().checked {
-                let mut rx = self.shipped.clone();
                 let _ = tokio::time::timeout(left, rx.wait_for(|s| s.checked)).await;
             }
-            self.shipped.borrow().fenced.clone()
+            // a catch-up under way: wait for it a while, then refuse (never commit on the
+            // state it is replacing)
+            if self.shipped.borrow().catching_up.is_some() {
+                let _ =
+                    tokio::time::timeout(CATCH_UP_WAIT, rx.wait_for(|s| s.catching_up.is_none()))
+                        .await;
+            }
+            let s = self.shipped.borrow();
+            s.fenced.clone().or_else(|| s.catching_up.clone())
         })
     }
 }
+
+/// How long a change waits for a catch-up under way before it is refused.
+pub const CATCH_UP_WAIT: Duration = Duration::from_secs(10);
 
 /// `replicated` durability over the shipper: waits for [`Shipper::watch`] to reach a version,
 /// at most `timeout`.

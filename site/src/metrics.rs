@@ -38,6 +38,8 @@ pub struct Metrics {
     pub replication_timeouts: IntCounter,
     /// Mutations sent again with a request id already seen, answered with the first result.
     pub requests_retried: IntCounter,
+    /// Versions a primary whose metadata went back applied from the replicator.
+    pub caught_up_versions: IntCounter,
 }
 
 impl Metrics {
@@ -116,8 +118,15 @@ impl Metrics {
              call in flight), answered with the first call's result",
         ))
         .expect("valid counter");
+        let caught_up_versions = IntCounter::with_opts(Opts::new(
+            "strait_caught_up_versions_total",
+            "Versions a primary whose metadata went back (a power loss, a restore) applied from \
+             the replicator before it took changes again",
+        ))
+        .expect("valid counter");
         for c in [
             Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(caught_up_versions.clone()),
             Box::new(requests_retried.clone()),
             Box::new(sessions.clone()),
             Box::new(version.clone()),
@@ -146,6 +155,7 @@ impl Metrics {
             ship_errors,
             replication_timeouts,
             requests_retried,
+            caught_up_versions,
         })
     }
 

@@ -469,25 +469,24 @@ fn shipped(p: &Primary) -> u64 {
     metric(p, "strait_shipped_version").unwrap_or(0)
 }
 
-/// A primary whose metadata went back (a power loss that lost unsynced commits, or a restore
-/// from an older copy) while the replicator kept the newer versions must never take changes:
-/// its new records would take version numbers the replicator and the mirrors already hold
-/// with other contents (a splice). It says why and answers EROFS, and the replicator's log
-/// keeps the old history.
+/// A primary whose metadata went back (a power loss that dropped unsynced commits, a restore
+/// from an older copy) while the replicator kept the newer versions must never splice: its new
+/// records would take version numbers the replicator and the mirrors already hold with other
+/// contents. It applies what it lacks from the replicator first (its outbox compared with the
+/// replicator's log), takes changes only then, and the log goes on after the old history.
 #[test]
-fn a_primary_whose_metadata_went_back_takes_no_changes_and_never_splices() {
+fn a_primary_whose_metadata_went_back_catches_up_from_the_replicator_and_never_splices() {
     let rt = strait_tests::runtime();
     let region = RegionA::start(&rt);
     let meta_dir = region.fs.dir.path().join("meta");
     let saved = tempfile::tempdir().unwrap();
     let mut primary = region.primary(&["--durability", "replicated"]);
-    let token = primary.token.clone();
     let write = |p: &Primary, names: &[&str]| {
         rt.block_on(async {
             let mut c = connect(&p.addr).await;
-            let sid = session(&mut c, &token).await;
+            let sid = session(&mut c, &p.token).await;
             for n in names {
-                mkdir(&mut c, &token, sid, n).await.expect("mkdir");
+                mkdir(&mut c, &p.token, sid, n).await.expect("mkdir");
             }
         })
     };
@@ -502,21 +501,123 @@ fn a_primary_whose_metadata_went_back_takes_no_changes_and_never_splices() {
     // the primary's metadata goes back to the older copy; it starts again in `local`
     // durability, where nothing waits for the replicator (before the fix, these changes
     // were acknowledged, and once its versions passed the replicator's it shipped them on
-    // top of the old history)
+    // top of the old history; then it refused every change, EROFS)
     std::fs::remove_dir_all(&meta_dir).unwrap();
     copy_tree(saved.path(), &meta_dir);
     drop(primary);
     let primary = region.primary(&["--durability", "local"]);
     let token = primary.token.clone();
+    write(&primary, &["new-1", "new-2"]);
+    let text = primary.log_text();
+    assert!(text.contains("caught up from version"), "{text}");
+    // the primary holds the versions it had lost, and its new changes after them
+    let names = rt.block_on(root_names(&primary.addr, &token));
+    for n in [
+        "kept-1", "kept-2", "lost-1", "lost-2", "lost-3", "new-1", "new-2",
+    ] {
+        assert!(names.contains(n), "{n} is not at the primary: {names:?}");
+    }
+    // the replicator's log: the old history, unchanged, then the new changes, each once;
+    // replayed, it gives the primary's tree
+    let log = loop {
+        let log = rt.block_on(region.cluster.read_log(0, Duration::from_secs(30)));
+        if created_names(&log).contains("new-2") {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let versions: Vec<u64> = log.iter().map(|(v, _)| *v).collect();
+    assert!(
+        versions.windows(2).all(|w| w[1] == w[0] + 1),
+        "the log has gaps or repeats: {versions:?}"
+    );
+    let created: Vec<(u64, String)> = log
+        .iter()
+        .filter_map(|(v, b)| match ChangeRecord::decode(b).ok()?.change {
+            Change::Create {
+                parent: 1, name, ..
+            } => Some((*v, String::from_utf8_lossy(&name).into_owned())),
+            _ => None,
+        })
+        .collect();
+    let order: Vec<&str> = created.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(
+        order,
+        ["kept-1", "kept-2", "lost-1", "lost-2", "lost-3", "new-1", "new-2"],
+        "{created:?}"
+    );
+    assert!(created[4].0 <= shipped_before);
+    assert_eq!(replayed_root(&log), names);
+    // no inode number was handed out twice (the counter went back with the rest)
     rt.block_on(async {
         let mut c = connect(&primary.addr).await;
         let sid = session(&mut c, &token).await;
-        // even the first change after the start is refused: changes wait for the shipper's
-        // first look at the replicator
-        for i in 0..4 {
-            let err = mkdir(&mut c, &token, sid, &format!("new-{i}"))
+        let mut inos = BTreeSet::new();
+        for n in &names {
+            let e = c
+                .lookup(req(
+                    w::LookupRequest {
+                        ctx: Some(w::Ctx::default()),
+                        parent: 1,
+                        name: n.as_bytes().to_vec(),
+                    },
+                    &token,
+                    sid,
+                ))
                 .await
-                .expect_err("a primary behind its replicator must take no changes");
+                .expect("lookup")
+                .into_inner();
+            assert!(inos.insert(e.ino), "{n}: inode {} twice", e.ino);
+        }
+    });
+    assert!(metric(&primary, "strait_caught_up_versions_total").unwrap_or(0) >= 3);
+}
+
+/// A primary whose log does not continue the replicator's (it took changes the replicator
+/// never had, under versions the replicator holds with other contents) never splices and never
+/// applies the replicator's records on top of its own: it says why and answers EROFS.
+#[test]
+fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let meta_dir = region.fs.dir.path().join("meta");
+    let saved = tempfile::tempdir().unwrap();
+    let mut primary = region.primary(&["--durability", "replicated"]);
+    let write = |p: &Primary, names: &[&str]| {
+        rt.block_on(async {
+            let mut c = connect(&p.addr).await;
+            let sid = session(&mut c, &p.token).await;
+            for n in names {
+                mkdir(&mut c, &p.token, sid, n).await.expect("mkdir");
+            }
+        })
+    };
+    write(&primary, &["kept-1"]);
+    assert!(primary.terminate());
+    copy_tree(&meta_dir, saved.path());
+    primary.restart();
+    write(&primary, &["lost-1", "lost-2", "lost-3"]);
+    assert!(primary.terminate());
+    drop(primary);
+    // the older copy takes changes of its own, with no replicator to ship them to
+    std::fs::remove_dir_all(&meta_dir).unwrap();
+    copy_tree(saved.path(), &meta_dir);
+    let mut alone = Primary::start(
+        &region.fs.meta_url,
+        &region.fs.env,
+        &["--gc-interval-s", "0"],
+    );
+    write(&alone, &["other-1"]);
+    assert!(alone.terminate());
+    drop(alone);
+    let primary = region.primary(&["--durability", "local"]);
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &primary.token).await;
+        for i in 0..3 {
+            let err = mkdir(&mut c, &primary.token, sid, &format!("new-{i}"))
+                .await
+                .expect_err("a primary whose history diverged must take no changes");
             assert_eq!(
                 strait_proto::status_errno(&err),
                 Some(libc::EROFS),
@@ -526,13 +627,21 @@ fn a_primary_whose_metadata_went_back_takes_no_changes_and_never_splices() {
         }
     });
     let text = primary.log_text();
-    assert!(text.contains("diverged"), "{text}");
+    assert!(text.contains("differs from the replicator's"), "{text}");
+    assert!(!text.contains("caught up from version"), "{text}");
     // the replicator's log still holds the history the mirrors applied, unchanged
     let log = rt.block_on(region.cluster.read_log(0, Duration::from_secs(30)));
     let names = created_names(&log);
-    for n in ["kept-1", "kept-2", "lost-1", "lost-2", "lost-3"] {
+    for n in ["kept-1", "lost-1", "lost-2", "lost-3"] {
         assert!(names.contains(n), "{n} must stay in the log: {names:?}");
     }
-    assert!(!names.iter().any(|n| n.starts_with("new-")), "{names:?}");
-    assert!(log.last().map(|(v, _)| *v).unwrap_or(0) >= shipped_before);
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("new-") || n == "other-1"),
+        "{names:?}"
+    );
+    // and the primary applied none of it over its own
+    let at_primary = rt.block_on(root_names(&primary.addr, &primary.token));
+    assert!(!at_primary.contains("lost-1"), "{at_primary:?}");
 }

@@ -4,7 +4,9 @@
 //! closures run against a RocksDB snapshot without the mutex.
 //!
 //! Writes go to the WAL without fsync (a committed transaction survives a crash of the
-//! process); [`KvEngine::sync`] fsyncs the WAL (called on fsync(2) and on unmount).
+//! process); [`KvEngine::sync`] fsyncs the WAL (called on fsync(2) and on unmount). Counters
+//! ([`KvEngine::incr`]) are written with fsync: they hand out ids in batches, and must not
+//! go back after a power loss.
 
 use std::path::Path;
 
@@ -225,8 +227,13 @@ impl KvEngine for RocksKv {
         let _guard = self.write_lock.lock();
         let v = decode_counter(self.db.get(key).map_err(|e| err("read counter", e))?)?
             .wrapping_add(delta);
+        // synced: a counter hands out ids (inodes, slices, sessions) in batches, and one that
+        // went back after a power loss would hand out ids already in use (a slice id names
+        // objects in the store); one fsync per batch
+        let mut wo = WriteOptions::default();
+        wo.set_sync(delta != 0);
         self.db
-            .put(key, v.to_le_bytes())
+            .put_opt(key, v.to_le_bytes(), &wo)
             .map_err(|e| err("write counter", e))?;
         Ok(v)
     }

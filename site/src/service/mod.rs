@@ -582,6 +582,8 @@ impl MetaService for MetaServer {
     }
 
     async fn alloc_slice_ids(&self, req: Request<w::AllocRequest>) -> Reply<w::AllocReply> {
+        // no ids from a counter a catch-up is about to raise, nor from a fenced primary
+        self.check_fence("alloc_slice_ids").await?;
         rpc!(self, req, "alloc_slice_ids", |m, r| {
             if r.count == 0 || r.count > ALLOC_SLICE_IDS_MAX {
                 return Err(Error::Invalid(format!(
