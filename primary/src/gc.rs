@@ -13,6 +13,10 @@
 //!
 //! Without a replicator there are no mirrors and nothing to wait for. With one that cannot
 //! be asked, or whose answering node is not the leader, the pass deletes nothing.
+//!
+//! The file system's gc delay is measured on a wall clock that cannot run ahead of the
+//! monotonic clock between passes ([`SteadyWall`]), so a system clock stepped forward does
+//! not delete blocks early.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,6 +88,29 @@ impl DeadSlices {
     }
 }
 
+/// A wall clock (ns) that follows the system's but never runs ahead of the monotonic clock
+/// since the last reading: a step forward of the system clock is absorbed (a step back is
+/// followed, which only delays deletions). The gc delay is measured on it, so a clock stepped
+/// forward does not delete blocks early.
+#[derive(Debug, Default)]
+struct SteadyWall {
+    last: Option<(i64, Instant)>,
+}
+
+impl SteadyWall {
+    fn now(&mut self, wall: i64, mono: Instant) -> i64 {
+        let t = match self.last {
+            Some((prev, at)) => {
+                let elapsed = i64::try_from(mono.duration_since(at).as_nanos()).unwrap_or(i64::MAX);
+                wall.min(prev.saturating_add(elapsed))
+            }
+            None => wall,
+        };
+        self.last = Some((t, mono));
+        t
+    }
+}
+
 /// The mirrors' horizon, remembered between passes.
 pub struct MirrorHorizon {
     client: Option<LogClient>,
@@ -91,6 +118,7 @@ pub struct MirrorHorizon {
     seen: DeadSlices,
     /// Said once until it changes, so a cut-off replicator does not flood the log.
     last_problem: Option<String>,
+    clock: SteadyWall,
 }
 
 impl MirrorHorizon {
@@ -109,6 +137,7 @@ impl MirrorHorizon {
             grace,
             seen: DeadSlices::default(),
             last_problem: None,
+            clock: SteadyWall::default(),
         })
     }
 
@@ -169,12 +198,15 @@ impl MirrorHorizon {
         seen.bound_memory();
         let grace = self.grace;
         let mirrors = self.client.is_some() && horizon.is_some();
+        let wall = self
+            .clock
+            .now(strait_fs_core::meta::now_ns(), Instant::now());
         let r = tokio::task::spawn_blocking(move || {
             let now = Instant::now();
             let mut bound: Option<Version> = None;
             let mut held = 0;
             let mut listed = vec![];
-            let r = strait_fs_core::vfs::gc::gc_once_with(&e, &s, &rt, &mut |id| {
+            let r = strait_fs_core::vfs::gc::gc_once_with(&e, &s, &rt, wall, &mut |id| {
                 listed.push(id);
                 let Some(h) = horizon.filter(|_| mirrors) else {
                     return true;
@@ -275,6 +307,20 @@ mod tests {
         let t0 = Instant::now();
         assert!(!d.may_delete(SliceId(7), Version(10), Version(10), t0, GRACE));
         assert!(!d.may_delete(SliceId(7), Version(10), Version(3), t0 + 2 * GRACE, GRACE));
+    }
+
+    #[test]
+    fn the_gc_clock_absorbs_a_step_forward_and_follows_a_step_back() {
+        let mut c = SteadyWall::default();
+        let t0 = Instant::now();
+        let s = 1_000_000_000i64;
+        assert_eq!(c.now(1000 * s, t0), 1000 * s);
+        // 10 s later the system clock says an hour later: the gc clock says 10 s later
+        assert_eq!(c.now(4600 * s, t0 + Duration::from_secs(10)), 1010 * s);
+        // and runs on from there, by the monotonic clock
+        assert_eq!(c.now(4610 * s, t0 + Duration::from_secs(20)), 1020 * s);
+        // a step back is followed
+        assert_eq!(c.now(900 * s, t0 + Duration::from_secs(30)), 900 * s);
     }
 
     #[test]

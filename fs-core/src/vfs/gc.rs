@@ -15,20 +15,22 @@ pub const GC_SLICES_PER_PASS_MAX: usize = 1000;
 /// the slices. A slice whose blocks could not all be deleted stays listed for the next pass.
 /// Returns how many slices were purged.
 pub fn gc_once(meta: &Meta, store: &DynStore, rt: &tokio::runtime::Handle) -> Result<usize> {
-    gc_once_with(meta, store, rt, &mut |_| true)
+    gc_once_with(meta, store, rt, now_ns(), &mut |_| true)
 }
 
-/// [`gc_once`], deleting only the dead slices `allow` agrees to (it is called after the dead
+/// [`gc_once`] at the wall-clock time `now` (ns; a daemon passes a clock that cannot step
+/// forward), deleting only the dead slices `allow` agrees to (it is called after the dead
 /// slices are listed, once per slice). A primary with mirrors uses it to keep the blocks of
 /// slices some mirror's applied metadata still references (docs/changelog.md, "Garbage collection across regions").
 pub fn gc_once_with(
     meta: &Meta,
     store: &DynStore,
     rt: &tokio::runtime::Handle,
+    now: i64,
     allow: &mut dyn FnMut(SliceId) -> bool,
 ) -> Result<usize> {
     let delay_ns = meta.settings().trash_delay_s as i64 * 1_000_000_000;
-    let dead = meta.dead_slices(now_ns() - delay_ns, GC_SLICES_PER_PASS_MAX)?;
+    let dead = meta.dead_slices(now.saturating_sub(delay_ns), GC_SLICES_PER_PASS_MAX)?;
     let bs = meta.settings().block_size;
     let mut purged = vec![];
     for (id, d) in dead {
