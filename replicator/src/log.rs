@@ -191,6 +191,18 @@ impl LogState {
         self.heartbeat.map(|(c, _)| c).unwrap_or(0)
     }
 
+    /// About how long ago (ms, by the primary's clock) the log reached the version after
+    /// `applied`: the age of the oldest record a mirror at `applied` still needs (from the
+    /// newest mark at or before it, so it errs old by at most one mark's interval). None when
+    /// nothing after it is in the log, or no clock is known yet.
+    pub fn position_age_ms(&self, applied: Version) -> Option<u64> {
+        if applied >= self.last_version || self.heartbeat.is_none() {
+            return None;
+        }
+        let (_, m) = self.marks.range(..=applied.next()).next_back()?;
+        Some(self.clock_ms().saturating_sub(m.at_ms))
+    }
+
     /// Remember where an append of `bytes` starting at `version` lies.
     fn mark(&mut self, version: Version, bytes: u64) {
         let (at_ms, before) = (self.clock_ms(), self.appended_bytes);
@@ -815,5 +827,28 @@ mod tests {
             Outcome::Refused(AppendError::Malformed(_))
         ));
         assert_eq!((s, log), before);
+    }
+
+    #[test]
+    fn a_cursors_position_age_comes_from_the_marks_by_the_primarys_clock() {
+        let mut s = LogState::new();
+        s.last_version = Version(100);
+        // no clock yet: unknown
+        assert_eq!(s.position_age_ms(Version(10)), None);
+        s.heartbeat = Some((50_000, Version(100)));
+        let mark = |at_ms| Mark {
+            bytes_before: 0,
+            at_ms,
+        };
+        s.marks.insert(Version(1), mark(1_000));
+        s.marks.insert(Version(40), mark(20_000));
+        s.marks.insert(Version(90), mark(45_000));
+        // a mirror at 10 needs version 11, written after the mark at 1: 49 s ago at most
+        assert_eq!(s.position_age_ms(Version(10)), Some(49_000));
+        // at 39 it needs 40, marked at 20 s
+        assert_eq!(s.position_age_ms(Version(39)), Some(30_000));
+        assert_eq!(s.position_age_ms(Version(95)), Some(5_000));
+        // caught up: nothing it needs is in the log
+        assert_eq!(s.position_age_ms(Version(100)), None);
     }
 }

@@ -284,6 +284,11 @@ impl pb::replicator_server::Replicator for ReplicatorService {
                     mirror: k.clone(),
                     applied_version: c.applied_version.0,
                     needs_bootstrap: c.needs_bootstrap,
+                    position_age_ms: if c.needs_bootstrap {
+                        None
+                    } else {
+                        log.position_age_ms(c.applied_version)
+                    },
                 })
                 .collect(),
             heartbeat: log.heartbeat.map(|(c, v)| pb::PrimaryHeartbeat {

@@ -257,6 +257,8 @@ pub struct Row {
     pub apply_lag_max_us: u64,
     /// Data blocks (absent for a row known only from its cursor).
     pub blocks: Option<Blocks>,
+    /// Why this mirror's cursor at the replicator deserves attention (empty: it does not).
+    pub cursor_warning: String,
 }
 
 /// A mirror's data blocks, in `mirror status`.
@@ -288,6 +290,7 @@ pub struct Report {
 
 fn row_of(addr: &str, m: s::MirrorState) -> Row {
     Row {
+        cursor_warning: String::new(),
         mirror: m.id,
         addr: addr.to_string(),
         state: m.state,
@@ -394,6 +397,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         }
     }
     let mut cursors = vec![];
+    let mut retention_age_ms = 0;
     let mut heard = None;
     for r in &replicators {
         let Ok(ch) = strait_replicator_client::channel(r) else {
@@ -408,6 +412,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         {
             let st = st.into_inner();
             cursors = st.cursors;
+            retention_age_ms = st.retention.map(|r| r.max_age_ms).unwrap_or(0);
             heard = st.heartbeat.map(|h| h.latest_version);
             break;
         }
@@ -422,7 +427,10 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         report.primary_version = heard.unwrap_or(0);
     }
     for cur in cursors {
+        let cursor_warning =
+            super::replicator::cursor_warning(&cur, retention_age_ms).unwrap_or_default();
         report.mirrors.push(Row {
+            cursor_warning,
             mirror: cur.mirror.clone(),
             state: if cur.needs_bootstrap {
                 "needs-bootstrap".into()
@@ -445,8 +453,10 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
                     match report.mirrors.iter_mut().find(|r| r.mirror == row.mirror) {
                         Some(r) => {
                             let nb = r.needs_bootstrap;
+                            let warning = std::mem::take(&mut r.cursor_warning);
                             *r = row;
                             r.needs_bootstrap = nb;
+                            r.cursor_warning = warning;
                         }
                         None => report.mirrors.push(row),
                     }
@@ -493,6 +503,9 @@ fn print_table(r: &Report) {
             m.apply_rate,
             note
         );
+    }
+    for m in r.mirrors.iter().filter(|m| !m.cursor_warning.is_empty()) {
+        println!("warning: {}", m.cursor_warning);
     }
     let with_blocks: Vec<_> = r
         .mirrors

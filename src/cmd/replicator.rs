@@ -401,20 +401,106 @@ async fn admin(action: Action) -> Result<()> {
             }
             if !s.cursors.is_empty() {
                 println!("mirrors");
+                let age = s.retention.as_ref().map(|r| r.max_age_ms).unwrap_or(0);
                 for c in &s.cursors {
                     println!(
-                        "  {:<24} applied {}{}",
+                        "  {:<24} applied {}{}{}",
                         c.mirror,
                         c.applied_version,
                         if c.needs_bootstrap {
                             " (needs bootstrap)"
                         } else {
                             ""
+                        },
+                        match c.position_age_ms {
+                            Some(ms) => format!(", needs records from {} ago", human_ms(ms)),
+                            None => String::new(),
                         }
                     );
+                }
+                for c in &s.cursors {
+                    if let Some(w) = cursor_warning(c, age) {
+                        println!("warning: {w}");
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// A cursor older than this is worth a warning.
+const CURSOR_WARN_MS: u64 = 10 * 60 * 1000;
+
+/// A duration as `3h12m`, `7m`, `42s`.
+fn human_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s / 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// A warning for a mirror's cursor that has held the log (and the primary's GC) back for long:
+/// how long, what happens at the retention age `retention_age_ms`, and what an operator can do.
+pub fn cursor_warning(
+    c: &strait_proto::replicator::Cursor,
+    retention_age_ms: u64,
+) -> Option<String> {
+    let age = c.position_age_ms?;
+    if c.needs_bootstrap || age < CURSOR_WARN_MS {
+        return None;
+    }
+    let left = retention_age_ms.saturating_sub(age);
+    let fate = if retention_age_ms == 0 {
+        String::new()
+    } else if left == 0 {
+        " it is past the log's retention age and will be dropped for a new bootstrap at the next purge;".to_string()
+    } else {
+        format!(
+            " in about {} (the log's retention age, {}) the log will be purged past it and it must bootstrap again;",
+            human_ms(left),
+            human_ms(retention_age_ms)
+        )
+    };
+    Some(format!(
+        "mirror {} has not acknowledged past version {} for about {}: it holds the change log and \
+         the primary's GC back;{fate} if it is gone for good, run `strait replicator forget-mirror {}`",
+        c.mirror,
+        c.applied_version,
+        human_ms(age),
+        c.mirror
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(age: Option<u64>, needs_bootstrap: bool) -> strait_proto::replicator::Cursor {
+        strait_proto::replicator::Cursor {
+            mirror: "b".into(),
+            applied_version: 7,
+            needs_bootstrap,
+            position_age_ms: age,
+        }
+    }
+
+    #[test]
+    fn an_old_cursor_is_warned_about_with_what_will_happen() {
+        let day = 24 * 3600 * 1000;
+        assert_eq!(cursor_warning(&cursor(None, false), day), None);
+        assert_eq!(cursor_warning(&cursor(Some(60_000), false), day), None);
+        assert_eq!(
+            cursor_warning(&cursor(Some(2 * 3600 * 1000), true), day),
+            None
+        );
+        let w = cursor_warning(&cursor(Some(2 * 3600 * 1000), false), day).unwrap();
+        assert!(w.contains("about 2h00m"), "{w}");
+        assert!(w.contains("in about 22h00m"), "{w}");
+        assert!(w.contains("forget-mirror b"), "{w}");
+        let w = cursor_warning(&cursor(Some(2 * day), false), day).unwrap();
+        assert!(w.contains("past the log's retention age"), "{w}");
+    }
 }
