@@ -55,6 +55,11 @@ pub struct PrimaryConfig {
     pub heartbeat_ms: u64,
     /// In `replicated` mode, how long an operation waits for the replicator before it fails.
     pub replicated_timeout_ms: u64,
+    /// After this long without an accepted heartbeat or append, the primary refuses every
+    /// change (EROFS) until the replicator answers again: how long a primary cut off from the
+    /// replicator may go on taking changes after another primary was promoted. 0: no lease
+    /// (a cut-off primary in `local` durability goes on until it hears of the new epoch).
+    pub lease_ms: u64,
 }
 
 /// When a client's operation returns (docs/changelog.md, "Durability modes").
@@ -108,6 +113,7 @@ impl Default for PrimaryConfig {
             epoch: Epoch::ZERO,
             heartbeat_ms: 200,
             replicated_timeout_ms: 30_000,
+            lease_ms: 0,
         }
     }
 }
@@ -171,6 +177,16 @@ impl PrimaryConfig {
         }
         if self.replicated_timeout_ms == 0 {
             bail!("replicated_timeout_ms must be positive");
+        }
+        if self.lease_ms > 0 && self.replicator.is_empty() {
+            bail!("lease_ms needs the replicator's addresses (`replicator`)");
+        }
+        if self.lease_ms > 0 && self.lease_ms < 5 * self.heartbeat_ms {
+            bail!(
+                "lease_ms is {}; it must be at least 5 heartbeats ({} ms) or 0",
+                self.lease_ms,
+                5 * self.heartbeat_ms
+            );
         }
         if self.read_only && !self.replicator.is_empty() {
             bail!("a read-only primary writes no change records: leave `replicator` empty");
@@ -237,6 +253,9 @@ epoch = 0
 heartbeat_ms = 200
 # In "replicated" mode, an operation not committed by the replicator within this fails (EIO).
 replicated_timeout_ms = 30000
+# After this many ms without a word from the replicator, every change is refused (EROFS) until
+# it answers again: the bound on how long a cut-off primary goes on after a promotion. 0: none.
+lease_ms = 0
 "#;
 
 #[cfg(test)]

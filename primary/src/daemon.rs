@@ -83,6 +83,8 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         server = server.fenced_by(Arc::new(EpochFence {
             shipped: shipper.watch(),
             started: std::time::Instant::now(),
+            lease: (cfg.lease_ms > 0)
+                .then(|| (Duration::from_millis(cfg.lease_ms), shipper.contact())),
         }));
         shipper.spawn(ship_stop.clone());
         shipped = Some(shipper.watch());

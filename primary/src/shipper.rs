@@ -144,7 +144,41 @@ pub struct ShipperConfig {
     pub heartbeat: Duration,
 }
 
+/// When the replicator last accepted a heartbeat or an append of this primary (ms after
+/// `start`, on the monotonic clock).
+pub struct Contact {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Contact {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Contact {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// A mark to give [`Contact::heard`] when the call it was taken before succeeds.
+    fn sending(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// A call sent at `sent` was accepted: the replicator was at this primary's epoch then
+    /// (counted from the send, not the answer, so the lease never runs long by a round trip).
+    fn heard(&self, sent: u64) {
+        self.last_ms.fetch_max(sent, Ordering::Relaxed);
+    }
+
+    /// How long since the replicator last accepted something (since the start, before that).
+    pub fn silence(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+}
+
 pub struct Shipper {
+    contact: Arc<Contact>,
     kv: DynKv,
     client: LogClient,
     cfg: ShipperConfig,
@@ -241,6 +275,7 @@ impl Shipper {
         let client =
             LogClient::new(&cfg.replicator).map_err(|s| anyhow::anyhow!("{}", s.message()))?;
         Ok(Arc::new(Shipper {
+            contact: Contact::new(),
             kv,
             client,
             cfg,
@@ -252,6 +287,11 @@ impl Shipper {
 
     pub fn watch(&self) -> watch::Receiver<Shipped> {
         self.shipped.subscribe()
+    }
+
+    /// When the replicator last accepted something from this primary.
+    pub fn contact(&self) -> Arc<Contact> {
+        self.contact.clone()
     }
 
     /// Ship, trim and beat until `stop` fires.
@@ -489,6 +529,7 @@ impl Shipper {
             }
             let last = shipped + records.len() as u64;
             let start = Instant::now();
+            let sent = self.contact.sending();
             let res = self
                 .client
                 .append(pb::AppendRequest {
@@ -502,6 +543,7 @@ impl Shipper {
                 .observe(start.elapsed().as_secs_f64());
             match res {
                 Ok(_) => {
+                    self.contact.heard(sent);
                     shipped = last;
                     self.committed(shipped, true);
                 }
@@ -565,6 +607,7 @@ impl Shipper {
                     continue;
                 }
             };
+            let sent = self.contact.sending();
             let res = self
                 .client
                 .heartbeat(pb::HeartbeatRequest {
@@ -575,6 +618,7 @@ impl Shipper {
                 .await;
             match res {
                 Ok(()) => {
+                    self.contact.heard(sent);
                     if failing {
                         tracing::info!("heartbeats reach the replicator again");
                     }
@@ -611,6 +655,9 @@ pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 pub struct EpochFence {
     pub shipped: watch::Receiver<Shipped>,
     pub started: Instant,
+    /// With a lease: how long the primary may go without a word from the replicator, and
+    /// when it last had one.
+    pub lease: Option<(Duration, Arc<Contact>)>,
 }
 
 impl strait_site::WriteFence for EpochFence {
@@ -629,7 +676,21 @@ impl strait_site::WriteFence for EpochFence {
                         .await;
             }
             let s = self.shipped.borrow();
-            s.fenced.clone().or_else(|| s.catching_up.clone())
+            s.fenced
+                .clone()
+                .or_else(|| s.catching_up.clone())
+                .or_else(|| {
+                    let (lease, contact) = self.lease.as_ref()?;
+                    let silence = contact.silence();
+                    (silence > *lease).then(|| {
+                        format!(
+                        "lease expired: no word from the replicator for {} ms (lease_ms {}), so \
+                         another primary may have been promoted",
+                        silence.as_millis(),
+                        lease.as_millis()
+                    )
+                    })
+                })
         })
     }
 }

@@ -57,6 +57,11 @@ pub struct Args {
     /// This primary's epoch (the replicator refuses appends of any other).
     #[arg(long, env = "STRAIT_EPOCH")]
     pub epoch: Option<u64>,
+    /// Refuse changes (EROFS) after this many ms without a word from the replicator: the
+    /// bound on how long a primary cut off from it may go on after another was promoted
+    /// (0: no lease).
+    #[arg(long, env = "STRAIT_LEASE_MS")]
+    pub lease_ms: Option<u64>,
 }
 
 impl Args {
@@ -121,6 +126,9 @@ impl Args {
         }
         if let Some(v) = self.epoch {
             c.epoch = strait_fs_core::Epoch(v);
+        }
+        if let Some(v) = self.lease_ms {
+            c.lease_ms = v;
         }
         c.validate()?;
         Ok(c)

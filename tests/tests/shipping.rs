@@ -645,3 +645,54 @@ fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
     let at_primary = rt.block_on(root_names(&primary.addr, &primary.token));
     assert!(!at_primary.contains("lost-1"), "{at_primary:?}");
 }
+
+/// With a lease, a primary cut off from every replicator node refuses changes once the lease
+/// has run out since the replicator last accepted something from it (another primary may have
+/// been promoted meanwhile), and takes them again once the replicator answers.
+#[test]
+fn a_primary_cut_off_from_the_replicator_refuses_changes_when_its_lease_runs_out() {
+    let rt = strait_tests::runtime();
+    let mut region = RegionA::start(&rt);
+    let primary = region.primary(&["--durability", "local", "--lease-ms", "1500"]);
+    let token = primary.token.clone();
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &token).await;
+        mkdir(&mut c, &token, sid, "before").await.expect("mkdir");
+        for n in region.cluster.nodes.values_mut() {
+            n.kill();
+        }
+        // within the lease: still taken (local durability)
+        let t0 = std::time::Instant::now();
+        let mut refused = None;
+        for i in 0..200 {
+            match mkdir(&mut c, &token, sid, &format!("cut-{i}")).await {
+                Ok(()) => {}
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let e = refused.expect("a primary cut off past its lease must refuse changes");
+        assert_eq!(strait_proto::status_errno(&e), Some(libc::EROFS), "{e:?}");
+        assert!(e.message().contains("lease expired"), "{e:?}");
+        eprintln!("refused {:?} after the replicator went away", t0.elapsed());
+        for n in region.cluster.nodes.values_mut() {
+            n.spawn();
+        }
+        // the replicator answers again: changes are taken again
+        let start = std::time::Instant::now();
+        loop {
+            match mkdir(&mut c, &token, sid, "after").await {
+                Ok(()) => break,
+                Err(e) => assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "still refused after the replicator came back: {e:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
