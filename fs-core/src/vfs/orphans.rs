@@ -388,6 +388,47 @@ mod tests {
     }
 
     #[test]
+    fn the_references_are_every_live_and_every_dead_pending_slice() {
+        use crate::meta::{Ctx, MetaClient};
+        let memory =
+            || -> crate::kv::DynKv { std::sync::Arc::new(crate::kv::memory::MemoryKv::new()) };
+        let (kv, meta) = crate::meta::conformance::fresh(&memory);
+        let root = Ctx::root();
+        let slice = |id: SliceId, size: u32| SliceRef {
+            id,
+            size,
+            off: 0,
+            len: size,
+            pos: 0,
+            crcs: vec![0; block_count(size, BS) as usize],
+        };
+        // a file that stays, one whose slice dies when it is unlinked
+        let (kept, _) = MetaClient::create(meta.as_ref(), &root, 1, b"kept", 0o644, 0).unwrap();
+        let (gone, _) = MetaClient::create(meta.as_ref(), &root, 1, b"gone", 0o644, 0).unwrap();
+        let (a, b) = (meta.next_slice_id().unwrap(), meta.next_slice_id().unwrap());
+        MetaClient::write_slice(meta.as_ref(), kept, 0, slice(a, BS + 5), 1).unwrap();
+        MetaClient::write_slice(meta.as_ref(), gone, 0, slice(b, 7), 1).unwrap();
+        MetaClient::release(meta.as_ref(), kept).unwrap();
+        MetaClient::release(meta.as_ref(), gone).unwrap();
+        MetaClient::unlink(meta.as_ref(), &root, 1, b"gone").unwrap();
+        // a truncation's hole names no blocks
+        let set = crate::meta::SetAttr {
+            size: Some(1),
+            ..Default::default()
+        };
+        MetaClient::setattr(meta.as_ref(), &root, kept, &set).unwrap();
+
+        let refs = References::read(kv.as_ref()).unwrap();
+        assert_eq!(refs.len(), 2, "{refs:?}");
+        assert!(refs.names(a, 1, 5, BS), "the live slice's second block");
+        assert!(
+            refs.names(b, 0, 7, BS),
+            "the dead slice, waiting for its blocks to go"
+        );
+        assert_eq!(refs.version, kv.last_version().unwrap());
+    }
+
+    #[test]
     fn holes_reference_nothing() {
         let mut refs = References::default();
         refs.add(SliceId::HOLE, 100);
