@@ -125,7 +125,7 @@ impl Report {
             println!("{}", serde_json::to_string(self)?);
             return Ok(());
         }
-        let grace = format!("{} ms", self.grace_ms);
+        let grace = duration(self.grace_ms);
         if self.dry_run {
             println!(
                 "{}: {} orphan objects ({}) unreferenced and older than {grace} would be deleted (dry run)",
@@ -147,8 +147,8 @@ impl Report {
             );
         }
         println!(
-            "  {} objects listed ({}): {} of the {} slices referenced at version {}, {} younger \
-             than the grace ({}), {} not block keys",
+            "  {} objects listed ({}): {} blocks of the {} slices referenced at version {}, {} \
+             younger than the grace ({}), {} not block keys",
             self.listed,
             super::human_bytes(self.listed_bytes),
             self.referenced,
@@ -160,6 +160,24 @@ impl Report {
         );
         Ok(())
     }
+}
+
+/// `ms` in the largest unit that divides it: `0`, `250ms`, `90s`, `30m`, `1h`, `2d`.
+fn duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0".into();
+    }
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
 }
 
 /// The flags the sweep needs, parsed.
@@ -191,7 +209,12 @@ pub fn run(a: Args) -> Result<()> {
             }
             eprintln!("deleted the blocks of {total} dead slices so far");
         }
-        println!("deleted the blocks of {total} dead slices");
+        let line = format!("deleted the blocks of {total} dead slices");
+        if a.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
     }
     if a.skip_orphans {
         return Ok(());
@@ -242,17 +265,23 @@ fn on_daemon(addr: &str, a: &Args, opts: &Options) -> Result<()> {
             )
             .await
             .with_context(|| format!("{addr} did not finish the pass within 600 s"))?;
-            match r.map(|r| r.into_inner()) {
-                Ok(r) if r.has_mirrors => println!(
+            let line = match r.map(|r| r.into_inner()) {
+                Ok(r) if r.has_mirrors => format!(
                     "deleted the blocks of {} dead slices; kept {} that a mirror may still read (the mirrors have applied up to version {})",
                     r.purged, r.held, r.horizon
                 ),
-                Ok(r) => println!("deleted the blocks of {} dead slices", r.purged),
+                Ok(r) => format!("deleted the blocks of {} dead slices", r.purged),
                 // a mirror: dead slices are the primary's to delete
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
-                    eprintln!("{addr}: {}", s.message())
+                    format!("{addr}: {}", s.message())
                 }
                 Err(s) => bail!("{addr}: {}", s.message()),
+            };
+            // stdout holds the sweep's result alone under --json
+            if a.json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
             }
         }
         if a.skip_orphans {
