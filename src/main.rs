@@ -49,7 +49,8 @@ enum Command {
     Changelog(cmd::changelog::Args),
     /// Check a file system's metadata; print its digest.
     Fsck(cmd::fsck::Args),
-    /// Delete the blocks of dead slices now (a mount also does this in the background).
+    /// Delete the blocks of dead slices now (a mount also does this in the background), then
+    /// the orphan objects no slice references, older than a grace.
     Gc(cmd::gc::Args),
     /// Benchmark a mounted directory (strait's or any other file system's), or the block
     /// cache against the crates that could replace it (`strait bench cache`).

@@ -23,6 +23,12 @@ pub enum Error {
     /// Bad input from a user of the CLI or configuration.
     #[error("{0}")]
     Invalid(String),
+    /// A site daemon refused a written slice whose id it did not hand to this session (it
+    /// restarted and forgot its ranges, the session was replaced, or the id was never
+    /// given out): nothing was changed. The writer takes a new range and writes the slice's
+    /// blocks again under an id from it.
+    #[error("slice id not allocated to this session: {0}")]
+    SliceNotAllocated(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -37,6 +43,7 @@ impl Error {
         match self {
             Error::Sys(e) => *e,
             Error::Invalid(_) => libc::EINVAL,
+            Error::SliceNotAllocated(_) => libc::EPERM,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Meta(_) | Error::Corrupt(_) | Error::CorruptBlock { .. } | Error::Object(_) => {
                 libc::EIO

@@ -25,6 +25,20 @@ pub fn block_key(id: SliceId, index: u32, size: u32) -> String {
     )
 }
 
+/// The slice id, index and size a block key names: the inverse of [`block_key`], None for
+/// any other key (only a key [`block_key`] would write is taken).
+pub fn parse_block_key(key: &str) -> Option<(SliceId, u32, u32)> {
+    let name = key.strip_prefix("chunks/")?.rsplit('/').next()?;
+    let mut parts = name.split('_');
+    let id: u64 = parts.next()?.parse().ok()?;
+    let index: u32 = parts.next()?.parse().ok()?;
+    let size: u32 = parts.next()?.parse().ok()?;
+    if parts.next().is_some() || block_key(SliceId(id), index, size) != key {
+        return None;
+    }
+    Some((SliceId(id), index, size))
+}
+
 /// Number of blocks of a slice object of `size` bytes.
 pub fn block_count(size: u32, block_size: u32) -> u32 {
     size.div_ceil(block_size)
@@ -96,6 +110,28 @@ pub fn visible_segments(slices: &[SliceRef], from: u32, to: u32) -> Vec<Segment<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_keys_parse_back_and_nothing_else_does() {
+        for (id, index, size) in [(1, 0, 4 << 20), (1_234_567, 3, 17), (999, 0, 1)] {
+            let key = block_key(SliceId(id), index, size);
+            assert_eq!(parse_block_key(&key), Some((SliceId(id), index, size)));
+        }
+        for key in [
+            "",
+            "chunks/",
+            "chunks/0/0/1_0",
+            "chunks/0/0/1_0_5_6",
+            "chunks/0/0/x_0_5",
+            "chunks/9/9/1_0_5",
+            "chunks/0/1_0_5",
+            "other/0/0/1_0_5",
+            "chunks/0/0/01_0_5",
+            "chunks/0/0/-1_0_5",
+        ] {
+            assert_eq!(parse_block_key(key), None, "{key}");
+        }
+    }
 
     fn s(id: u64, pos: u32, len: u32) -> SliceRef {
         SliceRef {

@@ -716,6 +716,13 @@ mod tests {
         ) -> Result<tonic::Response<s::GcReply>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
+        type SweepOrphansStream = strait_site::orphans::SweepStream;
+        async fn sweep_orphans(
+            &self,
+            _req: tonic::Request<s::SweepRequest>,
+        ) -> Result<tonic::Response<Self::SweepOrphansStream>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
     }
 
     #[tokio::test]

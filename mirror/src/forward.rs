@@ -36,6 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::follower::{Bearer, Primary};
+use strait_fs_core::SliceId;
+use strait_site::slice_ranges::SliceRanges;
 
 /// Holds taken at the primary at once.
 const HOLD_CONCURRENCY: usize = 16;
@@ -60,6 +62,18 @@ pub struct ForwardSession {
     /// One sync of the holds at a time; a create's hold is recorded under it too.
     sync_lock: tokio::sync::Mutex<()>,
     wake: tokio::sync::Notify,
+    /// The slice ids the primary gave this session, by the mount (its session here) each
+    /// range was forwarded for; emptied whenever the session at the primary is opened again,
+    /// since the primary knows ranges only by the session that took them (and forgets them
+    /// when it restarts).
+    granted: Mutex<Granted>,
+}
+
+/// [`ForwardSession::granted`]: the ranges, and the session at the primary they belong to.
+#[derive(Default)]
+struct Granted {
+    at_primary: u64,
+    by_mount: SliceRanges,
 }
 
 impl ForwardSession {
@@ -73,7 +87,27 @@ impl ForwardSession {
             held: Mutex::new(HashMap::new()),
             sync_lock: tokio::sync::Mutex::new(()),
             wake: tokio::sync::Notify::new(),
+            granted: Mutex::new(Granted::default()),
         })
+    }
+
+    /// The primary gave `count` slice ids from `first` to session `at_primary` for the
+    /// mount whose session here is `mount`. A range given to a session since replaced is
+    /// not kept: the primary would refuse its ids under the new one.
+    pub(crate) fn granted(&self, at_primary: u64, mount: u64, first: SliceId, count: u32) {
+        let mut g = self.granted.lock();
+        if g.at_primary == at_primary {
+            g.by_mount.grant(mount, first, count);
+        }
+    }
+
+    /// The first of `ids` the primary did not give this mirror for `mount`, if any.
+    pub(crate) fn foreign(
+        &self,
+        mount: u64,
+        ids: impl IntoIterator<Item = SliceId>,
+    ) -> Option<SliceId> {
+        self.granted.lock().by_mount.first_foreign(mount, ids)
     }
 
     fn client(
@@ -111,6 +145,11 @@ impl ForwardSession {
             .await?
             .into_inner();
         self.sid.store(r.session, Ordering::Relaxed);
+        {
+            let mut g = self.granted.lock();
+            g.at_primary = r.session;
+            g.by_mount.clear();
+        }
         tracing::info!(
             "{} session {} at the primary for forwarded calls ({} files held open)",
             if r.resumed { "resumed" } else { "opened" },

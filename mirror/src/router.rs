@@ -3,7 +3,9 @@
 //! Every call is checked for the region's token, then:
 //! - mutations (under `writes = "forward"`) are sent to the primary, under the mirror's own
 //!   session there. A written slice's blocks are first uploaded from this region's store to
-//!   the primary's. The answer goes back to the mount only once this mirror has applied the
+//!   the primary's, once the mirror has checked that the primary gave the slice's id to
+//!   this mirror for that mount (it sees the `AllocSliceIds` answers it forwards); an upload
+//!   never replaces an object the primary's store holds. The answer goes back to the mount only once this mirror has applied the
 //!   version the primary committed the change as, so the writer reads its own writes here.
 //!   Under `writes = "refuse"` the mirror's read-only engine answers them: EROFS;
 //! - reads, while the mirror is inside its window `W` (its lag, an upper bound, is known and
@@ -29,7 +31,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use strait_fs_core::Version;
+use strait_fs_core::{SliceId, Version};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{
@@ -136,7 +138,7 @@ impl Router {
             Err(s) => return status_reply(s),
         };
         match self.send_to_primary(&parts, bytes, true).await {
-            Ok(r) => r,
+            Ok((r, _)) => r,
             Err(e) => status_reply(errno_status(
                 libc::EIO,
                 format!("forward a read to the primary: {e}"),
@@ -153,14 +155,15 @@ impl Router {
     }
 
     /// Send a call to the primary under the mirror's session there (opening it, or opening
-    /// another when the primary forgot it). A `read` asks the primary to name its version in
-    /// the answer, and the version is noted as seen by the region.
+    /// another when the primary forgot it); returns the answer and the session it was sent
+    /// under. A `read` asks the primary to name its version in the answer, and the version
+    /// is noted as seen by the region.
     async fn send_to_primary(
         &self,
         parts: &http::request::Parts,
         bytes: bytes::Bytes,
         read: bool,
-    ) -> Result<Reply, String> {
+    ) -> Result<(Reply, u64), String> {
         let mut headers = parts.headers.clone();
         if read {
             headers.insert(READ_VERSION_HEADER, http::HeaderValue::from_static("1"));
@@ -204,7 +207,7 @@ impl Router {
                     if read {
                         self.note_seen(&r);
                     }
-                    return Ok(r);
+                    return Ok((r, sid));
                 }
                 Err(e) => return Err(e.to_string()),
             }
@@ -222,11 +225,7 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
-        let mount_sid = parts
-            .headers
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let mount = mount_session(&parts.headers);
         // a file this region holds open must be held at the primary before an unlink or a
         // rename over it arrives there
         if method == "Unlink" || method == "Rename" {
@@ -251,6 +250,20 @@ impl Router {
             },
             Err(s) => return status_reply(s),
         };
+        if let Some(id) = self.forward.foreign(mount, slices.iter().map(|s| s.id)) {
+            // nothing is uploaded: the id may be one the primary gave someone else, whose
+            // blocks an upload would overwrite
+            let why = format!(
+                "{method}: slice {id} was not given to this mount (session {mount}) by the \
+                 primary through this mirror (the mirror or the primary restarted since, or \
+                 the id was never handed out); nothing was uploaded or changed"
+            );
+            tracing::warn!("{why}");
+            self.mirror.metrics.write_errors.inc();
+            return status_reply(strait_proto::to_status(
+                &strait_fs_core::Error::SliceNotAllocated(why),
+            ));
+        }
         if !slices.is_empty() {
             let bs = self.block_size;
             let up =
@@ -274,7 +287,10 @@ impl Router {
         let sent =
             tokio::time::timeout_at(deadline, self.send_to_primary(&parts, bytes, false)).await;
         let reply = match sent {
-            Ok(Ok(r)) => r,
+            Ok(Ok((r, at_primary))) if method == "AllocSliceIds" => {
+                self.note_granted(r, at_primary, mount).await
+            }
+            Ok(Ok((r, _))) => r,
             Ok(Err(e)) => {
                 tracing::error!("{method} at the mirror: the primary cannot be reached: {e}");
                 self.mirror.metrics.write_errors.inc();
@@ -300,7 +316,7 @@ impl Router {
         let version = reply_version(&reply);
         self.mirror.metrics.forwarded_writes.inc();
         let reply = if method == "Create" {
-            self.created(mount_sid, reply).await
+            self.created(Some(mount).filter(|&m| m != 0), reply).await
         } else {
             reply
         };
@@ -429,7 +445,7 @@ impl Router {
             .parse()
             .map_err(|e| status_reply(Status::internal(format!("{method} path: {e}"))))?;
         let (head, ()) = head.into_parts();
-        let reply = self.send_to_primary(&head, body, true).await.map_err(|e| {
+        let (reply, _) = self.send_to_primary(&head, body, true).await.map_err(|e| {
             status_reply(errno_status(
                 libc::EIO,
                 format!("open outside the window: the primary cannot be reached: {e}"),
@@ -449,6 +465,31 @@ impl Router {
             // the primary's error (the file is gone there, ...): the mount gets it
             _ => Err(rebuild(rparts, data, trailers)),
         }
+    }
+
+    /// The primary's answer to a forwarded `AllocSliceIds`: the range is the mount's, under
+    /// the session at the primary it was taken by (see [`ForwardSession::granted`]).
+    async fn note_granted(&self, reply: Reply, at_primary: u64, mount: u64) -> Reply {
+        use http_body_util::BodyExt;
+        let (parts, body) = reply.into_parts();
+        let collected = match body.collect().await {
+            Ok(c) => c,
+            Err(e) => {
+                return status_reply(errno_status(
+                    libc::EIO,
+                    format!("read the primary's answer: {e}"),
+                ))
+            }
+        };
+        let trailers = collected.trailers().cloned();
+        let data = collected.to_bytes();
+        if !data.is_empty() {
+            if let Ok(r) = decode::<w::AllocReply>(&data) {
+                self.forward
+                    .granted(at_primary, mount, SliceId(r.first), r.count);
+            }
+        }
+        rebuild(parts, data, trailers)
     }
 
     /// A file created through the mirror is opened at the primary under the mirror's session
@@ -552,6 +593,15 @@ impl Router {
             }
         }
     }
+}
+
+/// The mount's session at this mirror, as its call names it (0: none).
+fn mount_session(headers: &http::HeaderMap) -> u64 {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 /// The version a primary's answer names in [`VERSION_HEADER`], if any.

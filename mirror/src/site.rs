@@ -11,7 +11,7 @@ use strait_site::now_ms;
 use strait_site::snapshot::{digest_now, snapshot_stream, SnapshotStream};
 use tonic::{Request, Response, Status};
 
-use crate::state::Mirror;
+use crate::state::{Mirror, Phase};
 
 /// Longest wait for the mirror to reach a requested digest version.
 pub const DIGEST_TIMEOUT_MS_MAX: u64 = 600_000;
@@ -41,6 +41,33 @@ impl MirrorSite {
 #[tonic::async_trait]
 impl SiteService for MirrorSite {
     type SnapshotStream = SnapshotStream;
+    type SweepOrphansStream = strait_site::orphans::SweepStream;
+
+    /// This region's store against this mirror's own metadata: its copies of slices it
+    /// references stay, and so do blocks its mounts are writing (younger than the grace).
+    async fn sweep_orphans(
+        &self,
+        req: Request<s::SweepRequest>,
+    ) -> Result<Response<Self::SweepOrphansStream>, Status> {
+        let Some(store) = self.mirror.blocks.local_store() else {
+            return Err(Status::failed_precondition(
+                "this mirror has no object store of its own (data_url is empty): its mounts use the primary's; sweep the primary",
+            ));
+        };
+        if self.mirror.phase() == Phase::Bootstrapping {
+            return Err(Status::unavailable(
+                "the mirror is loading a snapshot: its metadata does not yet say which blocks it references",
+            ));
+        }
+        let blocks = self.mirror.blocks.clone();
+        let stream = strait_site::orphans::sweep_stream(
+            self.mirror.kv.clone(),
+            store,
+            req.into_inner(),
+            Some(Arc::new(move |gone: Vec<_>| blocks.unmark_all(&gone))),
+        )?;
+        Ok(Response::new(stream))
+    }
 
     async fn snapshot(&self, _req: Request<s::Empty>) -> Result<Response<SnapshotStream>, Status> {
         Ok(Response::new(snapshot_stream(self.mirror.kv.clone())))

@@ -30,6 +30,25 @@ pub struct Gc {
 #[tonic::async_trait]
 impl SiteService for PrimarySite {
     type SnapshotStream = SnapshotStream;
+    type SweepOrphansStream = strait_site::orphans::SweepStream;
+
+    async fn sweep_orphans(
+        &self,
+        req: Request<s::SweepRequest>,
+    ) -> Result<Response<Self::SweepOrphansStream>, Status> {
+        let Some(gc) = &self.gc else {
+            return Err(Status::failed_precondition(
+                "this primary deletes no blocks: it is read-only, or its object store could not be opened (see its log)",
+            ));
+        };
+        let stream = strait_site::orphans::sweep_stream(
+            self.engine.kv().clone(),
+            gc.store.clone(),
+            req.into_inner(),
+            None,
+        )?;
+        Ok(Response::new(stream))
+    }
 
     async fn snapshot(&self, _req: Request<s::Empty>) -> Result<Response<SnapshotStream>, Status> {
         Ok(Response::new(snapshot_stream(self.engine.kv().clone())))

@@ -33,6 +33,11 @@ pub const RETRY_OF_BOOT_HEADER: &str = "x-strait-retry-of-boot";
 /// version its region has been shown.
 pub const READ_VERSION_HEADER: &str = "x-strait-read-version";
 
+/// Set (to `1`) on the refusal of a `WriteSlice` or `CompactChunk` naming a slice id the
+/// daemon did not hand to the calling session (errno EPERM): the mount takes a new range and
+/// writes the slice again under an id from it ([`Error::SliceNotAllocated`]).
+pub const SLICE_NOT_ALLOCATED_HEADER: &str = "x-strait-slice-not-allocated";
+
 /// A wire value that does not make a valid domain value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireError(pub String);
@@ -73,7 +78,17 @@ pub fn to_status(e: &Error) -> Status {
     if let Ok(v) = errno.to_string().parse() {
         s.metadata_mut().insert(ERRNO_HEADER, v);
     }
+    if matches!(e, Error::SliceNotAllocated(_)) {
+        s.metadata_mut()
+            .insert(SLICE_NOT_ALLOCATED_HEADER, "1".parse().expect("ascii"));
+    }
     s
+}
+
+/// Whether a status refuses a slice id the session was not given (see
+/// [`SLICE_NOT_ALLOCATED_HEADER`]).
+pub fn is_slice_not_allocated(s: &Status) -> bool {
+    s.metadata().get(SLICE_NOT_ALLOCATED_HEADER).is_some()
 }
 
 /// The errno a status carries, if it carries one.

@@ -96,6 +96,9 @@ pub(crate) fn classify(s: &Status) -> Failure {
 
 /// The fs-core error for a final status.
 fn to_error(op: &str, s: &Status) -> Error {
+    if strait_proto::is_slice_not_allocated(s) {
+        return Error::SliceNotAllocated(format!("{op}: {}", s.message()));
+    }
     if let Some(errno) = strait_proto::status_errno(s) {
         if errno != libc::EIO {
             return Error::Sys(errno);

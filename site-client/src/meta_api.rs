@@ -89,6 +89,17 @@ impl RemoteMeta {
         })?;
         entry(what.op(), r)
     }
+
+    /// After the daemon refused a slice id as not given to this session (it restarted and
+    /// forgot its ranges, or the session was replaced), drop what is left of the current
+    /// range: the next id comes from a new one, which the daemon will know.
+    fn forget_ids_if_refused<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(Error::SliceNotAllocated(why)) = &r {
+            tracing::info!("{why}; taking a new range of slice ids");
+            *self.slice_ids.lock() = (0, 0);
+        }
+        r
+    }
 }
 
 /// MkNod, MkDir and Create: one request, three calls (the daemon's `NewEntry` likewise).
@@ -442,8 +453,8 @@ impl MetaClient for RemoteMeta {
         let r = self.call("write slice", false, |mut c| {
             let req = req.clone();
             async move { c.write_slice(req).await }
-        })?;
-        attr("write slice", r)
+        });
+        attr("write slice", self.forget_ids_if_refused(r)?)
     }
 
     fn compact_chunk(
@@ -463,8 +474,8 @@ impl MetaClient for RemoteMeta {
         let r = self.call("compact chunk", true, |mut c| {
             let req = req.clone();
             async move { c.compact_chunk(req).await }
-        })?;
-        Ok(r.done)
+        });
+        Ok(self.forget_ids_if_refused(r)?.done)
     }
 
     fn getxattr(&self, c: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {

@@ -6,6 +6,8 @@
 //!   with token auth ([`Auth`]).
 //! - [`requests`]: a mutation sent again after its connection broke runs once.
 //! - [`sessions`]: closing the sessions of mounts that went silent.
+//! - [`slice_ranges`]: the slice ids each session was given, which alone it may commit.
+//! - [`orphans`]: sweeping a site's store of objects its metadata does not reference.
 //! - [`snapshot`]: metadata snapshots and digests streamed to mirrors and `fsck --compare`.
 //! - [`metrics`]: the Prometheus metrics every site daemon has, and the one HTTP listener
 //!   serving `/metrics` and `/health`.
@@ -14,10 +16,12 @@
 
 pub mod config;
 pub mod metrics;
+pub mod orphans;
 pub mod requests;
 pub mod service;
 pub mod sessions;
 pub mod signal;
+pub mod slice_ranges;
 pub mod snapshot;
 
 pub use config::{resolve_token, SiteConfig};

@@ -43,6 +43,30 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok((n * mult as f64) as u64)
 }
 
+/// Parse a duration such as `7d`, `12h`, `30m`, `90s`, `250ms` (or `0`) into milliseconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(0);
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a duration (e.g. 7d, 12h, 30m, 90s)"))?;
+    let mul: u64 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "" => bail!("{s:?}: give a unit (ms, s, m, h, d)"),
+        u => bail!("{s:?}: unknown unit {u:?} (ms, s, m, h, d)"),
+    };
+    n.checked_mul(mul)
+        .with_context(|| format!("{s:?} is too long"))
+}
+
 /// A tokio runtime for commands that talk to object stores.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -79,5 +103,17 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("4Q").is_err());
         assert!(parse_size("big").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ms("1h").unwrap(), 3_600_000);
+        assert_eq!(parse_duration_ms("90s").unwrap(), 90_000);
+        assert_eq!(parse_duration_ms("250ms").unwrap(), 250);
+        assert_eq!(parse_duration_ms("0").unwrap(), 0);
+        assert_eq!(parse_duration_ms("0s").unwrap(), 0);
+        assert!(parse_duration_ms("5").is_err());
+        assert!(parse_duration_ms("5y").is_err());
+        assert!(parse_duration_ms("h").is_err());
     }
 }

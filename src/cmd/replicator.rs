@@ -223,24 +223,7 @@ async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channe
 
 /// `7d`, `12h`, `30m`, `90s`, `500ms`: a duration in milliseconds.
 fn parse_age_ms(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a duration (e.g. 7d, 12h, 30m, 90s)"))?;
-    let mul: u64 = match unit.trim() {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        "" => bail!("{s:?}: give a unit (ms, s, m, h, d)"),
-        u => bail!("{s:?}: unknown unit {u:?} (ms, s, m, h, d)"),
-    };
-    let v = n
-        .checked_mul(mul)
-        .with_context(|| format!("{s:?} is too long"))?;
+    let v = super::parse_duration_ms(s)?;
     if v == 0 {
         bail!("{s:?}: the cap must be positive");
     }

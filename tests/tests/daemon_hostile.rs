@@ -147,11 +147,19 @@ fn malformed_and_hostile_calls_get_clear_errors_and_change_nothing() {
             .unwrap()
             .into_inner()
             .ino;
+        // an id of this session's own: a slice under any other is refused before its fields
+        // are looked at (tests/tests/slice_ids.rs)
+        let id = c
+            .alloc_slice_ids(req(w::AllocRequest { count: 10 }, Some(&token), sid))
+            .await
+            .unwrap()
+            .into_inner()
+            .first;
         let slice = |pos: u32, len: u32, size: u32, crcs: Vec<u32>| w::WriteSliceRequest {
             ino: f,
             index: 0,
             slice: Some(w::SliceRef {
-                id: 1000,
+                id,
                 size,
                 off: 0,
                 len,

@@ -12,7 +12,7 @@ use std::task::Poll;
 
 use bytes::Bytes;
 
-use super::{BoxFut, ObjResult, ObjectError, ObjectInfo, ObjectStore, LIST_LIMIT_MAX};
+use super::{BoxFut, ObjResult, ObjectError, ObjectInfo, ObjectStore, PutIfAbsent, LIST_LIMIT_MAX};
 
 /// Size of a full data block, the largest object strait writes.
 const BLOCK_SIZE_MAX_BYTES: usize = 4 << 20;
@@ -31,6 +31,7 @@ pub async fn run_all(store: &dyn ObjectStore) {
 
     roundtrip(store, &ns).await;
     overwrite_replaces(store, &ns).await;
+    put_if_absent_never_replaces(store, &ns).await;
     missing_objects(store, &ns).await;
     delete_is_idempotent(store, &ns).await;
     list_orders_filters_and_pages(store, &ns).await;
@@ -86,6 +87,31 @@ async fn overwrite_replaces(store: &dyn ObjectStore, ns: &str) {
         "{}: head {key} after overwrite",
         store.describe()
     );
+}
+
+/// `put_if_absent` writes a new key, and leaves an existing object as it was (checked one
+/// after the other: a race with a plain put is outside what every backend promises).
+async fn put_if_absent_never_replaces(store: &dyn ObjectStore, ns: &str) {
+    let key = format!("{ns}if-absent/chunks/0/0/7_0_14");
+    let first = Bytes::from_static(b"first version");
+    let put = ok(
+        store,
+        store.put_if_absent(&key, first.clone()).await,
+        &format!("put_if_absent new {key}"),
+    );
+    assert_eq!(put, PutIfAbsent::Created, "{}: {key}", store.describe());
+    let got = ok(store, store.get(&key).await, &format!("get {key}"));
+    assert_same(store, &key, &got, &first);
+    let again = ok(
+        store,
+        store
+            .put_if_absent(&key, Bytes::from_static(b"other bytes!!"))
+            .await,
+        &format!("put_if_absent existing {key}"),
+    );
+    assert_eq!(again, PutIfAbsent::Exists, "{}: {key}", store.describe());
+    let got = ok(store, store.get(&key).await, &format!("get {key} again"));
+    assert_same(store, &key, &got, &first);
 }
 
 /// A missing key is `NotFound` (permanent: retrying cannot help) and has no size.
@@ -178,17 +204,11 @@ async fn list_orders_filters_and_pages(store: &dyn ObjectStore, ns: &str) {
         );
         model.insert(key, data.len() as u64);
     }
-    let all: Vec<ObjectInfo> = model
-        .iter()
-        .map(|(key, &size)| ObjectInfo {
-            key: key.clone(),
-            size,
-        })
-        .collect();
-    let expect = |prefix: &str, start_after: Option<&str>, limit: usize| -> Vec<ObjectInfo> {
+    let all: Vec<(String, u64)> = model.iter().map(|(k, &size)| (k.clone(), size)).collect();
+    let expect = |prefix: &str, start_after: Option<&str>, limit: usize| -> Vec<(String, u64)> {
         all.iter()
-            .filter(|o| {
-                o.key.starts_with(prefix) && start_after.is_none_or(|sa| o.key.as_str() > sa)
+            .filter(|(key, _)| {
+                key.starts_with(prefix) && start_after.is_none_or(|sa| key.as_str() > sa)
             })
             .take(limit)
             .cloned()
@@ -202,6 +222,12 @@ async fn list_orders_filters_and_pages(store: &dyn ObjectStore, ns: &str) {
                 store.list(&prefix, start_after.as_deref(), limit).await,
                 &format!("list prefix {prefix:?} after {start_after:?} limit {limit}"),
             );
+            assert!(
+                got.iter().all(|o| o.modified.is_some()),
+                "{}: list gives no modification time: {got:?}",
+                store.describe()
+            );
+            let got = keys_and_sizes(got);
             assert_eq!(
                 got,
                 want,
@@ -278,7 +304,7 @@ async fn list_orders_filters_and_pages(store: &dyn ObjectStore, ns: &str) {
             );
             let Some(last) = page.last() else { break };
             after = Some(last.key.clone());
-            pages.extend(page);
+            pages.extend(keys_and_sizes(page));
             assert!(
                 pages.len() <= names.len(),
                 "{}: paging never ends",
@@ -369,6 +395,10 @@ async fn cleanup(store: &dyn ObjectStore, ns: &str) {
         "{}: left after cleanup: {left:?}",
         store.describe()
     );
+}
+
+fn keys_and_sizes(listed: Vec<ObjectInfo>) -> Vec<(String, u64)> {
+    listed.into_iter().map(|o| (o.key, o.size)).collect()
 }
 
 fn ok<T>(store: &dyn ObjectStore, r: ObjResult<T>, what: &str) -> T {
@@ -471,7 +501,11 @@ mod tests {
                 let mut out = Vec::new();
                 for key in keys.into_iter().take(limit) {
                     if let Some(size) = self.0.head(&key).await? {
-                        out.push(ObjectInfo { key, size });
+                        out.push(ObjectInfo {
+                            key,
+                            size,
+                            modified: Some(std::time::SystemTime::now()),
+                        });
                     }
                 }
                 Ok(out)

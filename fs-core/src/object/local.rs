@@ -1,7 +1,9 @@
 //! Object store in a local directory: one file per object, keys' `/` become subdirectories.
 //!
 //! A `put` writes a temporary file beside the final one, syncs it and renames it over the
-//! final name, so readers see the old object or the new one, never a part. Temporary files
+//! final name, so readers see the old object or the new one, never a part. A
+//! `put_if_absent` links the temporary file to the final name instead, which fails on an
+//! existing name: one atomic step. Temporary files
 //! carry [`TEMP_PREFIX`], which keys may not use, so `list` can skip them. Empty directories
 //! are left in place on `delete`: removing them would race with a concurrent `put` creating
 //! a file in the same directory.
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use super::{BoxFut, ObjResult, ObjectError, ObjectInfo, ObjectStore, LIST_LIMIT_MAX};
+use super::{BoxFut, ObjResult, ObjectError, ObjectInfo, ObjectStore, PutIfAbsent, LIST_LIMIT_MAX};
 
 /// Names starting with this are in-progress writes, never objects.
 const TEMP_PREFIX: &str = ".strait-tmp-";
@@ -106,7 +108,16 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-fn put_blocking(path: &Path, data: &[u8], what: &str) -> ObjResult<()> {
+/// How [`put_blocking`] moves the written temporary file to its key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Rename over whatever is there.
+    Replace,
+    /// Link to the name, which fails if it exists (the temporary file is removed either way).
+    IfAbsent,
+}
+
+fn put_blocking(path: &Path, data: &[u8], what: &str, place: Place) -> ObjResult<PutIfAbsent> {
     let dir = path
         .parent()
         .ok_or_else(|| ObjectError::Fatal(format!("write {what}: key has no parent directory")))?;
@@ -131,14 +142,27 @@ fn put_blocking(path: &Path, data: &[u8], what: &str) -> ObjResult<()> {
         // No fsync per object: durability across a machine crash is bought for everything at
         // once by `sync` (syncfs), which the VFS calls on fsync(2) before it syncs metadata.
         // After a process crash the rename still shows a whole object or none.
-        std::fs::rename(&tmp, path)
+        match place {
+            Place::Replace => std::fs::rename(&tmp, path).map(|()| PutIfAbsent::Created),
+            Place::IfAbsent => {
+                let linked = match std::fs::hard_link(&tmp, path) {
+                    Ok(()) => PutIfAbsent::Created,
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => PutIfAbsent::Exists,
+                    Err(e) => return Err(e),
+                };
+                std::fs::remove_file(&tmp)?;
+                Ok(linked)
+            }
+        }
     })();
-    if let Err(e) = written {
-        // Best effort: the original error is the one worth reporting.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(map_io(format!("write {what}"), e));
+    match written {
+        Ok(done) => Ok(done),
+        Err(e) => {
+            // Best effort: the original error is the one worth reporting.
+            let _ = std::fs::remove_file(&tmp);
+            Err(map_io(format!("write {what}"), e))
+        }
     }
-    Ok(())
 }
 
 struct ListQuery<'a> {
@@ -202,13 +226,17 @@ fn walk(
         if !key.starts_with(q.prefix) || q.start_after.is_some_and(|sa| key.as_str() <= sa) {
             continue;
         }
-        let size = match std::fs::metadata(&path) {
-            Ok(m) => m.len(),
+        let (size, modified) = match std::fs::metadata(&path) {
+            Ok(m) => (m.len(), m.modified().ok()),
             // Deleted since read_dir: it is no longer an object.
             Err(e) if is_absent(&e) => continue,
             Err(e) => return Err(map_io(format!("stat object {key} in {what}"), e)),
         };
-        out.push(ObjectInfo { key, size });
+        out.push(ObjectInfo {
+            key,
+            size,
+            modified,
+        });
         if out.len() >= q.limit {
             return Ok(true);
         }
@@ -245,7 +273,17 @@ impl ObjectStore for LocalStore {
         Box::pin(async move {
             let path = self.path_of(key)?;
             let what = format!("object {key} to {}", self.url);
-            blocking(move || put_blocking(&path, &data, &what)).await
+            blocking(move || put_blocking(&path, &data, &what, Place::Replace))
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn put_if_absent<'a>(&'a self, key: &'a str, data: Bytes) -> BoxFut<'a, PutIfAbsent> {
+        Box::pin(async move {
+            let path = self.path_of(key)?;
+            let what = format!("object {key} to {}", self.url);
+            blocking(move || put_blocking(&path, &data, &what, Place::IfAbsent)).await
         })
     }
 

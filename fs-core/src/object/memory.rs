@@ -1,15 +1,17 @@
 //! In-memory object store, for unit tests.
 
 use std::collections::BTreeMap;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use super::{BoxFut, ObjectError, ObjectInfo, ObjectStore};
+use super::{BoxFut, ObjectError, ObjectInfo, ObjectStore, PutIfAbsent};
 
 #[derive(Default)]
 pub struct MemoryStore {
-    objects: RwLock<BTreeMap<String, Bytes>>,
+    /// key -> (data, when it was put)
+    objects: RwLock<BTreeMap<String, (Bytes, SystemTime)>>,
 }
 
 impl ObjectStore for MemoryStore {
@@ -18,8 +20,21 @@ impl ObjectStore for MemoryStore {
     }
     fn put<'a>(&'a self, key: &'a str, data: Bytes) -> BoxFut<'a, ()> {
         Box::pin(async move {
-            self.objects.write().insert(key.to_string(), data);
+            self.objects
+                .write()
+                .insert(key.to_string(), (data, SystemTime::now()));
             Ok(())
+        })
+    }
+    fn put_if_absent<'a>(&'a self, key: &'a str, data: Bytes) -> BoxFut<'a, PutIfAbsent> {
+        Box::pin(async move {
+            match self.objects.write().entry(key.to_string()) {
+                std::collections::btree_map::Entry::Occupied(_) => Ok(PutIfAbsent::Exists),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert((data, SystemTime::now()));
+                    Ok(PutIfAbsent::Created)
+                }
+            }
         })
     }
     fn get<'a>(&'a self, key: &'a str) -> BoxFut<'a, Bytes> {
@@ -27,12 +42,12 @@ impl ObjectStore for MemoryStore {
             self.objects
                 .read()
                 .get(key)
-                .cloned()
+                .map(|(d, _)| d.clone())
                 .ok_or_else(|| ObjectError::NotFound(key.to_string()))
         })
     }
     fn head<'a>(&'a self, key: &'a str) -> BoxFut<'a, Option<u64>> {
-        Box::pin(async move { Ok(self.objects.read().get(key).map(|b| b.len() as u64)) })
+        Box::pin(async move { Ok(self.objects.read().get(key).map(|(b, _)| b.len() as u64)) })
     }
     fn delete<'a>(&'a self, key: &'a str) -> BoxFut<'a, ()> {
         Box::pin(async move {
@@ -53,9 +68,10 @@ impl ObjectStore for MemoryStore {
                 .take_while(|(k, _)| k.starts_with(prefix))
                 .filter(|(k, _)| start_after.is_none_or(|a| k.as_str() > a))
                 .take(limit.min(super::LIST_LIMIT_MAX))
-                .map(|(k, v)| ObjectInfo {
+                .map(|(k, (v, at))| ObjectInfo {
                     key: k.clone(),
                     size: v.len() as u64,
+                    modified: Some(*at),
                 })
                 .collect())
         })

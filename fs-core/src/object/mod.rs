@@ -6,6 +6,11 @@
 //!   temporary name and renamed).
 //! - `delete` of a missing key succeeds (deletion is idempotent).
 //! - `get` of a missing key fails with [`ObjectError::NotFound`].
+//! - `put_if_absent` never replaces an object that exists when it starts; where the store
+//!   cannot make that one atomic step (see each backend) a put racing with it may still land
+//!   first and be replaced, so callers use it as a guard, not as a lock.
+//! - `list` gives each object's last modification time when the store keeps one (every
+//!   backend here does); [`crate::vfs::orphans`] counts an object's age from it.
 //! - Integrity (CRC32) is checked above this trait, by the block layer, which knows the CRCs.
 
 pub mod conformance;
@@ -17,7 +22,7 @@ pub mod s3;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use backon::{ExponentialBuilder, Retryable};
 pub use bytes::Bytes;
@@ -52,6 +57,17 @@ pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = ObjResult<T>> + Send + 'a>>
 pub struct ObjectInfo {
     pub key: String,
     pub size: u64,
+    /// When the object was last written, by the store's clock (None: the store did not say).
+    pub modified: Option<SystemTime>,
+}
+
+/// What [`ObjectStore::put_if_absent`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutIfAbsent {
+    /// The object did not exist and was written.
+    Created,
+    /// An object with this key already existed; nothing was written.
+    Exists,
 }
 
 /// Maximum keys one `list` call returns.
@@ -61,17 +77,30 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// A human description for status output, e.g. `file:///data` or `s3://bucket`.
     fn describe(&self) -> String;
     fn put<'a>(&'a self, key: &'a str, data: Bytes) -> BoxFut<'a, ()>;
+    /// Write `data` under `key` only if no object has that key: [`PutIfAbsent::Exists`] (and
+    /// nothing written) otherwise. The default asks `head` first and then puts: best effort,
+    /// since a put by someone else between the two is replaced. Backends that can do it in
+    /// one step (a conditional request, a link that fails on an existing name) override it.
+    fn put_if_absent<'a>(&'a self, key: &'a str, data: Bytes) -> BoxFut<'a, PutIfAbsent> {
+        Box::pin(async move {
+            if self.head(key).await?.is_some() {
+                return Ok(PutIfAbsent::Exists);
+            }
+            self.put(key, data).await?;
+            Ok(PutIfAbsent::Created)
+        })
+    }
     fn get<'a>(&'a self, key: &'a str) -> BoxFut<'a, Bytes>;
     /// Size of the object, or None if it does not exist.
     fn head<'a>(&'a self, key: &'a str) -> BoxFut<'a, Option<u64>>;
     fn delete<'a>(&'a self, key: &'a str) -> BoxFut<'a, ()>;
-    /// Keys starting with `prefix`, strictly after `start_after`, in byte order,
-    /// at most `limit` (≤ [`LIST_LIMIT_MAX`]).
     /// Make every completed `put` durable across a crash of the machine (a no-op for stores
     /// whose puts are durable when they return, such as S3).
     fn sync(&self) -> BoxFut<'_, ()> {
         Box::pin(async { Ok(()) })
     }
+    /// Keys starting with `prefix`, strictly after `start_after`, in byte order,
+    /// at most `limit` (≤ [`LIST_LIMIT_MAX`]).
     fn list<'a>(
         &'a self,
         prefix: &'a str,

@@ -23,7 +23,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 use bytes::Bytes;
 
-use super::{BoxFut, ObjectError, ObjectInfo, ObjectStore, LIST_LIMIT_MAX};
+use super::{BoxFut, ObjectError, ObjectInfo, ObjectStore, PutIfAbsent, LIST_LIMIT_MAX};
 
 /// Region used when none is given, in the URL nor in the AWS environment or profile.
 pub const DEFAULT_REGION: &str = "us-east-1";
@@ -234,6 +234,38 @@ impl ObjectStore for S3Store {
         })
     }
 
+    /// A `head`, then a put with `If-None-Match: *`: a server that honours it (AWS S3,
+    /// MinIO) refuses the put when the object appeared meanwhile (412), which is then
+    /// `Exists`. Garage 2.5 ignores the header on PutObject (its `put.rs` reads no
+    /// precondition), so there the `head` is the whole guard and a put racing with it can
+    /// still be replaced.
+    fn put_if_absent<'a>(&'a self, key: &'a str, data: Bytes) -> BoxFut<'a, PutIfAbsent> {
+        Box::pin(async move {
+            if self.head(key).await?.is_some() {
+                return Ok(PutIfAbsent::Exists);
+            }
+            let context = format!("put new object {key} to {}", self.url);
+            match self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(self.full_key(key))
+                .if_none_match("*")
+                .body(ByteStream::from(data))
+                .customize()
+                .disable_payload_signing()
+                .send()
+                .await
+            {
+                Ok(_) => Ok(PutIfAbsent::Created),
+                Err(e) if e.raw_response().map(|r| r.status().as_u16()) == Some(412) => {
+                    Ok(PutIfAbsent::Exists)
+                }
+                Err(e) => Err(map_sdk_error(e, &context, None)),
+            }
+        })
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> BoxFut<'a, Bytes> {
         Box::pin(async move {
             let context = format!("get object {key} from {}", self.url);
@@ -353,9 +385,13 @@ impl ObjectStore for S3Store {
                 let size = u64::try_from(o.size().unwrap_or(0)).map_err(|_| {
                     ObjectError::Fatal(format!("{context}: negative size for {full:?}"))
                 })?;
+                let modified = o
+                    .last_modified()
+                    .and_then(|t| std::time::SystemTime::try_from(*t).ok());
                 objects.push(ObjectInfo {
                     key: key.to_string(),
                     size,
+                    modified,
                 });
             }
             objects.truncate(limit);
@@ -388,7 +424,9 @@ fn classify_response(status: u16, code: Option<&str>) -> Class {
             | "TooManyRequestsException"
             | "RequestThrottled"
             | "ServiceUnavailable"
-            | "InternalError",
+            | "InternalError"
+            // a conditional put that raced with another write: AWS asks to try again
+            | "ConditionalRequestConflict",
         ) => return Class::Transient,
         _ => {}
     }
@@ -467,6 +505,10 @@ mod tests {
         );
         assert_eq!(classify_response(503, Some("SlowDown")), Class::Transient);
         assert_eq!(classify_response(429, None), Class::Transient);
+        assert_eq!(
+            classify_response(409, Some("ConditionalRequestConflict")),
+            Class::Transient
+        );
         assert_eq!(classify_response(500, None), Class::Transient);
         assert_eq!(
             classify_response(400, Some("InvalidArgument")),

@@ -9,13 +9,15 @@
 //! writer and the readers share. Beside it: `chunks` (the cached slice lists), `read` (the
 //! read path), `fallback` (at a mirror, blocks not in the region's store yet), `compact`
 //! (compaction), `store` (object store calls with retries), `writer` (the write path),
-//! `cache` (the block cache) and `gc` (deletion of dead slices' blocks).
+//! `cache` (the block cache), `gc` (deletion of dead slices' blocks) and `orphans` (deletion
+//! of objects no slice references).
 
 pub mod cache;
 mod chunks;
 mod compact;
 mod fallback;
 pub mod gc;
+pub mod orphans;
 mod read;
 mod store;
 mod writer;

@@ -10,12 +10,15 @@ use tokio::task::JoinHandle;
 
 use super::Shared;
 use crate::error::{Error, Result};
-use crate::layout::{block_key, CHUNK_SIZE};
+use crate::layout::{block_count, block_key, block_len, CHUNK_SIZE};
 use crate::meta::{now_ns, Ino, SliceRef};
 use crate::SliceId;
 
 /// Smallest buffer allocated for a slice's unfinished block.
 const TAIL_CAPACITY_MIN: usize = 128 << 10;
+/// Times one slice is written again under a new id after the metadata service refused its
+/// id as not given to this session (see [`rekey`]).
+const REKEY_ATTEMPTS_MAX: u32 = 3;
 
 struct OpenSlice {
     chunk: u32,
@@ -189,7 +192,7 @@ impl FileWriter {
             if let Some(e) = failed {
                 return Err(e);
             }
-            let slice = SliceRef {
+            let mut slice = SliceRef {
                 id: s.id,
                 size: s.len,
                 off: 0,
@@ -197,13 +200,67 @@ impl FileWriter {
                 pos: s.pos,
                 crcs,
             };
-            shared
-                .meta
-                .write_slice(self.ino, s.chunk, slice, mtime_ns)?;
+            let mut rekeyed = 0;
+            loop {
+                match shared
+                    .meta
+                    .write_slice(self.ino, s.chunk, slice.clone(), mtime_ns)
+                {
+                    Ok(_) => break,
+                    Err(Error::SliceNotAllocated(why)) if rekeyed < REKEY_ATTEMPTS_MAX => {
+                        rekeyed += 1;
+                        tracing::info!(
+                            "write inode {}: {why}; writing its {} bytes again under a new slice id",
+                            self.ino,
+                            slice.size
+                        );
+                        slice = rekey(shared, slice)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             shared.chunk_changed(self.ino, s.chunk);
         }
         Ok(())
     }
+}
+
+/// The blocks of `slice` copied under a fresh slice id, for a slice whose id the metadata
+/// service refused (a site daemon that restarted forgot the ranges it gave this session).
+/// Each block is read back (from the memory cache when it is there), checked against its
+/// CRC32 and written under the new id; the old objects are left to `strait gc`, which
+/// removes unreferenced objects past its grace. Returns the slice under its new id.
+fn rekey(shared: &Arc<Shared>, slice: SliceRef) -> Result<SliceRef> {
+    let bs = shared.block_size;
+    let id = shared.meta.next_slice_id()?;
+    for index in 0..block_count(slice.size, bs) {
+        let len = block_len(slice.size, bs, index);
+        let old = block_key(slice.id, index, len);
+        let data = match shared.cache.get_mem(&old) {
+            Some(d) => d,
+            None => shared
+                .rt
+                .block_on(super::retry_store(&format!("read block {old}"), || {
+                    shared.store.get(&old)
+                }))?,
+        };
+        let crc = slice.crcs.get(index as usize).copied().ok_or_else(|| {
+            Error::Meta(format!(
+                "slice {} has {} CRCs for block {index}",
+                slice.id,
+                slice.crcs.len()
+            ))
+        })?;
+        super::cache::verify(&old, &data, len, crc)?;
+        let new = block_key(id, index, len);
+        shared
+            .rt
+            .block_on(super::retry_store(&format!("upload block {new}"), || {
+                shared.store.put(&new, data.clone())
+            }))?;
+        shared.cache.put_mem(&new, data);
+    }
+    Ok(SliceRef { id, ..slice })
 }
 
 /// Upload one block in the background with bounded retries; resolves to its CRC32.

@@ -7,9 +7,9 @@ use strait_fs_core::object::{Bytes, ObjectError};
 use strait_fs_core::vfs::cache::verify;
 use tonic::Status;
 
-use super::keys::parse_block_key;
 use super::synced::mark;
 use super::{retry, Blocks};
+use strait_fs_core::layout::parse_block_key;
 
 pub(super) type Cell = tokio::sync::OnceCell<Result<Bytes, Status>>;
 

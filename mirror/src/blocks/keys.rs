@@ -1,7 +1,6 @@
-//! Key encoding: the mirror's keys in its engine (see the module docs of [`super`]) and the
-//! object store's block keys.
+//! Key encoding: the mirror's keys in its engine (see the module docs of [`super`]). Block
+//! keys are fs-core's (`strait_fs_core::layout::{block_key, parse_block_key}`).
 
-use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::{keys, Ino};
 use strait_fs_core::{SliceId, Version};
 
@@ -55,38 +54,4 @@ pub(super) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     b.get(at..at + 4)
         .and_then(|x| x.try_into().ok())
         .map(u32::from_be_bytes)
-}
-
-/// The parts of a block key: (slice id, index, size of the block).
-pub(super) fn parse_block_key(key: &str) -> Option<(SliceId, u32, u32)> {
-    let name = key.strip_prefix("chunks/")?.rsplit('/').next()?;
-    let mut it = name.split('_');
-    let id = SliceId(it.next()?.parse().ok()?);
-    let index = it.next()?.parse().ok()?;
-    let len = it.next()?.parse().ok()?;
-    if it.next().is_some() || block_key(id, index, len) != key {
-        return None;
-    }
-    Some((id, index, len))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn block_keys_parse_back() {
-        let k = block_key(SliceId(1_234_567), 3, 4 << 20);
-        assert_eq!(parse_block_key(&k), Some((SliceId(1_234_567), 3, 4 << 20)));
-        for bad in [
-            "",
-            "chunks/",
-            "chunks/1/1/1_2",
-            "chunks/0/0/1_2_3_4",
-            "x/0/0/1_2_3",
-            "chunks/9/9/1_2_3",
-        ] {
-            assert_eq!(parse_block_key(bad), None, "{bad}");
-        }
-    }
 }

@@ -210,6 +210,11 @@ impl Blocks {
         self.local.is_some()
     }
 
+    /// This region's store, if the mirror has one.
+    pub fn local_store(&self) -> Option<DynStore> {
+        self.local.clone()
+    }
+
     /// The primary's store: `primary_data_url`, or the one in the file system's settings.
     async fn primary(&self) -> Result<&DynStore, String> {
         self.primary

@@ -10,7 +10,7 @@ use strait_fs_core::SliceId;
 use super::keys::{group, synced_key, u32_at, OLD_MARK_LEN, OLD_SYNCED, SYNCED};
 use super::{kv_call, Blocks};
 
-/// Old marks moved per transaction (see [`move_old_marks`]).
+/// Old marks moved, or marks cleared, per transaction (see [`move_old_marks`]).
 const MOVE_BATCH: usize = 1000;
 
 /// Move the marks kept under the change log's tag (`L id index`, before they had a tag of
@@ -124,6 +124,25 @@ impl Blocks {
         .await
         .and_then(|r| r.ok())
         .unwrap_or(false)
+    }
+
+    /// Clear the marks of blocks deleted from this region's store (orphans a sweep removed),
+    /// in transactions of [`MOVE_BATCH`]. Blocking.
+    pub fn unmark_all(&self, blocks: &[(SliceId, u32)]) {
+        for batch in blocks.chunks(MOVE_BATCH) {
+            let r = kv::txn(self.kv.as_ref(), |t| {
+                for &(id, index) in batch {
+                    t.delete(&synced_key(id, index));
+                }
+                Ok(())
+            });
+            if let Err(e) = r {
+                self.error(format!(
+                    "clear the marks of {} deleted orphan blocks: {e}",
+                    batch.len()
+                ));
+            }
+        }
     }
 
     pub(super) async fn mark(&self, id: SliceId, index: u32, synced: bool) {

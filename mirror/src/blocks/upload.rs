@@ -1,9 +1,20 @@
 //! Blocks written at this region, uploaded to the primary's store before their write commits.
+//!
+//! # To ensure correctness
+//! - The router uploads only blocks of slices whose ids the primary gave this mirror for
+//!   the writing mount (`router.rs`); that alone keeps an upload off another writer's keys.
+//! - An upload never replaces an object: each block goes with
+//!   [`ObjectStore::put_if_absent`](strait_fs_core::object::ObjectStore::put_if_absent). A
+//!   block already there with the same bytes is a write sent again (a retry), and is taken
+//!   as uploaded; one with other bytes is an error, logged, and the write fails with
+//!   nothing changed. On Garage, which ignores `If-None-Match` on a put, the guard is a
+//!   `head` before the put: best effort against a writer racing with the upload.
 
 use std::sync::atomic::Ordering;
 
 use strait_fs_core::layout::{block_count, block_key, block_len};
 use strait_fs_core::meta::SliceRef;
+use strait_fs_core::object::PutIfAbsent;
 use strait_fs_core::vfs::cache::verify;
 
 use super::{retry, Blocks};
@@ -21,19 +32,40 @@ impl Blocks {
             for index in 0..block_count(s.size, bs) {
                 let len = block_len(s.size, bs, index);
                 let key = block_key(s.id, index, len);
-                // blocks are immutable and new: a put of one the primary has (a retried
-                // write) is harmless, so no round trip asks first
                 let data = retry(&format!("read block {key}"), || local.get(&key))
                     .await
                     .map_err(|e| format!("read block {key} written in this region: {e}"))?;
                 if let Some(crc) = s.crcs.get(index as usize) {
                     verify(&key, &data, len, *crc).map_err(|e| e.to_string())?;
                 }
-                retry(&format!("upload block {key}"), || {
-                    primary.put(&key, data.clone())
+                let put = retry(&format!("upload block {key}"), || {
+                    primary.put_if_absent(&key, data.clone())
                 })
                 .await
                 .map_err(|e| format!("upload block {key} to the primary's store: {e}"))?;
+                if put == PutIfAbsent::Exists {
+                    let there = retry(&format!("read block {key} back"), || primary.get(&key))
+                        .await
+                        .map_err(|e| {
+                            format!("read block {key}, already in the primary's store: {e}")
+                        })?;
+                    if there != data {
+                        let why = format!(
+                            "block {key} is already in the primary's store with other content \
+                             ({} bytes there, crc32 {:08x}; {} bytes here, crc32 {:08x}): it was \
+                             not overwritten",
+                            there.len(),
+                            crc32fast::hash(&there),
+                            data.len(),
+                            crc32fast::hash(&data)
+                        );
+                        // logged by the router, which fails the write
+                        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                        *self.last_error.lock() = why.clone();
+                        return Err(why);
+                    }
+                    // the same bytes: this write was sent before (a retry)
+                }
                 self.counters
                     .uploaded_blocks
                     .fetch_add(1, Ordering::Relaxed);

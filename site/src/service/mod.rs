@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::slice_ranges::SliceRanges;
 
 mod auth;
 mod run;
@@ -84,6 +85,8 @@ pub struct MetaServer {
     fence: Option<Arc<dyn WriteFence>>,
     /// Drawn at random when the daemon starts (see [`BOOT_HEADER`]).
     boot: u64,
+    /// The slice ids each session was given: a written slice must name one of its own.
+    slice_ranges: Arc<parking_lot::Mutex<SliceRanges>>,
 }
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
@@ -102,6 +105,29 @@ pub trait BlockSource: Send + Sync + 'static {
 
 fn invalid(e: WireError) -> Error {
     Error::Invalid(e.0)
+}
+
+/// Refuse slices whose ids session view `m` was not given (a read-only engine answers its
+/// own EROFS instead): nothing is changed, and the mount takes a new range.
+fn own_slices<'a>(
+    ranges: &parking_lot::Mutex<SliceRanges>,
+    m: &Meta,
+    slices: impl IntoIterator<Item = &'a SliceRef>,
+) -> Result<(), Error> {
+    if m.is_read_only() {
+        return Ok(());
+    }
+    let sid = m.session_id();
+    match ranges
+        .lock()
+        .first_foreign(sid, slices.into_iter().map(|s| s.id))
+    {
+        None => Ok(()),
+        Some(id) => Err(Error::SliceNotAllocated(format!(
+            "slice {id} was not given to session {sid} by this daemon (it restarted since, \
+             the session was replaced, or the id was never handed out); nothing was changed"
+        ))),
+    }
 }
 
 fn ctx_of(c: Option<w::Ctx>) -> Result<Ctx, Error> {
@@ -174,6 +200,7 @@ impl MetaServer {
             requests: Arc::new(Requests::default()),
             fence: None,
             boot: rand::random(),
+            slice_ranges: Arc::new(parking_lot::Mutex::new(SliceRanges::default())),
         }
     }
 
@@ -203,8 +230,10 @@ impl MetaServer {
     /// Forget the in-memory views of sessions the engine no longer lists (closed or timed out).
     pub fn drop_sessions(&self, closed: &[u64]) {
         let mut s = self.sessions.write();
+        let mut ranges = self.slice_ranges.lock();
         for sid in closed {
             s.remove(sid);
+            ranges.forget(*sid);
         }
         self.metrics.sessions.set(s.len() as i64);
     }
@@ -558,12 +587,14 @@ impl MetaService for MetaServer {
     }
 
     async fn write_slice(&self, req: Request<w::WriteSliceRequest>) -> Reply<w::AttrReply> {
+        let ranges = self.slice_ranges.clone();
         mutation!(self, req, "write_slice", |m, r| {
-            let slice = r
+            let slice: SliceRef = r
                 .slice
                 .ok_or_else(|| Error::Invalid("the request names no slice".into()))?
                 .try_into()
                 .map_err(invalid)?;
+            own_slices(&ranges, &m, [&slice])?;
             Ok(m.write_slice_versioned(r.ino, r.index, slice, r.mtime_ns)?
                 .map(|a| attr_reply(&a)))
         })
@@ -573,9 +604,11 @@ impl MetaService for MetaServer {
         &self,
         req: Request<w::CompactChunkRequest>,
     ) -> Reply<w::CompactChunkReply> {
+        let ranges = self.slice_ranges.clone();
         mutation!(self, req, "compact_chunk", |m, r| {
             let old = strait_proto::slices_from_wire(r.old).map_err(invalid)?;
             let new = strait_proto::slices_from_wire(r.new).map_err(invalid)?;
+            own_slices(&ranges, &m, &new)?;
             Ok(m.compact_chunk_versioned(r.ino, r.index, &old, new)?
                 .map(|done| w::CompactChunkReply { done }))
         })
@@ -584,6 +617,7 @@ impl MetaService for MetaServer {
     async fn alloc_slice_ids(&self, req: Request<w::AllocRequest>) -> Reply<w::AllocReply> {
         // no ids from a counter a catch-up is about to raise, nor from a fenced primary
         self.check_fence("alloc_slice_ids").await?;
+        let ranges = self.slice_ranges.clone();
         rpc!(self, req, "alloc_slice_ids", |m, r| {
             if r.count == 0 || r.count > ALLOC_SLICE_IDS_MAX {
                 return Err(Error::Invalid(format!(
@@ -591,8 +625,11 @@ impl MetaService for MetaServer {
                     r.count
                 )));
             }
+            let first = m.alloc_slice_ids(r.count)?;
+            // before the answer leaves: the session may use the ids as soon as it has them
+            ranges.lock().grant(m.session_id(), first, r.count);
             Ok(w::AllocReply {
-                first: m.alloc_slice_ids(r.count)?.0,
+                first: first.0,
                 count: r.count,
             })
         })
