@@ -8,7 +8,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::{decode_counter, log_key, read, txn, KvEngine, KvPairs, LAST_VERSION_KEY, LOG_GROUP};
+use super::{
+    decode_counter, log_key, read, split_versioned, txn, versioned_value, KvEngine, KvPairs,
+    LAST_VERSION_KEY, LOG_GROUP,
+};
 use crate::error::{Error, Result};
 use crate::Version;
 
@@ -32,6 +35,10 @@ pub const CASES: &[(&str, Case)] = &[
         corrupt_counter_aborts_commit,
     ),
     ("append_log_is_gapless", append_log_is_gapless),
+    (
+        "put_versioned_takes_the_commit_version",
+        put_versioned_takes_the_commit_version,
+    ),
     ("wipe_empties_everything", wipe_empties_everything),
     ("concurrent_read_modify_write", concurrent_read_modify_write),
 ];
@@ -618,6 +625,69 @@ fn append_log_is_gapless(kv: &dyn KvEngine) {
         keys_of(&page),
         vec![log_key(Version(3)), log_key(Version(4))]
     );
+}
+
+/// A versioned write ends with the version its transaction's change record got; without a
+/// change record the transaction is refused, and a failed closure writes nothing either.
+fn put_versioned_takes_the_commit_version(kv: &dyn KvEngine) {
+    let a = key(b'T', 14, b"a");
+    let b = key(b'T', 14, b"b");
+    let first = ok(
+        kv.txn(&mut |t| {
+            t.put(&b, b"plain");
+            t.put_versioned(&a, b"first");
+            t.append_log(b"one".to_vec());
+            Ok(())
+        }),
+        "commit a versioned write",
+    );
+    assert_eq!(first, Some(Version(1)));
+    let stored = get(kv, &a).unwrap_or_default();
+    assert_eq!(stored, versioned_value(b"first", Version(1)));
+    assert_eq!(
+        ok(split_versioned(&stored), "split a versioned value"),
+        (&b"first"[..], Version(1))
+    );
+    // the key is in its group like any other (Redis indexes it)
+    assert_eq!(
+        keys_of(&scan(kv, &group(b'T', 14), None, 10)),
+        vec![a.clone(), b.clone()]
+    );
+
+    // over a plain put of the same key in the same transaction, the versioned write wins
+    let second = ok(
+        kv.txn(&mut |t| {
+            t.put(&a, b"plain over");
+            t.put_versioned(&a, b"second");
+            t.append_log(b"two".to_vec());
+            Ok(())
+        }),
+        "commit a second versioned write",
+    );
+    assert_eq!(second, Some(Version(2)));
+    assert_eq!(get(kv, &a), Some(versioned_value(b"second", Version(2))));
+
+    // no change record to take the version of: refused, and nothing is applied
+    let r = kv.txn(&mut |t| {
+        t.put(&b, b"changed");
+        t.put_versioned(&a, b"third");
+        Ok(())
+    });
+    assert!(
+        r.is_err(),
+        "a versioned write without a record committed: {r:?}"
+    );
+    // a closure that fails: nothing is applied
+    let r = kv.txn(&mut |t| {
+        t.put(&b, b"changed");
+        t.put_versioned(&a, b"fourth");
+        t.append_log(b"aborted".to_vec());
+        Err(aborted())
+    });
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(get(kv, &a), Some(versioned_value(b"second", Version(2))));
+    assert_eq!(get(kv, &b).as_deref(), Some(&b"plain"[..]));
+    assert_eq!(ok(kv.last_version(), "read last version"), Version(2));
 }
 
 fn wipe_empties_everything(kv: &dyn KvEngine) {

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use parking_lot::RwLock;
 
-use super::{decode_counter, log_key, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY};
+use super::{
+    decode_counter, log_key, versioned_value, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY,
+};
 use crate::error::Result;
 use crate::Version;
 
@@ -53,6 +55,9 @@ impl KvTxn for MemTxn<'_> {
     fn append_log(&mut self, record: Vec<u8>) {
         self.ws.append_log(record)
     }
+    fn put_versioned(&mut self, key: &[u8], value: &[u8]) {
+        self.ws.put_versioned(key, value)
+    }
 }
 
 fn scan_map(
@@ -86,6 +91,7 @@ impl KvEngine for MemoryKv {
         };
         f(&mut t)?;
         let ws = t.ws;
+        ws.check_versioned()?;
         // compute every counter before the first write, so a corrupt counter aborts cleanly
         let mut counters: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
         for (k, d) in &ws.adds {
@@ -121,6 +127,9 @@ impl KvEngine for MemoryKv {
             (version.0 as i64).to_le_bytes().to_vec(),
         );
         map.insert(log_key(version), record);
+        for (k, value) in ws.versioned {
+            map.insert(k, versioned_value(&value, version));
+        }
         Ok(Some(version))
     }
 

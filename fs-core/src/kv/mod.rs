@@ -19,6 +19,12 @@
 //!   next one after the last committed version, without gaps, even when the closure ran
 //!   several times or concurrent transactions committed in between.
 //! - [`KvTxn::add`] is a blind counter increment applied at commit; it never causes a conflict.
+//! - [`KvTxn::put_versioned`] writes its value followed by the version the transaction's
+//!   change record gets at commit (8 bytes, big-endian), so a key can name the version of the
+//!   change it was written with although that version is assigned only at commit. A
+//!   transaction that writes one must append a change record; it fails otherwise, and nothing
+//!   it wrote is applied. The write is applied after the transaction's other writes, and
+//!   reads of the same transaction do not see it.
 //! - When the closure returns an error, that error comes back unchanged and nothing it wrote
 //!   is applied; the error was computed from a consistent view (optimistic backends rerun the
 //!   closure when its reads went stale).
@@ -65,6 +71,9 @@ pub trait KvTxn {
     /// Append a change record to the log; its version is assigned at commit.
     /// At most one record per transaction.
     fn append_log(&mut self, record: Vec<u8>);
+    /// Put `value` followed by the 8-byte big-endian version of this transaction's change
+    /// record, assigned at commit; see the module documentation.
+    fn put_versioned(&mut self, key: &[u8], value: &[u8]);
 }
 
 /// A transactional key-value store. See the module documentation for the contract.
@@ -157,6 +166,27 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// `value` followed by `version` as [`KvTxn::put_versioned`] writes it.
+pub fn versioned_value(value: &[u8], version: Version) -> Vec<u8> {
+    let mut v = Vec::with_capacity(value.len() + 8);
+    v.extend_from_slice(value);
+    v.extend_from_slice(&version.to_be_bytes());
+    v
+}
+
+/// A value written by [`KvTxn::put_versioned`], split into what was put and the version.
+pub fn split_versioned(stored: &[u8]) -> Result<(&[u8], Version)> {
+    let at = stored
+        .len()
+        .checked_sub(8)
+        .ok_or_else(|| Error::corrupt(format!("a versioned value of {} bytes", stored.len())))?;
+    let (value, version) = stored.split_at(at);
+    let version: [u8; 8] = version
+        .try_into()
+        .map_err(|_| Error::corrupt("a versioned value's version"))?;
+    Ok((value, Version(u64::from_be_bytes(version))))
+}
+
 /// A buffered write set used by backends that apply writes at commit.
 #[derive(Default, Debug, Clone)]
 pub struct WriteSet {
@@ -164,6 +194,8 @@ pub struct WriteSet {
     pub writes: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     pub adds: Vec<(Vec<u8>, i64)>,
     pub log: Option<Vec<u8>>,
+    /// [`KvTxn::put_versioned`]: key -> the value the version is appended to.
+    pub versioned: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 impl WriteSet {
@@ -179,6 +211,19 @@ impl WriteSet {
     pub fn append_log(&mut self, record: Vec<u8>) {
         assert!(self.log.is_none(), "one change record per transaction");
         self.log = Some(record);
+    }
+    pub fn put_versioned(&mut self, key: &[u8], value: &[u8]) {
+        self.versioned.insert(key.to_vec(), value.to_vec());
+    }
+    /// Refuse to commit versioned writes without a change record to take the version of.
+    pub fn check_versioned(&self) -> Result<()> {
+        if !self.versioned.is_empty() && self.log.is_none() {
+            return Err(Error::Invalid(format!(
+                "{} versioned writes in a transaction that appends no change record",
+                self.versioned.len()
+            )));
+        }
+        Ok(())
     }
     /// What this write set says about `key`: Some(Some(v)) written, Some(None) deleted, None untouched.
     pub fn lookup(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {

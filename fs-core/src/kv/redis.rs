@@ -14,8 +14,8 @@
 //! Optimistic, with `WATCH`: every read of a read-write transaction first watches what it
 //! reads (the string for a `get`; the group's index and every returned string for a `scan`),
 //! writes are buffered in a [`WriteSet`], and the commit is one Lua script inside
-//! `MULTI`/`EXEC`. The script applies the writes, the blind counter additions and the log
-//! append together (a script is atomic, and it checks every counter before its first write
+//! `MULTI`/`EXEC`. The script applies the writes, the blind counter additions, the log
+//! append and the versioned writes (which take the version it assigns) together (a script is atomic, and it checks every counter before its first write
 //! because Redis does not roll a failed script back). If a watched key changed, `EXEC`
 //! answers nil and the closure runs again from scratch with a fresh write set, at most
 //! [`TXN_RETRIES_MAX`] more times, after a short random pause. The log version is assigned
@@ -95,13 +95,14 @@ end
 "#;
 
 /// Commit a write set.
-/// ARGV: np nd na nl (counts of puts, deletes, adds, log records: 0 or 1), then np values,
-/// na 8-byte deltas, nl records.
+/// ARGV: np nd na nl nv (counts of puts, deletes, adds, log records: 0 or 1, versioned puts:
+/// 0 unless nl = 1), then np values, na 8-byte deltas, nl records, nv values.
 /// KEYS: (string, index) pairs for the np puts, nd deletes and na adds, then, if nl = 1, the
-/// last-version string, its index, and the log group's index.
+/// last-version string, its index, and the log group's index, then (string, index) pairs for
+/// the nv versioned puts.
 /// Returns the new version (8 bytes LE) or an empty string when there is no record.
 const LUA_COMMIT: &str = r#"
-local np, nd, na, nl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local np, nd, na, nl, nv = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local ka = 2 * (np + nd)
 local cur = {}
 for i = 1, na do
@@ -115,7 +116,7 @@ if nl == 1 then
 end
 for i = 1, np do
   local k = KEYS[2 * i - 1]
-  redis.call('SET', k, ARGV[4 + i])
+  redis.call('SET', k, ARGV[5 + i])
   redis.call('ZADD', KEYS[2 * i], 'NX', 0, string.sub(k, 3))
 end
 for i = 1, nd do
@@ -125,7 +126,7 @@ for i = 1, nd do
 end
 for i = 1, na do
   local k = KEYS[ka + 2 * i - 1]
-  redis.call('SET', k, add64(cur[i], ARGV[4 + np + i]))
+  redis.call('SET', k, add64(cur[i], ARGV[5 + np + i]))
   redis.call('ZADD', KEYS[ka + 2 * i], 'NX', 0, string.sub(k, 3))
 end
 if nl == 1 then
@@ -135,8 +136,14 @@ if nl == 1 then
   redis.call('SET', k, v)
   redis.call('ZADD', KEYS[ka + 2 * na + 2], 'NX', 0, string.sub(k, 3))
   local member = string.sub(logidx, 3) .. string.reverse(v)
-  redis.call('SET', 's:' .. member, ARGV[4 + np + na + 1])
+  redis.call('SET', 's:' .. member, ARGV[5 + np + na + 1])
   redis.call('ZADD', logidx, 'NX', 0, member)
+  local kv = ka + 2 * na + 3
+  for i = 1, nv do
+    local vk = KEYS[kv + 2 * i - 1]
+    redis.call('SET', vk, ARGV[5 + np + na + 1 + i] .. string.reverse(v))
+    redis.call('ZADD', KEYS[kv + 2 * i], 'NX', 0, string.sub(vk, 3))
+  end
   return v
 end
 return ''
@@ -459,10 +466,12 @@ impl Lease<'_> {
 
     /// The `EVALSHA` applying `ws`, or None when `ws` writes nothing.
     fn commit_command(&self, ws: WriteSet) -> Result<Option<redis::Cmd>> {
+        ws.check_versioned()?;
         let WriteSet {
             mut writes,
             adds,
             log,
+            versioned,
         } = ws;
         // An addition to a key this transaction also writes is folded into that write, so
         // the script only sees blind additions, one per key.
@@ -497,6 +506,7 @@ impl Lease<'_> {
             } else {
                 b"0".to_vec()
             },
+            versioned.len().to_string().into_bytes(),
         ];
         for (k, _) in &puts {
             keys.push(string_key(k));
@@ -517,6 +527,12 @@ impl Lease<'_> {
             keys.push(index_key(LAST_VERSION_KEY));
             keys.push(index_key(&LOG_GROUP));
             args.push(record);
+            // check_versioned: versioned writes come only with a record
+            for (k, v) in versioned {
+                keys.push(string_key(&k));
+                keys.push(index_key(&k));
+                args.push(v);
+            }
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.kv.commit_script.get_hash())
@@ -645,6 +661,9 @@ impl KvTxn for RedisTxn<'_, '_> {
     }
     fn append_log(&mut self, record: Vec<u8>) {
         self.ws.append_log(record)
+    }
+    fn put_versioned(&mut self, key: &[u8], value: &[u8]) {
+        self.ws.put_versioned(key, value)
     }
 }
 

@@ -13,7 +13,9 @@ use std::path::Path;
 use parking_lot::Mutex;
 use rocksdb::{Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
-use super::{decode_counter, log_key, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY};
+use super::{
+    decode_counter, log_key, versioned_value, KvEngine, KvPairs, KvTxn, WriteSet, LAST_VERSION_KEY,
+};
 use crate::error::{Error, Result};
 use crate::Version;
 
@@ -157,6 +159,9 @@ impl KvTxn for RocksTxn<'_> {
     fn append_log(&mut self, record: Vec<u8>) {
         self.ws.append_log(record)
     }
+    fn put_versioned(&mut self, key: &[u8], value: &[u8]) {
+        self.ws.put_versioned(key, value)
+    }
 }
 
 impl KvEngine for RocksKv {
@@ -173,6 +178,7 @@ impl KvEngine for RocksKv {
         };
         f(&mut t)?;
         let ws = t.ws;
+        ws.check_versioned()?;
         let mut batch = WriteBatch::default();
         let mut counters: std::collections::BTreeMap<Vec<u8>, i64> = Default::default();
         for (k, v) in &ws.writes {
@@ -204,6 +210,9 @@ impl KvEngine for RocksKv {
             let v = Version(last + 1);
             batch.put(LAST_VERSION_KEY, (v.0 as i64).to_le_bytes());
             batch.put(log_key(v), record);
+            for (k, value) in &ws.versioned {
+                batch.put(k, versioned_value(value, v));
+            }
             version = Some(v);
         }
         let mut wo = WriteOptions::default();

@@ -62,6 +62,10 @@ registry! {
     SETTING = b'Z', "strait-fs-core meta";
     /// `N 0 name`: counters.
     COUNTER = b'N', "strait-fs-core meta";
+    /// `R 0 id` -> the record of a change made under request id `id` (its version and its
+    /// first result); `R 1 ts id`: the records by age; `R 2 name`: their count and eviction
+    /// horizon. Region-local, as sessions are: never in the change log, snapshots or digests.
+    REQUEST = b'R', "strait-fs-core meta";
     /// `L 0 version` -> a change record ([`super::LOG_GROUP`]).
     LOG = b'L', "strait-fs-core kv (the change log)";
     /// `V 0 "last"` -> the version of the last change record ([`super::LAST_VERSION_KEY`]).
