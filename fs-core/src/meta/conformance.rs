@@ -52,6 +52,7 @@ pub fn run_all(make: &dyn Fn() -> DynKv) {
     deferred_deletion_and_space(make);
     locks(make);
     outbox_replays_to_the_same_digest(make);
+    request_records_commit_with_their_change(make);
 }
 
 pub fn format_twice_is_refused(make: &dyn Fn() -> DynKv) {
@@ -677,6 +678,54 @@ pub fn outbox_replays_to_the_same_digest(make: &dyn Fn() -> DynKv) {
     let r = replica.txn(&mut |t| crate::changelog::apply(t, &bad));
     assert!(r.is_err(), "re-applying a create must be refused");
     assert_eq!(Meta::digest(&replica).unwrap(), before);
+}
+
+/// A change made under a request id commits its record (with the change's version and its
+/// result); a call that fails writes none; the sweep removes them, outside the tree's digest.
+pub fn request_records_commit_with_their_change(make: &dyn Fn() -> DynKv) {
+    use super::requests::{Lookup, Outcome};
+    let (kv, m) = fresh(make);
+    let root = Ctx::root();
+    let (a, _) = m.create(&root, ROOT_INO, b"a", 0o644, 0).unwrap();
+    let (b, _) = m.create(&root, ROOT_INO, b"b", 0o644, 0).unwrap();
+    let done = m
+        .for_request("x-1")
+        .rename_versioned(&root, ROOT_INO, b"a", ROOT_INO, b"b", libc::RENAME_EXCHANGE)
+        .unwrap();
+    let made = m
+        .for_request("x-2")
+        .mkdir_versioned(&root, ROOT_INO, b"d", 0o755, 0)
+        .unwrap();
+    let now = now_ns();
+    let Lookup::Committed(r) = m.request_lookup("x-1", now).unwrap() else {
+        panic!("no record for x-1");
+    };
+    assert_eq!((Some(r.version), r.outcome), (done.version, Outcome::Done));
+    let Lookup::Committed(r) = m.request_lookup("x-2", now).unwrap() else {
+        panic!("no record for x-2");
+    };
+    assert_eq!(Some(r.version), made.version);
+    assert_eq!(r.outcome, Outcome::Entry(made.value.0, made.value.1));
+    assert_eq!(m.lookup(&root, ROOT_INO, b"a").unwrap().0, b);
+    assert_eq!(m.lookup(&root, ROOT_INO, b"b").unwrap().0, a);
+    // a call that fails commits no record
+    assert_eq!(
+        errno(
+            m.for_request("x-3")
+                .mkdir_versioned(&root, ROOT_INO, b"d", 0o755, 0)
+        ),
+        libc::EEXIST
+    );
+    assert_eq!(m.request_lookup("x-3", now).unwrap(), Lookup::NotCommitted);
+    assert_eq!(m.request_count().unwrap(), 2);
+    // the sweep removes them all; the tree's digest does not see them
+    let digest = Meta::digest(&kv).unwrap();
+    let swept = m.sweep_requests(i64::MAX, u64::MAX, 1).unwrap();
+    assert_eq!((swept.expired, swept.left), (1, 1));
+    let swept = m.sweep_requests(i64::MAX, u64::MAX, 10).unwrap();
+    assert_eq!((swept.expired, swept.left), (1, 0));
+    assert_eq!(m.request_lookup("x-1", now).unwrap(), Lookup::NotCommitted);
+    assert_eq!(Meta::digest(&kv).unwrap(), digest);
 }
 
 #[cfg(test)]

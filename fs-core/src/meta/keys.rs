@@ -7,8 +7,8 @@ use crate::SliceId;
 
 // The tags are in the registry of every KV key tag.
 pub use crate::kv::tags::{
-    ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, SESSION, SETTING,
-    SYMLINK, XATTR,
+    ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, REQUEST, SESSION,
+    SETTING, SYMLINK, XATTR,
 };
 
 pub fn group(tag: u8, owner: u64) -> Vec<u8> {
@@ -76,6 +76,32 @@ pub fn counter(name: &str) -> Vec<u8> {
     k
 }
 
+/// Owners of the [`REQUEST`] groups: records by request id, the same by age, and the
+/// table's own state.
+pub const REQUESTS_BY_ID: u64 = 0;
+pub const REQUESTS_BY_AGE: u64 = 1;
+pub const REQUESTS_STATE: u64 = 2;
+
+/// `R 0 id`: the record of request `id`.
+pub fn request(id: &[u8]) -> Vec<u8> {
+    let mut k = group(REQUEST, REQUESTS_BY_ID);
+    k.extend_from_slice(id);
+    k
+}
+/// `R 1 ts id`: request `id`, committed at `ts_ns`, in the records' age order.
+pub fn request_by_age(ts_ns: u64, id: &[u8]) -> Vec<u8> {
+    let mut k = group(REQUEST, REQUESTS_BY_AGE);
+    k.extend_from_slice(&ts_ns.to_be_bytes());
+    k.extend_from_slice(id);
+    k
+}
+/// `R 2 name`: state of the request records ([`REQUEST_COUNT`], [`REQUESTS_EVICTED`]).
+pub fn requests_state(name: &str) -> Vec<u8> {
+    let mut k = group(REQUEST, REQUESTS_STATE);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
 /// The u64 stored big-endian at `key[at..at + 8]`.
 pub fn u64_at(key: &[u8], at: usize) -> Option<u64> {
     key.get(at..at + 8)
@@ -89,3 +115,7 @@ pub const NEXT_SESSION: &str = "next_session";
 pub const USED_SPACE: &str = "used_space";
 pub const TOTAL_INODES: &str = "total_inodes";
 pub const FORMAT: &str = "format";
+/// How many request records there are (a counter).
+pub const REQUEST_COUNT: &str = "count";
+/// The commit time of the newest request record removed before its time (an i64, ns).
+pub const REQUESTS_EVICTED: &str = "evicted";

@@ -10,6 +10,7 @@ mod engine;
 pub mod keys;
 mod locks;
 pub mod perm;
+pub mod requests;
 pub mod types;
 
 mod client;

@@ -1,7 +1,7 @@
 //! Creating entries: mknod, mkdir, create, symlink and link, all through one transaction shape.
 
 use super::{check_name, is_dot, need_attr, need_dir_attr, touch_dir, Meta};
-use crate::changelog::{commit, get_dentry, Change, Name};
+use crate::changelog::{get_dentry, Change, Name};
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::meta::perm::{access, MAY_EXEC, MAY_WRITE};
@@ -89,7 +89,7 @@ impl Meta {
                 a.length = target.len() as u64;
             }
             touch_dir(&mut pa, now);
-            commit(
+            self.commit(
                 t,
                 Change::Create {
                     parent,
@@ -207,7 +207,7 @@ impl Meta {
             a.nlink += 1;
             a.ctime_ns = now;
             touch_dir(&mut pa, now);
-            commit(
+            self.commit(
                 t,
                 Change::Link {
                     parent,

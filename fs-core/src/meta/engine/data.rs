@@ -1,7 +1,7 @@
 //! Data: chunks' slice lists, written slices, compaction, and dead slices for GC.
 
 use super::{check_slice, need_attr, Meta};
-use crate::changelog::{commit, decode, get_chunk, Change, DeadSlice};
+use crate::changelog::{decode, get_chunk, Change, DeadSlice};
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::layout::CHUNK_SIZE;
@@ -37,7 +37,7 @@ impl Meta {
             a.length = a.length.max(end);
             a.mtime_ns = mtime_ns;
             a.ctime_ns = mtime_ns;
-            commit(
+            self.commit(
                 t,
                 Change::WriteSlice {
                     ino,
@@ -70,7 +70,7 @@ impl Meta {
             if list.len() < old.len() || list[..old.len()] != *old {
                 return Ok(false);
             }
-            commit(
+            self.commit(
                 t,
                 Change::Compact {
                     ino,
@@ -113,7 +113,7 @@ impl Meta {
             return Ok(Committed::unversioned(()));
         }
         kv::txn(self.kv.as_ref(), |t| {
-            commit(t, Change::PurgeSlices { ids: ids.clone() }, now_ns())
+            self.commit(t, Change::PurgeSlices { ids: ids.clone() }, now_ns())
         })
         .map(Committed::from)
     }

@@ -7,12 +7,13 @@ mod locking;
 mod lookup;
 mod open;
 mod remove;
+mod requests;
 mod sessions;
 mod setattr;
 mod xattr;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -52,10 +53,19 @@ pub struct Meta {
     read_only: bool,
     writes_elsewhere: bool,
     sid: AtomicU64,
-    inodes: Mutex<(u64, u64)>,
-    slices: Mutex<(u64, u64)>,
+    /// Inode numbers and slice ids taken from the shared counters and not used yet:
+    /// `[next, end)`, shared by a session's view and its views for one request.
+    inodes: Arc<Mutex<(u64, u64)>>,
+    slices: Arc<Mutex<(u64, u64)>>,
     /// Handles open on each inode, by session.
     open_files: OpenTable,
+    /// In a view for one call made under a request id ([`Meta::for_request`]): the id, whose
+    /// record each change commits with.
+    request: Option<Vec<u8>>,
+    /// The commit time of the newest request record removed before its time (`i64::MIN`:
+    /// none), as stored when the engine was opened and moved by this engine's sweeps: only a
+    /// site daemon's sweep removes records early, and one daemon owns an engine.
+    requests_evicted_ns: Arc<AtomicI64>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -189,15 +199,18 @@ impl Meta {
 
     pub fn open(kv: DynKv, opts: MetaOptions) -> Result<Arc<Self>> {
         let format = Self::load_format(kv.as_ref())?;
+        let evicted = requests::stored_eviction(kv.as_ref())?;
         Ok(Arc::new(Meta {
             kv,
             format,
             read_only: opts.read_only,
             writes_elsewhere: opts.writes_elsewhere,
             sid: AtomicU64::new(0),
-            inodes: Mutex::new((0, 0)),
-            slices: Mutex::new((0, 0)),
+            inodes: Arc::new(Mutex::new((0, 0))),
+            slices: Arc::new(Mutex::new((0, 0))),
             open_files: Arc::new(Mutex::new(HashMap::new())),
+            request: None,
+            requests_evicted_ns: Arc::new(AtomicI64::new(evicted)),
         }))
     }
 
@@ -211,9 +224,11 @@ impl Meta {
             read_only: self.read_only,
             writes_elsewhere: self.writes_elsewhere,
             sid: AtomicU64::new(sid),
-            inodes: Mutex::new((0, 0)),
-            slices: Mutex::new((0, 0)),
+            inodes: Arc::new(Mutex::new((0, 0))),
+            slices: Arc::new(Mutex::new((0, 0))),
             open_files: self.open_files.clone(),
+            request: None,
+            requests_evicted_ns: self.requests_evicted_ns.clone(),
         })
     }
 

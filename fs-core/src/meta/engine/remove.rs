@@ -3,7 +3,7 @@
 use super::{
     check_name, dir_is_empty, is_ancestor, is_dot, need_attr, need_dir_attr, touch_dir, Meta,
 };
-use crate::changelog::{commit, get_dentry, Change, Replaced, Unlinked};
+use crate::changelog::{get_dentry, Change, Replaced, Unlinked};
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::meta::perm::{access, sticky_ok, MAY_EXEC, MAY_WRITE};
@@ -30,7 +30,7 @@ impl Meta {
             sticky_ok(&pa, &a, ctx)?;
             let (a, unlinked) = self.fate(ino, a, now, sid);
             touch_dir(&mut pa, now);
-            commit(
+            self.commit(
                 t,
                 Change::Unlink {
                     parent,
@@ -82,7 +82,7 @@ impl Meta {
             }
             pa.nlink = pa.nlink.saturating_sub(1);
             touch_dir(&mut pa, now);
-            commit(
+            self.commit(
                 t,
                 Change::Rmdir {
                     parent,
@@ -226,7 +226,7 @@ impl Meta {
                 // one directory: only the destination copy carries link-count changes
                 spa = dpa.clone();
             }
-            commit(
+            self.commit(
                 t,
                 Change::Rename {
                     src_parent: sp,

@@ -1,7 +1,7 @@
 //! Attribute changes: setattr(2) and the truncate it may carry.
 
 use super::{need_attr, Meta};
-use crate::changelog::{commit, Change};
+use crate::changelog::Change;
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::layout::CHUNK_SIZE;
@@ -92,7 +92,7 @@ impl Meta {
                     attr: a.clone(),
                 },
             };
-            commit(t, change, now)?;
+            self.commit(t, change, now)?;
             Ok(a)
         })
         .map(Committed::from)

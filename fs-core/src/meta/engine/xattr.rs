@@ -1,7 +1,7 @@
 //! Extended attributes: the namespaces' access rules, get, list, set and remove.
 
 use super::{need_attr, Meta};
-use crate::changelog::{commit, Change};
+use crate::changelog::Change;
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::meta::keys;
@@ -93,7 +93,7 @@ impl Meta {
                 return sys(libc::ENODATA);
             }
             a.ctime_ns = now;
-            commit(
+            self.commit(
                 t,
                 Change::SetXattr {
                     ino,
@@ -117,7 +117,7 @@ impl Meta {
                 return sys(libc::ENODATA);
             }
             a.ctime_ns = now;
-            commit(
+            self.commit(
                 t,
                 Change::RemoveXattr {
                     ino,
