@@ -66,7 +66,7 @@ impl strait_fs_core::vfs::BlockFallback for BlockFetcher {
                 crc,
                 reason: reason.to_string(),
             };
-            let again = |s: &Status| matches!(classify(s), Failure::NotSent | Failure::Broken);
+            let again = |s: &Status| classify(s) == Failure::Transport;
             let mut attempt = 0;
             let r = (|| self.once(&req))
                 .retry(FETCH_BACKOFF)

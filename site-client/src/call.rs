@@ -26,11 +26,13 @@ const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
 const RESUME_ATTEMPTS_MAX: u32 = 3;
 
 /// How a failed call ended, for the retry loop.
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Failure {
-    /// The daemon never received the call: safe to send again.
-    NotSent,
-    /// The call broke in flight: it may or may not have been applied.
-    Broken,
+    /// The daemon could not be reached, or the call broke in flight: send it again. Safe for
+    /// a change too, which is sent with the request id of its first attempt: the daemon
+    /// answers a change it already made, even before a restart of its own, with the first
+    /// result (site's `requests.rs`).
+    Transport,
     /// The daemon does not hold our session: resume it, then send again.
     Resume,
     /// A final answer.
@@ -41,7 +43,7 @@ pub(crate) enum Failure {
 enum Attempt {
     /// A final error.
     Fail(Error),
-    /// The daemon could not be reached (or a call safe to repeat broke in flight): try again.
+    /// The daemon could not be reached, or the call broke in flight: try again.
     Unreachable(Status),
 }
 
@@ -70,24 +72,20 @@ pub(crate) fn classify(s: &Status) -> Failure {
     }
     match s.code() {
         Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => {
-            // tonic reports both "could not connect" and "connection broke" as Unavailable;
-            // only the first says "connect" in its source chain
             let t = describe(s).to_ascii_lowercase();
             if t.contains("certificate") || t.contains("alert") || t.contains("tls") {
                 // the daemon refused our certificate or we refused its: waiting cannot help
                 Failure::Final
-            } else if t.contains("connect") || t.contains("connection refused") {
-                // also "connection reset" and "connection closed": a call on a connection
-                // the daemon's death closed before the call reached it (a daemon restart
-                // under a waiting writer) looks the same as one that broke after it was
-                // applied; the first is by far the more common, so both are sent again
-                // without naming a boot, and a change whose connection reset just after the
-                // daemon applied it can run twice after a restart (docs/chaos.md, open)
-                Failure::NotSent
-            } else if s.code() == Code::Unknown && !t.contains("transport") && !t.contains("h2") {
+            } else if s.code() == Code::Unknown
+                && !t.contains("transport")
+                && !t.contains("h2")
+                && !t.contains("connect")
+            {
                 Failure::Final
             } else {
-                Failure::Broken
+                // never sent (connection refused) or broken in flight (connection reset or
+                // closed, stream gone): the two cannot be told apart reliably, and need not be
+                Failure::Transport
             }
         }
         _ => Failure::Final,
@@ -150,36 +148,24 @@ impl RemoteMeta {
         let start = Instant::now();
         // a mutation keeps one request id over all its attempts: the daemon runs it once
         // (site's requests.rs), so one broken in flight is safe to send again
-        let request_id = if reads { None } else { self.next_request_id() };
-        // the daemon's boot this change is first sent to, as last heard; named on a retry
-        // after it broke in flight, so a daemon that restarted meanwhile answers EIO instead
-        // of applying it perhaps a second time (site's requests.rs)
-        let boot = self.boot.load(Ordering::Relaxed);
-        let broke = Cell::new(false);
+        let request_id = if reads {
+            None
+        } else {
+            Some(self.next_request_id()?)
+        };
         let resumes = Cell::new(0);
         let warned = Cell::new(false);
         // one attempt: the call, sent again at once after each resumption of the session
         let attempt = || -> std::result::Result<T, Attempt> {
             loop {
                 let (rt, channel) = self.connection().map_err(Attempt::Fail)?;
-                let retry_of = broke.get().then_some(boot);
-                let client = self.client(channel, request_id.clone(), retry_of);
+                let client = self.client(channel, request_id.clone());
                 // the connection's tasks only run inside block_on: let them first take in what
                 // arrived while this thread was idle (a closed connection is then known closed,
                 // and the call goes to a new one instead of failing on the dead one)
                 rt.block_on(tokio::task::yield_now());
                 let s = match rt.block_on(f(client).instrument(span.clone())) {
-                    Ok(r) => {
-                        if let Some(b) = r
-                            .metadata()
-                            .get(strait_proto::BOOT_HEADER)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.parse::<u64>().ok())
-                        {
-                            self.boot.store(b, Ordering::Relaxed);
-                        }
-                        return Ok(r.into_inner());
-                    }
+                    Ok(r) => return Ok(r.into_inner()),
                     Err(s) => s,
                 };
                 return Err(match classify(&s) {
@@ -189,21 +175,7 @@ impl RemoteMeta {
                         continue;
                     }
                     Failure::Final | Failure::Resume => Attempt::Fail(to_error(op, &s)),
-                    Failure::Broken if !reads && request_id.is_none() => {
-                        let e = Error::Meta(format!(
-                            "{op}: the connection to {} broke while the call was in flight; \
-                             it may or may not have been applied: {}",
-                            self.target,
-                            s.message()
-                        ));
-                        tracing::error!("{e}");
-                        Attempt::Fail(e)
-                    }
-                    Failure::Broken => {
-                        broke.set(true);
-                        Attempt::Unreachable(s)
-                    }
-                    Failure::NotSent => Attempt::Unreachable(s),
+                    Failure::Transport => Attempt::Unreachable(s),
                 });
             }
         };
@@ -281,17 +253,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_call_broken_in_flight_is_told_from_one_never_sent() {
-        let is = |msg: &str| match classify(&Status::unavailable(msg)) {
-            Failure::NotSent => "not sent",
-            Failure::Broken => "broken",
-            Failure::Resume => "resume",
-            Failure::Final => "final",
-        };
-        assert_eq!(is("h2 protocol error: stream no longer needed"), "broken");
+    fn a_broken_call_is_sent_again_like_one_never_sent() {
+        let is = |s: Status| classify(&s);
+        // broken in flight: sent again (with a change's request id, which the daemon answers
+        // from its first result even across its own restart)
+        for broken in [
+            "h2 protocol error: stream no longer needed",
+            "transport error: connection reset by peer",
+            "h2 protocol error: connection closed",
+        ] {
+            assert_eq!(
+                is(Status::unavailable(broken)),
+                Failure::Transport,
+                "{broken}"
+            );
+        }
+        // never sent: the same
         assert_eq!(
-            is("transport error: tcp connect error: Connection refused (os error 111)"),
-            "not sent"
+            is(Status::unavailable(
+                "transport error: tcp connect error: Connection refused (os error 111)"
+            )),
+            Failure::Transport
         );
+        // a certificate refused, an error the daemon answered: final
+        assert_eq!(
+            is(Status::unavailable(
+                "transport error: invalid peer certificate"
+            )),
+            Failure::Final
+        );
+        assert_eq!(is(Status::unknown("the engine said no")), Failure::Final);
+        assert_eq!(is(Status::not_found("x")), Failure::Final);
     }
 }

@@ -21,9 +21,6 @@ pub(crate) struct Stamp {
     pub(crate) auth: AsciiMetadataValue,
     pub(crate) session: Arc<AtomicU64>,
     pub(crate) request_id: Option<AsciiMetadataValue>,
-    /// On a change sent again after it broke in flight: the daemon's boot it was first sent
-    /// to ([`strait_proto::RETRY_OF_BOOT_HEADER`]).
-    pub(crate) retry_of_boot: Option<AsciiMetadataValue>,
 }
 
 impl tonic::service::Interceptor for Stamp {
@@ -38,9 +35,6 @@ impl tonic::service::Interceptor for Stamp {
         }
         if let Some(id) = &self.request_id {
             md.insert(strait_proto::REQUEST_ID_HEADER, id.clone());
-        }
-        if let Some(b) = &self.retry_of_boot {
-            md.insert(strait_proto::RETRY_OF_BOOT_HEADER, b.clone());
         }
         inject_trace_context(md);
         Ok(req)
@@ -109,11 +103,9 @@ impl RemoteMeta {
         &self,
         channel: Channel,
         request_id: Option<AsciiMetadataValue>,
-        retry_of_boot: Option<u64>,
     ) -> Client {
         let stamp = Stamp {
             request_id,
-            retry_of_boot: retry_of_boot.and_then(|b| b.to_string().parse().ok()),
             ..self.stamp.clone()
         };
         MetaServiceClient::with_interceptor(channel, stamp)
@@ -121,8 +113,10 @@ impl RemoteMeta {
     }
 
     /// A new request id: this client's random prefix and a sequence number.
-    pub(crate) fn next_request_id(&self) -> Option<AsciiMetadataValue> {
+    pub(crate) fn next_request_id(&self) -> Result<AsciiMetadataValue> {
         let n = self.requests.fetch_add(1, Ordering::Relaxed);
-        format!("{:016x}-{n:x}", self.nonce).parse().ok()
+        let id = format!("{:016x}-{n:x}", self.nonce);
+        id.parse()
+            .map_err(|_| Error::Meta(format!("request id {id} is not a header value")))
     }
 }

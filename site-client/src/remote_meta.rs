@@ -79,8 +79,6 @@ pub struct RemoteMeta {
     pub(crate) nonce: u64,
     /// The next request id's sequence number.
     pub(crate) requests: AtomicU64,
-    /// The boot number the daemon last named in an answer to a change (0: none yet).
-    pub(crate) boot: AtomicU64,
 }
 
 impl RemoteMeta {
@@ -130,7 +128,6 @@ impl RemoteMeta {
             auth,
             session: session.clone(),
             request_id: None,
-            retry_of_boot: None,
         };
         Ok(Arc::new_cyclic(|me| RemoteMeta {
             me: me.clone(),
@@ -150,7 +147,6 @@ impl RemoteMeta {
             block_fallback: std::sync::atomic::AtomicBool::new(false),
             nonce: rand::random(),
             requests: AtomicU64::new(1),
-            boot: AtomicU64::new(0),
         }))
     }
 
