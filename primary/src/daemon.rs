@@ -1,5 +1,5 @@
-//! The primary daemon: owns the engine, serves [`MetaServer`], expires dead sessions, deletes
-//! dead slices' blocks and serves metrics, until SIGTERM or SIGINT.
+//! The primary daemon: owns the engine, serves [`MetaServer`], expires dead sessions and old
+//! request records, deletes dead slices' blocks and serves metrics, until SIGTERM or SIGINT.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions, ROOT_INO};
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_site::metrics::{self, Metrics, StatusCode};
+use strait_site::requests::sweep::sweep_request_records;
 use strait_site::sessions::expire_sessions;
 use strait_site::{wait_for_signal, Auth, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
@@ -186,6 +187,15 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         .max_encoding_message_size(MESSAGE_BYTES_MAX),
         Auth::new(&token, metrics.clone()),
     );
+
+    // request records past the retry horizon
+    if !cfg.read_only {
+        tokio::spawn(sweep_request_records(
+            engine.clone(),
+            stop.clone(),
+            metrics.clone(),
+        ));
+    }
 
     // sessions whose mounts went silent: close them (locks, unlinked open files)
     let timeout = Duration::from_millis(cfg.site.session_timeout_ms);

@@ -18,16 +18,10 @@ pub const RESUME_HEADER: &str = "x-strait-resume";
 /// that asked with [`READ_VERSION_HEADER`], a version at least as new as the state it read.
 pub const VERSION_HEADER: &str = "x-strait-version";
 /// Names one mutation (a mount's id and a sequence number); sent again unchanged when the
-/// call is retried after its connection broke, so the daemon runs it once.
+/// call is retried after its connection broke, so the daemon runs it once: it answers a
+/// retry from the first call's result, kept in memory and, for a change, in a request record
+/// committed with the change (so also after the daemon restarted).
 pub const REQUEST_ID_HEADER: &str = "x-strait-request-id";
-/// Set by a site daemon on every answer to a change: a random number drawn when the daemon
-/// started, so a client can tell one run of the daemon from the next.
-pub const BOOT_HEADER: &str = "x-strait-boot";
-/// Set by a mount on a change it sends again after the connection broke with it in flight:
-/// the [`BOOT_HEADER`] it last saw (0: none). A daemon that is another run than that, and
-/// holds no result for the request id, cannot know whether the first attempt was applied
-/// before it restarted, and answers EIO instead of applying it (perhaps a second time).
-pub const RETRY_OF_BOOT_HEADER: &str = "x-strait-retry-of-boot";
 /// Set (to any value) on a read a mirror forwards: the primary then names in
 /// [`VERSION_HEADER`] its latest version once the read is done, so the mirror knows which
 /// version its region has been shown.

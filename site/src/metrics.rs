@@ -40,6 +40,15 @@ pub struct Metrics {
     pub requests_retried: IntCounter,
     /// Versions a primary whose metadata went back applied from the replicator.
     pub caught_up_versions: IntCounter,
+    /// Of those, the ones answered from the request record on disk (the daemon restarted, or
+    /// forgot the id).
+    pub requests_replayed: IntCounter,
+    /// Request records kept, as the last sweep counted them.
+    pub request_records: IntGauge,
+    /// Request records removed for their age.
+    pub request_records_expired: IntCounter,
+    /// Request records removed before their time, past the bound.
+    pub request_records_evicted: IntCounter,
 }
 
 impl Metrics {
@@ -118,6 +127,27 @@ impl Metrics {
              call in flight), answered with the first call's result",
         ))
         .expect("valid counter");
+        let requests_replayed = IntCounter::with_opts(Opts::new(
+            "strait_requests_replayed_total",
+            "Mutations sent again whose first call committed before this daemon started (or \
+             whose id it forgot), answered from the request record committed with the change",
+        ))
+        .expect("valid counter");
+        let request_records = IntGauge::with_opts(Opts::new(
+            "strait_request_records",
+            "Request records kept for retries, as the last sweep counted them",
+        ))
+        .expect("valid gauge");
+        let request_records_expired = IntCounter::with_opts(Opts::new(
+            "strait_request_records_expired_total",
+            "Request records removed for their age",
+        ))
+        .expect("valid counter");
+        let request_records_evicted = IntCounter::with_opts(Opts::new(
+            "strait_request_records_evicted_total",
+            "Request records removed before their time because too many were kept",
+        ))
+        .expect("valid counter");
         let caught_up_versions = IntCounter::with_opts(Opts::new(
             "strait_caught_up_versions_total",
             "Versions a primary whose metadata went back (a power loss, a restore) applied from \
@@ -128,6 +158,10 @@ impl Metrics {
             Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(caught_up_versions.clone()),
             Box::new(requests_retried.clone()),
+            Box::new(requests_replayed.clone()),
+            Box::new(request_records.clone()),
+            Box::new(request_records_expired.clone()),
+            Box::new(request_records_evicted.clone()),
             Box::new(sessions.clone()),
             Box::new(version.clone()),
             Box::new(unauthenticated.clone()),
@@ -156,6 +190,10 @@ impl Metrics {
             replication_timeouts,
             requests_retried,
             caught_up_versions,
+            requests_replayed,
+            request_records,
+            request_records_expired,
+            request_records_evicted,
         })
     }
 

@@ -1,6 +1,7 @@
 //! A mutation sent again with its request id runs once (site's `requests.rs`): a mount whose
 //! connection broke with a `RENAME_EXCHANGE` in flight sends it again, and the files must
-//! not be swapped back (docs/chaos.md, finding 5).
+//! not be swapped back (docs/chaos.md, finding 5), also when the daemon was killed and
+//! restarted in between (the request record committed with the change answers it).
 
 use std::time::Duration;
 
@@ -21,6 +22,37 @@ struct Caller {
 }
 
 impl Caller {
+    /// Connect to `daemon` and open a session (or resume session `resume`).
+    async fn connect(daemon: &Primary, resume: u64) -> Caller {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", daemon.addr))
+            .expect("endpoint")
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect to the daemon");
+        let mut c = MetaServiceClient::new(ch);
+        let mut open = Request::new(w::OpenSessionRequest {
+            info: "request id test".into(),
+            resume_session: resume,
+            ..Default::default()
+        });
+        open.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", daemon.token).parse().expect("ascii"),
+        );
+        let sid = c
+            .open_session(open)
+            .await
+            .expect("session")
+            .into_inner()
+            .session;
+        Caller {
+            c,
+            token: daemon.token.clone(),
+            sid,
+        }
+    }
+
     fn req<T>(&self, msg: T, id: Option<&str>) -> Request<T> {
         let mut r = Request::new(msg);
         let md = r.metadata_mut();
@@ -39,6 +71,15 @@ impl Caller {
     }
 
     async fn create(&mut self, name: &str) -> u64 {
+        self.create_as(name, None).await.expect("create").ino
+    }
+
+    /// Create `name` in the root under request id `id`.
+    async fn create_as(
+        &mut self,
+        name: &str,
+        id: Option<&str>,
+    ) -> Result<w::EntryReply, tonic::Status> {
         let r = self.req(
             w::MkNodRequest {
                 ctx: Some(w::Ctx::default()),
@@ -48,9 +89,9 @@ impl Caller {
                 umask: 0,
                 rdev: 0,
             },
-            None,
+            id,
         );
-        self.c.create(r).await.expect("create").into_inner().ino
+        self.c.create(r).await.map(|r| r.into_inner())
     }
 
     async fn lookup(&mut self, name: &str) -> u64 {
@@ -95,32 +136,7 @@ fn a_mutation_sent_again_with_its_request_id_runs_once() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", daemon.addr))
-            .expect("endpoint")
-            .timeout(Duration::from_secs(10))
-            .connect()
-            .await
-            .expect("connect to the daemon");
-        let mut c = MetaServiceClient::new(ch);
-        let mut open = Request::new(w::OpenSessionRequest {
-            info: "request id test".into(),
-            ..Default::default()
-        });
-        open.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", daemon.token).parse().expect("ascii"),
-        );
-        let sid = c
-            .open_session(open)
-            .await
-            .expect("session")
-            .into_inner()
-            .session;
-        let mut k = Caller {
-            c,
-            token: daemon.token.clone(),
-            sid,
-        };
+        let mut k = Caller::connect(&daemon, 0).await;
         let a = k.create("a").await;
         let b = k.create("b").await;
 
@@ -164,43 +180,75 @@ fn a_mutation_sent_again_with_its_request_id_runs_once() {
         );
         assert!(k.c.lookup(r).await.is_err(), "c must not exist");
 
-        // a retry of a call first sent to another run of the daemon (its boot differs) that
-        // left no result here: EIO, and nothing is applied (it may have been, before the
-        // restart); a retry naming this run's boot runs
-        let r = k.exchange_req(Some("test-nonce-3"));
-        let boot: u64 =
-            k.c.rename(r)
-                .await
-                .expect("exchange")
-                .metadata()
-                .get(strait_proto::BOOT_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok())
-                .expect("the daemon names its boot");
-        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
-        let retry = |k: &Caller, id: &str, of: u64| {
-            let mut r = k.exchange_req(Some(id));
-            r.metadata_mut().insert(
-                strait_proto::RETRY_OF_BOOT_HEADER,
-                of.to_string().parse().expect("ascii"),
-            );
-            r
-        };
-        let s =
-            k.c.rename(retry(&k, "test-nonce-4", boot.wrapping_add(1)))
-                .await
-                .expect_err("a retry from another run of the daemon");
-        assert_eq!(strait_proto::status_errno(&s), Some(libc::EIO), "{s:?}");
-        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
-        k.c.rename(retry(&k, "test-nonce-5", boot))
-            .await
-            .expect("a retry of a call this run never received");
-        assert_eq!((k.lookup("a").await, k.lookup("b").await), (a, b));
-
         // a malformed id: refused before anything runs
         let long = "x".repeat(65);
         let s = k.exchange(Some(&long)).await.expect_err("too long");
         assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
         assert_eq!((k.lookup("a").await, k.lookup("b").await), (a, b));
     });
+}
+
+#[test]
+fn a_change_committed_before_a_kill_is_answered_from_its_record_after_the_restart() {
+    let fs = TestFs::rocks_local(&[]);
+    let mut daemon = Primary::start(&fs.meta_url, &[], &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    // an exchange and a create, each under a request id, committed and answered
+    let (sid, a, b, c) = rt.block_on(async {
+        let mut k = Caller::connect(&daemon, 0).await;
+        let a = k.create("a").await;
+        let b = k.create("b").await;
+        k.exchange(Some("killed-1")).await.expect("exchange");
+        let c = k.create_as("c", Some("killed-2")).await.expect("create c");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
+        (k.sid, a, b, c)
+    });
+
+    // SIGKILL: the daemon's in-memory table of results is gone with it
+    daemon.kill();
+    daemon.restart();
+
+    rt.block_on(async {
+        let mut k = Caller::connect(&daemon, sid).await;
+        assert_eq!(k.sid, sid, "the session is resumed");
+        // the same calls under the same ids, as a mount sends them after the connection
+        // broke: answered with the first results, and not run again (the exchange would
+        // swap the files back, the create would answer EEXIST)
+        k.exchange(Some("killed-1"))
+            .await
+            .expect("the exchange sent again");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
+        let again = k
+            .create_as("c", Some("killed-2"))
+            .await
+            .expect("the create sent again");
+        assert_eq!(again, c, "the first create's inode and attributes");
+        assert_eq!(k.lookup("c").await, c.ino);
+
+        // a change under an id it never committed (its first attempt failed) runs, once
+        let s = k
+            .create_as("a", Some("killed-3"))
+            .await
+            .expect_err("a exists");
+        assert_eq!(strait_proto::status_errno(&s), Some(libc::EEXIST), "{s:?}");
+        k.exchange(Some("killed-4")).await.expect("a new exchange");
+        k.exchange(Some("killed-4")).await.expect("sent again");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (a, b));
+    });
+
+    // two retries were answered from the records, none from memory after the restart
+    let (_, metrics) = daemon.http_get("/metrics");
+    assert!(
+        metrics.contains("strait_requests_replayed_total 2"),
+        "{metrics}"
+    );
+    assert!(
+        daemon.log_text().contains("before this daemon started"),
+        "{}",
+        daemon.log_text()
+    );
 }

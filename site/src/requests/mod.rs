@@ -4,6 +4,11 @@
 //! every later call with that id with the first call's result, so a retried `RENAME_EXCHANGE`
 //! does not swap the files back and a retried `unlink` does not answer ENOENT.
 //!
+//! Two tables answer a retry: this one, in memory, and the request records on disk
+//! (`strait_fs_core::meta::requests`), which a change made under a request id commits in its
+//! own KV transaction. A retry is looked for here first, then in the records; the records
+//! survive a restart of the daemon, this table does not. [`sweep`] expires the records.
+//!
 //! # To ensure correctness
 //! - The first call's work runs in a task of its own ([`Slot`] is filled by it), not in the
 //!   call's future: when a connection breaks, the server drops that future, and a commit then
@@ -11,10 +16,15 @@
 //! - A retry that arrives while the first call is still running waits for its result.
 //! - Results are kept [`KEEP`] (a mount gives up retrying after its reconnect timeout, 60 s by
 //!   default) and at most [`SLOTS_MAX`] of them; past that the oldest are forgotten first.
-//! - The table is in memory. A retry says which run of the daemon (its boot number) the mount
-//!   last heard from; a daemon of another run that holds no result for the id cannot know
-//!   whether the first attempt was applied before it restarted, and answers EIO rather than
-//!   apply it perhaps a second time.
+//! - A call with an id that this table does not hold (the first attempt, or a retry after the
+//!   daemon restarted or the slot was forgotten) looks its record up before it runs, in the
+//!   same engine call: a record means the change committed, and its first result is the
+//!   answer; no record means it did not (the record commits with the change), and it runs.
+//!   While an id's slot is held here, its later calls wait for the first one's result, so no
+//!   two calls with one id can both miss the record and both commit.
+//! - Calls that commit no record (closing handles and sessions, reads) are run again after
+//!   a restart: closing a handle again is what the mount means, since it reported the handle
+//!   open when it resumed its session.
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -26,12 +36,14 @@ use strait_fs_core::Version;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-pub use strait_proto::{REQUEST_ID_HEADER, RETRY_OF_BOOT_HEADER};
+pub use strait_proto::REQUEST_ID_HEADER;
+
+pub mod sweep;
 
 /// The longest request id accepted.
 pub const REQUEST_ID_LEN_MAX: usize = 64;
-/// How long a result is kept for a retry.
-pub const KEEP: Duration = Duration::from_secs(300);
+/// How long a result is kept for a retry: as long as its record.
+pub const KEEP: Duration = strait_fs_core::meta::requests::KEEP;
 /// Results kept at most.
 pub const SLOTS_MAX: usize = 65_536;
 
@@ -140,19 +152,6 @@ impl Requests {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// The boot a retried change was first sent to ([`RETRY_OF_BOOT_HEADER`]), if the call is such
-/// a retry; a malformed value is refused.
-pub fn retry_of_boot(md: &MetadataMap) -> Result<Option<u64>, Status> {
-    let Some(v) = md.get(RETRY_OF_BOOT_HEADER) else {
-        return Ok(None);
-    };
-    v.to_str()
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Some)
-        .ok_or_else(|| Status::invalid_argument(format!("{RETRY_OF_BOOT_HEADER} must be a number")))
 }
 
 /// The call's request id, if it has one; a malformed one is refused.

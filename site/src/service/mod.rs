@@ -20,9 +20,7 @@ use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
-use strait_proto::{
-    WireError, BOOT_HEADER, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
-};
+use strait_proto::{WireError, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -31,10 +29,12 @@ use crate::metrics::Metrics;
 use crate::slice_ranges::SliceRanges;
 
 mod auth;
+mod replay;
 mod run;
 
-use crate::requests::{request_id, retry_of_boot, Requests};
+use crate::requests::{request_id, Requests};
 pub use auth::Auth;
+use replay::{replay, replay_create, Recorded, Replay};
 use run::unversioned;
 
 /// Whether this daemon may commit mutations at all: a primary whose epoch was superseded may
@@ -83,8 +83,9 @@ pub struct MetaServer {
     requests: Arc<Requests>,
     /// At a primary: refuses every mutation once its epoch is superseded.
     fence: Option<Arc<dyn WriteFence>>,
-    /// Drawn at random when the daemon starts (see [`BOOT_HEADER`]).
-    boot: u64,
+    /// When this daemon started (ns since the epoch): a request record older than this was
+    /// committed by an earlier run.
+    started_ns: i64,
     /// The slice ids each session was given: a written slice must name one of its own.
     slice_ranges: Arc<parking_lot::Mutex<SliceRanges>>,
 }
@@ -199,7 +200,7 @@ impl MetaServer {
             blocks: None,
             requests: Arc::new(Requests::default()),
             fence: None,
-            boot: rand::random(),
+            started_ns: strait_fs_core::meta::now_ns(),
             slice_ranges: Arc::new(parking_lot::Mutex::new(SliceRanges::default())),
         }
     }
@@ -286,29 +287,45 @@ fn make_entry(
 /// One mutation: find the session, then run `$body` (with `$m` the session view and `$r` the
 /// request message) on the blocking pool, inside the call's span. `$body` returns a
 /// [`Committed`] value: its version is named in the reply and, in `replicated` durability,
-/// waited for.
+/// waited for. A change is refused while the daemon is fenced; made under a request id, it
+/// commits its request record and a retry is answered from it (with `replay`, or the reply
+/// the record's outcome gives). `@unrecorded`: a call that is not refused while fenced and
+/// commits no record (closing handles and sessions, reads), run again after a restart.
 macro_rules! mutation {
     ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {
-        mutation!(@fence true, $self, $req, $op, |$m, $r| $body)
+        mutation!(@run true, Some(replay), $self, $req, $op, |$m, $r| $body)
     };
-    (@fence $fence:expr, $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
+    ($self:ident, $req:ident, $op:literal, replay = $replay:expr, |$m:ident, $r:ident| $body:expr) => {
+        mutation!(@run true, Some($replay), $self, $req, $op, |$m, $r| $body)
+    };
+    (@unrecorded $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {
+        mutation!(@run false, None, $self, $req, $op, |$m, $r| $body)
+    };
+    (@run $change:expr, $replay:expr, $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let span = rpc_span($op, $req.metadata());
         async {
-            if $fence {
+            if $change {
                 $self.check_fence($op).await?;
             }
             let $m = $self.session($req.metadata())?;
             let id = request_id($req.metadata())?;
-            let retry_of = retry_of_boot($req.metadata())?;
             let $r = $req.into_inner();
             let (out, version) = match id {
-                Some(id) => $self.once(id, retry_of, $op, move || $body).await?,
+                Some(id) => {
+                    // a read-only engine (a mirror's) commits no change here, and no record
+                    let replay: Option<Replay<_>> = $replay;
+                    let recorded = replay
+                        .filter(|_| !$m.is_read_only())
+                        .map(|replay| Recorded { view: $m.clone(), replay });
+                    let $m = match &recorded {
+                        Some(_) => $m.for_request(&id),
+                        None => $m,
+                    };
+                    $self.once(id, $op, recorded, move || $body).await?
+                }
                 None => $self.blocking_v($op, move || $body).await?,
             };
             let mut resp = Response::new(out);
-            if let Ok(v) = $self.boot.to_string().parse() {
-                resp.metadata_mut().insert(BOOT_HEADER, v);
-            }
             if let Some(version) = version {
                 if let Ok(v) = version.to_string().parse() {
                     resp.metadata_mut().insert(VERSION_HEADER, v);
@@ -328,7 +345,7 @@ macro_rules! rpc {
     ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let stamp = $req.metadata().get(READ_VERSION_HEADER).is_some();
         let resp: Result<Response<_>, Status> =
-            mutation!(@fence false, $self, $req, $op, |$m, $r| unversioned(move || $body)());
+            mutation!(@unrecorded $self, $req, $op, |$m, $r| unversioned(move || $body)());
         let mut resp = resp?;
         if stamp {
             $self.stamp_version(&mut resp).await?;
@@ -404,7 +421,7 @@ impl MetaService for MetaServer {
     }
 
     async fn close_session(&self, req: Request<w::Empty>) -> Reply<w::Empty> {
-        let out: Reply<w::Empty> = mutation!(@fence false, self, req, "close_session", |m, _r| {
+        let out: Reply<w::Empty> = mutation!(@unrecorded self, req, "close_session", |m, _r| {
             let sid = m.session_id();
             Ok(m.close_session_versioned(sid)?.map(|()| w::Empty {}))
         });
@@ -483,11 +500,9 @@ impl MetaService for MetaServer {
     }
 
     async fn create(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
-        mutation!(self, req, "create", |m, r| make_entry(
-            &m,
-            NewEntry::File,
-            r
-        ))
+        mutation!(self, req, "create", replay = replay_create, |m, r| {
+            make_entry(&m, NewEntry::File, r)
+        })
     }
 
     async fn symlink(&self, req: Request<w::SymlinkRequest>) -> Reply<w::EntryReply> {
@@ -555,7 +570,7 @@ impl MetaService for MetaServer {
     }
 
     async fn release(&self, req: Request<w::ReleaseRequest>) -> Reply<w::Empty> {
-        mutation!(@fence false, self, req, "release", |m, r| {
+        mutation!(@unrecorded self, req, "release", |m, r| {
             if r.inos.len() > strait_proto::RELEASE_BATCH_MAX {
                 return Err(Error::Invalid(format!(
                     "the request names {} handles; at most {} are allowed",

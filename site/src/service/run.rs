@@ -1,16 +1,19 @@
 //! Running one engine call: on the serving thread or the blocking pool, timed, its error
 //! turned into a status, its version waited for in `replicated` durability; once per request
-//! id (`requests.rs`); refused while the daemon is fenced; a forwarded read's version named.
+//! id, answered from its request record when it committed before (`requests.rs`); refused
+//! while the daemon is fenced; a forwarded read's version named.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use strait_fs_core::error::Error;
-use strait_fs_core::meta::Committed;
+use strait_fs_core::meta::requests::{Lookup, Outcome, RECORDS_MAX};
+use strait_fs_core::meta::{now_ns, Committed, Meta};
 use strait_fs_core::Version;
 use strait_proto::{to_status, VERSION_HEADER};
 use tonic::{Response, Status};
 
+use super::replay::Recorded;
 use super::{MetaServer, ReplicationWait};
 use crate::metrics::Metrics;
 use crate::requests::{Claim, Finisher};
@@ -96,12 +99,14 @@ impl MetaServer {
     }
 
     /// [`MetaServer::blocking_v`] for a call with a request id (see `requests.rs`): the first
-    /// call with the id runs in a task of its own; it and every retry get its result.
+    /// call with the id runs in a task of its own; it and every retry get its result. A
+    /// `recorded` call first looks its request record up, in the same engine call: found, it
+    /// is answered from it and not run again.
     pub(super) async fn once<T, F>(
         &self,
         id: String,
-        retry_of: Option<u64>,
         op: &'static str,
+        recorded: Option<Recorded<T>>,
         f: F,
     ) -> Result<(T, Option<Version>), Status>
     where
@@ -109,26 +114,18 @@ impl MetaServer {
         F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
     {
         let slot = match self.requests.claim(&id, Instant::now()) {
-            Claim::First(slot) if retry_of.is_some_and(|b| b != self.boot) => {
-                // a retry of a call first sent to an earlier run of this daemon (or to one the
-                // mount never heard from), which left no result here: it may have been applied
-                let why = format!(
-                    "{op}: the site daemon restarted while this call was in flight; it may or \
-                     may not have been applied (request {id})"
-                );
-                tracing::warn!("{why}");
-                let mut s = Status::unavailable(why);
-                if let Ok(v) = libc::EIO.to_string().parse() {
-                    s.metadata_mut().insert(strait_proto::ERRNO_HEADER, v);
-                }
-                slot.finish(Err(s));
-                slot
-            }
             Claim::First(slot) => {
                 let exec = self.exec();
                 let finisher = Finisher(slot.clone());
+                let engine = self.engine.clone();
+                let started_ns = self.started_ns;
+                let id = id.clone();
                 tokio::spawn(async move {
-                    let out = exec.run(op, f).await.map(|(v, version)| {
+                    let out = match recorded {
+                        Some(r) => exec.run_recorded(op, engine, &id, started_ns, r, f).await,
+                        None => exec.run(op, f).await,
+                    };
+                    let out = out.map(|(v, version)| {
                         (Arc::new(v) as Arc<dyn std::any::Any + Send + Sync>, version)
                     });
                     finisher.0.finish(out);
@@ -151,7 +148,74 @@ impl MetaServer {
     }
 }
 
+/// What a recorded call found when it looked its request record up.
+enum Prior<T> {
+    /// No record: it ran now.
+    Ran(T),
+    /// A record: the change committed before, with this outcome, at this time.
+    Recorded(Outcome, i64),
+}
+
 impl Exec {
+    /// Run a call that commits its request record: look the record up first, in the same
+    /// engine call, and answer from it when the change committed before (see `requests.rs`).
+    async fn run_recorded<T, F>(
+        self,
+        op: &'static str,
+        engine: Arc<Meta>,
+        id: &str,
+        started_ns: i64,
+        recorded: Recorded<T>,
+        f: F,
+    ) -> Result<(T, Option<Version>), Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
+    {
+        let key = id.to_string();
+        let first = move || -> strait_fs_core::Result<Committed<Prior<T>>> {
+            match engine.request_lookup(&key, now_ns())? {
+                Lookup::NotCommitted => Ok(f()?.map(Prior::Ran)),
+                Lookup::Committed(r) => Ok(Committed::new(
+                    Prior::Recorded(r.outcome, r.ts_ns),
+                    Some(r.version),
+                )),
+                Lookup::Unknown => Err(Error::Meta(format!(
+                    "request {key} was sent again, and its record may have been removed before \
+                     its time (more than {RECORDS_MAX} are kept): it may or may not have been applied"
+                ))),
+            }
+        };
+        let metrics = self.metrics.clone();
+        // the version, a recorded one too, is waited for in `replicated` durability
+        let (prior, version) = self.run(op, first).await?;
+        match prior {
+            Prior::Ran(v) => Ok((v, version)),
+            Prior::Recorded(outcome, ts_ns) => {
+                let earlier_run = ts_ns < started_ns;
+                let v =
+                    (recorded.replay)(&outcome, &recorded.view, earlier_run).ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "request id {id} was first used by a call of another kind"
+                        ))
+                    })?;
+                tracing::info!(
+                    "{op}: request {id} sent again, committed as version {}{}; answering with its \
+                     first result",
+                    version.map(|v| v.to_string()).unwrap_or_default(),
+                    if earlier_run {
+                        " before this daemon started"
+                    } else {
+                        ""
+                    }
+                );
+                metrics.requests_retried.inc();
+                metrics.requests_replayed.inc();
+                Ok((v, version))
+            }
+        }
+    }
+
     /// Run an engine call that reports the version it committed; returns that version (None:
     /// it changed nothing) once, in `replicated` durability, it is replicated.
     async fn run<T, F>(self, op: &'static str, f: F) -> Result<(T, Option<Version>), Status>
