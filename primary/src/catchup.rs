@@ -13,12 +13,15 @@
 //! - The id counters are raised past every inode number and slice id the applied records
 //!   name: a counter that went back with the rest would hand them out again.
 //! - The caller takes no change while this runs (the write fence says "catching up").
+//! - The request records of the applied changes were lost with them (records are not in the
+//!   log): the time is noted ([`requests::note_lost`]), so for 5 minutes a change sent again
+//!   that finds no record is answered EIO instead of being applied a second time.
 
 use std::time::Duration;
 
 use strait_fs_core::changelog::{self, read_log_raw, ChangeRecord};
 use strait_fs_core::kv::DynKv;
-use strait_fs_core::meta::keys;
+use strait_fs_core::meta::{keys, now_ns, requests};
 use strait_fs_core::{SliceId, Version};
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;
@@ -217,6 +220,14 @@ pub async fn catch_up(
         break;
     }
     raise_counters(&kv, top_ino, top_slice).await?;
+    if at > local {
+        let k = kv.clone();
+        blocking(move || {
+            requests::note_lost(k.as_ref(), now_ns())
+                .map_err(|e| format!("note the request records lost: {e}"))
+        })
+        .await?;
+    }
     Ok(CaughtUp {
         from: local,
         to: at,

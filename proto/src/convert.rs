@@ -22,6 +22,12 @@ pub const VERSION_HEADER: &str = "x-strait-version";
 /// retry from the first call's result, kept in memory and, for a change, in a request record
 /// committed with the change (so also after the daemon restarted).
 pub const REQUEST_ID_HEADER: &str = "x-strait-request-id";
+/// Set by a mount on a change it sends again (after an attempt failed on the way: it may
+/// have been applied), with the attempt's number. The daemon answers it from its request
+/// record all the same; the mark tells it, when records may be missing (removed early, or
+/// lost with metadata a primary took back from the replicator), that a missing record does
+/// not mean a new call: it answers EIO then instead of running the change perhaps twice.
+pub const RETRY_HEADER: &str = "x-strait-retry";
 /// Set (to any value) on a read a mirror forwards: the primary then names in
 /// [`VERSION_HEADER`] its latest version once the read is done, so the mirror knows which
 /// version its region has been shown.

@@ -155,11 +155,16 @@ impl RemoteMeta {
         };
         let resumes = Cell::new(0);
         let warned = Cell::new(false);
+        // attempts that failed on the way (they may have been applied): a change sent after
+        // one says so, and its number (the daemon answers EIO rather than run it when its
+        // record may be gone; site's requests.rs)
+        let failed = Cell::new(0u32);
         // one attempt: the call, sent again at once after each resumption of the session
         let attempt = || -> std::result::Result<T, Attempt> {
             loop {
                 let (rt, channel) = self.connection().map_err(Attempt::Fail)?;
-                let client = self.client(channel, request_id.clone());
+                let retry = (request_id.is_some() && failed.get() > 0).then(|| failed.get() + 1);
+                let client = self.client(channel, request_id.clone(), retry);
                 // the connection's tasks only run inside block_on: let them first take in what
                 // arrived while this thread was idle (a closed connection is then known closed,
                 // and the call goes to a new one instead of failing on the dead one)
@@ -175,7 +180,10 @@ impl RemoteMeta {
                         continue;
                     }
                     Failure::Final | Failure::Resume => Attempt::Fail(to_error(op, &s)),
-                    Failure::Transport => Attempt::Unreachable(s),
+                    Failure::Transport => {
+                        failed.set(failed.get().saturating_add(1));
+                        Attempt::Unreachable(s)
+                    }
                 });
             }
         };

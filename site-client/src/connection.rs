@@ -21,6 +21,9 @@ pub(crate) struct Stamp {
     pub(crate) auth: AsciiMetadataValue,
     pub(crate) session: Arc<AtomicU64>,
     pub(crate) request_id: Option<AsciiMetadataValue>,
+    /// On a change sent again after an attempt failed on the way: the attempt's number
+    /// ([`strait_proto::RETRY_HEADER`]).
+    pub(crate) retry: Option<AsciiMetadataValue>,
 }
 
 impl tonic::service::Interceptor for Stamp {
@@ -35,6 +38,9 @@ impl tonic::service::Interceptor for Stamp {
         }
         if let Some(id) = &self.request_id {
             md.insert(strait_proto::REQUEST_ID_HEADER, id.clone());
+        }
+        if let Some(n) = &self.retry {
+            md.insert(strait_proto::RETRY_HEADER, n.clone());
         }
         inject_trace_context(md);
         Ok(req)
@@ -98,14 +104,16 @@ impl RemoteMeta {
     }
 
     /// A client on `channel` whose calls carry `request_id` (a mutation's, kept across its
-    /// retries) or none.
+    /// retries) or none, and `retry`, the attempt's number when the call is sent again.
     pub(crate) fn client(
         &self,
         channel: Channel,
         request_id: Option<AsciiMetadataValue>,
+        retry: Option<u32>,
     ) -> Client {
         let stamp = Stamp {
             request_id,
+            retry: retry.and_then(|n| n.to_string().parse().ok()),
             ..self.stamp.clone()
         };
         MetaServiceClient::with_interceptor(channel, stamp)

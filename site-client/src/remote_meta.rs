@@ -128,6 +128,7 @@ impl RemoteMeta {
             auth,
             session: session.clone(),
             request_id: None,
+            retry: None,
         };
         Ok(Arc::new_cyclic(|me| RemoteMeta {
             me: me.clone(),

@@ -216,11 +216,12 @@ fn a_change_committed_before_a_kill_is_answered_from_its_record_after_the_restar
         let mut k = Caller::connect(&daemon, sid).await;
         assert_eq!(k.sid, sid, "the session is resumed");
         // the same calls under the same ids, as a mount sends them after the connection
-        // broke: answered with the first results, and not run again (the exchange would
-        // swap the files back, the create would answer EEXIST)
-        k.exchange(Some("killed-1"))
-            .await
-            .expect("the exchange sent again");
+        // broke (marked as retries, or not): answered with the first results, and not run
+        // again (the exchange would swap the files back, the create would answer EEXIST)
+        let mut r = k.exchange_req(Some("killed-1"));
+        r.metadata_mut()
+            .insert(strait_proto::RETRY_HEADER, "2".parse().expect("ascii"));
+        k.c.rename(r).await.expect("the exchange sent again");
         assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
         let again = k
             .create_as("c", Some("killed-2"))

@@ -510,6 +510,45 @@ fn a_primary_whose_metadata_went_back_catches_up_from_the_replicator_and_never_s
     write(&primary, &["new-1", "new-2"]);
     let text = primary.log_text();
     assert!(text.contains("caught up from version"), "{text}");
+    // the request records of the changes it took back were lost with them (they are not in
+    // the log): a change sent again (marked as a retry) that finds no record is answered EIO
+    // rather than run perhaps a second time (the daemon cannot tell which ids were lost);
+    // the same call as a first attempt runs (here: EEXIST)
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &token).await;
+        let mkdir_as = |id: &str, retry: bool| {
+            let mut r = req(
+                w::MkNodRequest {
+                    ctx: Some(w::Ctx::default()),
+                    parent: 1,
+                    name: b"lost-1".to_vec(),
+                    mode: 0o755,
+                    umask: 0,
+                    rdev: 0,
+                },
+                &token,
+                sid,
+            );
+            let md = r.metadata_mut();
+            md.insert(strait_proto::REQUEST_ID_HEADER, id.parse().unwrap());
+            if retry {
+                md.insert(strait_proto::RETRY_HEADER, "2".parse().unwrap());
+            }
+            r
+        };
+        let s = c
+            .mk_dir(mkdir_as("lost-1-id", true))
+            .await
+            .expect_err("a retry whose record was lost");
+        assert_eq!(strait_proto::status_errno(&s), Some(libc::EIO), "{s:?}");
+        assert!(s.message().contains("records may be missing"), "{s:?}");
+        let s = c
+            .mk_dir(mkdir_as("lost-1-new", false))
+            .await
+            .expect_err("a first attempt");
+        assert_eq!(strait_proto::status_errno(&s), Some(libc::EEXIST), "{s:?}");
+    });
     // the primary holds the versions it had lost, and its new changes after them
     let names = rt.block_on(root_names(&primary.addr, &token));
     for n in [

@@ -697,11 +697,11 @@ pub fn request_records_commit_with_their_change(make: &dyn Fn() -> DynKv) {
         .mkdir_versioned(&root, ROOT_INO, b"d", 0o755, 0)
         .unwrap();
     let now = now_ns();
-    let Lookup::Committed(r) = m.request_lookup("x-1", now).unwrap() else {
+    let Lookup::Committed(r) = m.request_lookup("x-1", now, true).unwrap() else {
         panic!("no record for x-1");
     };
     assert_eq!((Some(r.version), r.outcome), (done.version, Outcome::Done));
-    let Lookup::Committed(r) = m.request_lookup("x-2", now).unwrap() else {
+    let Lookup::Committed(r) = m.request_lookup("x-2", now, false).unwrap() else {
         panic!("no record for x-2");
     };
     assert_eq!(Some(r.version), made.version);
@@ -716,7 +716,10 @@ pub fn request_records_commit_with_their_change(make: &dyn Fn() -> DynKv) {
         ),
         libc::EEXIST
     );
-    assert_eq!(m.request_lookup("x-3", now).unwrap(), Lookup::NotCommitted);
+    assert_eq!(
+        m.request_lookup("x-3", now, true).unwrap(),
+        Lookup::NotCommitted
+    );
     assert_eq!(m.request_count().unwrap(), 2);
     // the sweep removes them all; the tree's digest does not see them
     let digest = Meta::digest(&kv).unwrap();
@@ -724,7 +727,10 @@ pub fn request_records_commit_with_their_change(make: &dyn Fn() -> DynKv) {
     assert_eq!((swept.expired, swept.left), (1, 1));
     let swept = m.sweep_requests(i64::MAX, u64::MAX, 10).unwrap();
     assert_eq!((swept.expired, swept.left), (1, 0));
-    assert_eq!(m.request_lookup("x-1", now).unwrap(), Lookup::NotCommitted);
+    assert_eq!(
+        m.request_lookup("x-1", now, true).unwrap(),
+        Lookup::NotCommitted
+    );
     assert_eq!(Meta::digest(&kv).unwrap(), digest);
 }
 

@@ -95,7 +95,7 @@ pub fn request_by_age(ts_ns: u64, id: &[u8]) -> Vec<u8> {
     k.extend_from_slice(id);
     k
 }
-/// `R 2 name`: state of the request records ([`REQUEST_COUNT`], [`REQUESTS_EVICTED`]).
+/// `R 2 name`: state of the request records ([`REQUEST_COUNT`], [`REQUESTS_LOST`]).
 pub fn requests_state(name: &str) -> Vec<u8> {
     let mut k = group(REQUEST, REQUESTS_STATE);
     k.extend_from_slice(name.as_bytes());
@@ -117,5 +117,6 @@ pub const TOTAL_INODES: &str = "total_inodes";
 pub const FORMAT: &str = "format";
 /// How many request records there are (a counter).
 pub const REQUEST_COUNT: &str = "count";
-/// The commit time of the newest request record removed before its time (an i64, ns).
-pub const REQUESTS_EVICTED: &str = "evicted";
+/// The commit time (an i64, ns) of the newest change whose request record may be gone
+/// while the change is not (see `meta::requests`).
+pub const REQUESTS_LOST: &str = "lost";

@@ -20,9 +20,12 @@
 //!   writes none, and running it again is what its retry should do.
 //! - A record is kept at least [`KEEP`], which is longer than a mount keeps retrying (its
 //!   reconnect timeout, 60 s by default). Beyond [`RECORDS_MAX`] records the oldest are removed
-//!   earlier, and the commit time of the newest one so removed is kept: a retry that finds no
-//!   record while that time is within [`KEEP`] cannot tell "never committed" from "removed",
-//!   and is answered [`Lookup::Unknown`] rather than run perhaps a second time.
+//!   earlier, and the commit time of the newest one so removed is kept ([`note_lost`] keeps the
+//!   same time for records lost with metadata a primary took back from the replicator): a
+//!   retry (the client says it sent the call before) that finds no record while that time is
+//!   within [`KEEP`] cannot tell "never committed" from "record gone", and is answered
+//!   [`Lookup::Unknown`] rather than run perhaps a second time. A first attempt finds no record
+//!   and runs.
 //! - Ages are measured by the daemon's wall clock, as change records' timestamps are: a clock
 //!   stepped forward by more than [`KEEP`] expires records early.
 
@@ -33,6 +36,8 @@ use serde::{Deserialize, Serialize};
 use super::types::{Attr, Ino};
 use crate::changelog::{decode, Change};
 use crate::error::Result;
+use crate::kv::{self, decode_counter, KvEngine, KvTxn};
+use crate::meta::keys;
 use crate::Version;
 
 /// How long a request record is kept.
@@ -101,26 +106,47 @@ impl RequestRecord {
 pub enum Lookup {
     /// A change under this id committed: its record.
     Committed(RequestRecord),
-    /// No change under this id committed.
+    /// No change under this id committed (or, for a first attempt, the call is new).
     NotCommitted,
-    /// No record, but records young enough to be this one were removed early (the table
-    /// was over [`RECORDS_MAX`]): whether a change committed is not known.
+    /// A retry with no record, while records young enough to be its own may be gone (see
+    /// [`note_lost`]): whether its change committed is not known.
     Unknown,
 }
 
 impl Lookup {
-    /// Judge a lookup: the record found, if any, and the commit time of the newest record
-    /// removed before its time (see the module's correctness notes).
-    pub fn judge(found: Option<RequestRecord>, evicted_ns: Option<i64>, now_ns: i64) -> Lookup {
+    /// Judge a lookup: the record found, if any, and for a retry without one, the commit
+    /// time of the newest change whose record may be gone (see [`note_lost`]).
+    pub fn judge(found: Option<RequestRecord>, lost_ns: Option<i64>, now_ns: i64) -> Lookup {
         if let Some(r) = found {
             return Lookup::Committed(r);
         }
         let horizon = now_ns.saturating_sub(KEEP.as_nanos() as i64);
-        match evicted_ns {
+        match lost_ns {
             Some(e) if e >= horizon => Lookup::Unknown,
             _ => Lookup::NotCommitted,
         }
     }
+}
+
+/// Note that the request records of changes committed up to `at_ns` may be gone while the
+/// changes are not: a primary whose metadata went back applied versions from the replicator
+/// again (records are not in the log). For [`KEEP`] after `at_ns`, a retry that finds no
+/// record is [`Lookup::Unknown`] rather than run perhaps a second time.
+pub fn note_lost(kv: &dyn KvEngine, at_ns: i64) -> Result<()> {
+    kv::txn(kv, |t| raise_lost(t, at_ns)).map(|_| ())
+}
+
+/// Move the time [`note_lost`] keeps to `at_ns`, if that is later.
+pub(crate) fn raise_lost(t: &mut dyn KvTxn, at_ns: i64) -> Result<()> {
+    let key = keys::requests_state(keys::REQUESTS_LOST);
+    let before = match t.get(&key)? {
+        Some(b) => decode_counter(Some(b))?,
+        None => i64::MIN,
+    };
+    if at_ns > before {
+        t.put(&key, &at_ns.to_le_bytes());
+    }
+    Ok(())
 }
 
 /// What one sweep batch removed.

@@ -19,7 +19,10 @@
 //! - A call with an id that this table does not hold (the first attempt, or a retry after the
 //!   daemon restarted or the slot was forgotten) looks its record up before it runs, in the
 //!   same engine call: a record means the change committed, and its first result is the
-//!   answer; no record means it did not (the record commits with the change), and it runs.
+//!   answer; no record means it did not (the record commits with the change), and it runs,
+//!   unless the client marks the call as sent before ([`RETRY_HEADER`]) while records may be
+//!   missing (removed early, or lost with metadata the primary took back from the
+//!   replicator): then it is answered EIO, "may or may not have been applied".
 //!   While an id's slot is held here, its later calls wait for the first one's result, so no
 //!   two calls with one id can both miss the record and both commit.
 //! - Calls that commit no record (closing handles and sessions, reads) are run again after
@@ -36,7 +39,7 @@ use strait_fs_core::Version;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-pub use strait_proto::REQUEST_ID_HEADER;
+pub use strait_proto::{REQUEST_ID_HEADER, RETRY_HEADER};
 
 pub mod sweep;
 
@@ -152,6 +155,11 @@ impl Requests {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Whether the client says it sent this call before ([`RETRY_HEADER`]).
+pub fn is_retry(md: &MetadataMap) -> bool {
+    md.get(RETRY_HEADER).is_some()
 }
 
 /// The call's request id, if it has one; a malformed one is refused.

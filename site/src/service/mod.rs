@@ -32,7 +32,7 @@ mod auth;
 mod replay;
 mod run;
 
-use crate::requests::{request_id, Requests};
+use crate::requests::{is_retry, request_id, Requests};
 pub use auth::Auth;
 use replay::{replay, replay_create, Recorded, Replay};
 use run::unversioned;
@@ -309,6 +309,7 @@ macro_rules! mutation {
             }
             let $m = $self.session($req.metadata())?;
             let id = request_id($req.metadata())?;
+            let retry = is_retry($req.metadata());
             let $r = $req.into_inner();
             let (out, version) = match id {
                 Some(id) => {
@@ -321,7 +322,7 @@ macro_rules! mutation {
                         Some(_) => $m.for_request(&id),
                         None => $m,
                     };
-                    $self.once(id, $op, recorded, move || $body).await?
+                    $self.once(id, retry, $op, recorded, move || $body).await?
                 }
                 None => $self.blocking_v($op, move || $body).await?,
             };

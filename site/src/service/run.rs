@@ -105,6 +105,7 @@ impl MetaServer {
     pub(super) async fn once<T, F>(
         &self,
         id: String,
+        retry: bool,
         op: &'static str,
         recorded: Option<Recorded<T>>,
         f: F,
@@ -122,7 +123,15 @@ impl MetaServer {
                 let id = id.clone();
                 tokio::spawn(async move {
                     let out = match recorded {
-                        Some(r) => exec.run_recorded(op, engine, &id, started_ns, r, f).await,
+                        Some(r) => {
+                            let first = RecordLookup {
+                                engine,
+                                id: &id,
+                                retry,
+                                started_ns,
+                            };
+                            exec.run_recorded(op, first, r, f).await
+                        }
                         None => exec.run(op, f).await,
                     };
                     let out = out.map(|(v, version)| {
@@ -148,6 +157,16 @@ impl MetaServer {
     }
 }
 
+/// Where and how a recorded call looks its request record up.
+struct RecordLookup<'a> {
+    engine: Arc<Meta>,
+    id: &'a str,
+    /// The client sent the call before.
+    retry: bool,
+    /// When this daemon started: a record older than that was committed by an earlier run.
+    started_ns: i64,
+}
+
 /// What a recorded call found when it looked its request record up.
 enum Prior<T> {
     /// No record: it ran now.
@@ -162,9 +181,7 @@ impl Exec {
     async fn run_recorded<T, F>(
         self,
         op: &'static str,
-        engine: Arc<Meta>,
-        id: &str,
-        started_ns: i64,
+        lookup: RecordLookup<'_>,
         recorded: Recorded<T>,
         f: F,
     ) -> Result<(T, Option<Version>), Status>
@@ -172,17 +189,24 @@ impl Exec {
         T: Send + 'static,
         F: FnOnce() -> strait_fs_core::Result<Committed<T>> + Send + 'static,
     {
+        let RecordLookup {
+            engine,
+            id,
+            retry,
+            started_ns,
+        } = lookup;
         let key = id.to_string();
         let first = move || -> strait_fs_core::Result<Committed<Prior<T>>> {
-            match engine.request_lookup(&key, now_ns())? {
+            match engine.request_lookup(&key, now_ns(), retry)? {
                 Lookup::NotCommitted => Ok(f()?.map(Prior::Ran)),
                 Lookup::Committed(r) => Ok(Committed::new(
                     Prior::Recorded(r.outcome, r.ts_ns),
                     Some(r.version),
                 )),
                 Lookup::Unknown => Err(Error::Meta(format!(
-                    "request {key} was sent again, and its record may have been removed before \
-                     its time (more than {RECORDS_MAX} are kept): it may or may not have been applied"
+                    "request {key} was sent again and has no record, while records may be \
+                     missing (more than {RECORDS_MAX} were kept, or the primary took changes \
+                     back from the replicator): it may or may not have been applied"
                 ))),
             }
         };

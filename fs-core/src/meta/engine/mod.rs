@@ -13,7 +13,7 @@ mod setattr;
 mod xattr;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -62,10 +62,6 @@ pub struct Meta {
     /// In a view for one call made under a request id ([`Meta::for_request`]): the id, whose
     /// record each change commits with.
     request: Option<Vec<u8>>,
-    /// The commit time of the newest request record removed before its time (`i64::MIN`:
-    /// none), as stored when the engine was opened and moved by this engine's sweeps: only a
-    /// site daemon's sweep removes records early, and one daemon owns an engine.
-    requests_evicted_ns: Arc<AtomicI64>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -199,7 +195,6 @@ impl Meta {
 
     pub fn open(kv: DynKv, opts: MetaOptions) -> Result<Arc<Self>> {
         let format = Self::load_format(kv.as_ref())?;
-        let evicted = requests::stored_eviction(kv.as_ref())?;
         Ok(Arc::new(Meta {
             kv,
             format,
@@ -210,7 +205,6 @@ impl Meta {
             slices: Arc::new(Mutex::new((0, 0))),
             open_files: Arc::new(Mutex::new(HashMap::new())),
             request: None,
-            requests_evicted_ns: Arc::new(AtomicI64::new(evicted)),
         }))
     }
 
@@ -228,7 +222,6 @@ impl Meta {
             slices: Arc::new(Mutex::new((0, 0))),
             open_files: self.open_files.clone(),
             request: None,
-            requests_evicted_ns: self.requests_evicted_ns.clone(),
         })
     }
 

@@ -1,7 +1,7 @@
 //! Request records ([`crate::meta::requests`]): written with each change made under a request
 //! id, looked up for its retries, and expired by a sweep.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::Meta;
@@ -9,7 +9,7 @@ use crate::changelog::{self, Change};
 use crate::error::{Error, Result};
 use crate::kv::{self, decode_counter, KvTxn};
 use crate::meta::keys;
-use crate::meta::requests::{plan_sweep, Lookup, Outcome, RequestRecord, Swept};
+use crate::meta::requests::{plan_sweep, raise_lost, Lookup, Outcome, RequestRecord, Swept};
 
 impl Meta {
     /// A view of this one for one call made under request id `id`: every change it commits
@@ -27,7 +27,6 @@ impl Meta {
             slices: self.slices.clone(),
             open_files: self.open_files.clone(),
             request: Some(id.as_bytes().to_vec()),
-            requests_evicted_ns: self.requests_evicted_ns.clone(),
         })
     }
 
@@ -49,20 +48,23 @@ impl Meta {
     }
 
     /// Whether a change made under request `id` committed (see [`Lookup`]), judged at
-    /// `now_ns`: one read.
-    pub fn request_lookup(&self, id: &str, now_ns: i64) -> Result<Lookup> {
-        let found = kv::read(self.kv.as_ref(), |t| {
-            match t.get(&keys::request(id.as_bytes()))? {
-                Some(b) => Ok(Some(RequestRecord::decode(&b)?)),
-                None => Ok(None),
-            }
-        })?;
-        let evicted = self.requests_evicted_ns.load(Ordering::Acquire);
-        Ok(Lookup::judge(
-            found,
-            (evicted != i64::MIN).then_some(evicted),
-            now_ns,
-        ))
+    /// `now_ns`. `retry`: the client sent the call before (a first attempt finds no record,
+    /// and runs, whatever was lost). One read, two for a retry without a record.
+    pub fn request_lookup(&self, id: &str, now_ns: i64, retry: bool) -> Result<Lookup> {
+        kv::read(self.kv.as_ref(), |t| {
+            let found = match t.get(&keys::request(id.as_bytes()))? {
+                Some(b) => Some(RequestRecord::decode(&b)?),
+                None => None,
+            };
+            let lost = match (&found, retry) {
+                (None, true) => t
+                    .get(&keys::requests_state(keys::REQUESTS_LOST))?
+                    .map(|b| decode_counter(Some(b)))
+                    .transpose()?,
+                _ => None,
+            };
+            Ok(Lookup::judge(found, lost, now_ns))
+        })
     }
 
     /// How many request records there are.
@@ -104,10 +106,6 @@ impl Meta {
             });
         }
         let newest_evicted = (evicted > 0).then(|| ages[removed - 1]);
-        if let Some(ts) = newest_evicted {
-            // before the records go: a lookup from now on may find them missing
-            self.requests_evicted_ns.fetch_max(ts, Ordering::AcqRel);
-        }
         kv::txn(self.kv.as_ref(), |t| {
             for (k, _) in &page[..removed] {
                 let id = k.get(kv::GROUP_LEN + 8..).unwrap_or_default();
@@ -119,12 +117,7 @@ impl Meta {
                 -(removed as i64),
             );
             if let Some(ts) = newest_evicted {
-                let key = keys::requests_state(keys::REQUESTS_EVICTED);
-                let before = match t.get(&key)? {
-                    Some(b) => decode_counter(Some(b))?,
-                    None => i64::MIN,
-                };
-                t.put(&key, &ts.max(before).to_le_bytes());
+                raise_lost(t, ts)?;
             }
             Ok(())
         })?;
@@ -134,17 +127,6 @@ impl Meta {
             left: count.saturating_sub(removed as u64),
         })
     }
-}
-
-/// The stored commit time of the newest request record removed before its time, `i64::MIN`
-/// when none was.
-pub(super) fn stored_eviction(kv: &dyn kv::KvEngine) -> Result<i64> {
-    kv::read(kv, |t| {
-        match t.get(&keys::requests_state(keys::REQUESTS_EVICTED))? {
-            Some(b) => decode_counter(Some(b)),
-            None => Ok(i64::MIN),
-        }
-    })
 }
 
 /// The age key's time: a clock before 1970 counts as 0.
@@ -157,10 +139,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::meta::types::*;
     use crate::kv::memory::MemoryKv;
     use crate::kv::{DynKv, KvEngine};
     use crate::meta::conformance::test_format;
+    use crate::meta::types::*;
     use crate::meta::MetaOptions;
 
     /// A memory engine whose every transaction fails at commit, after its closure ran
@@ -241,7 +223,8 @@ mod tests {
         );
         assert_eq!(m.request_count().expect("count"), 1);
         assert_eq!(
-            m.request_lookup("mount-1", now_ns()).expect("lookup"),
+            m.request_lookup("mount-1", now_ns(), false)
+                .expect("lookup"),
             Lookup::Committed(record)
         );
 
@@ -258,7 +241,7 @@ mod tests {
         assert!(m.lookup(&root, ROOT_INO, b"a").is_ok(), "a was not renamed");
         assert_eq!(record_of(&kv, "mount-2"), None);
         assert_eq!(
-            m.request_lookup("mount-2", now_ns()).expect("lookup"),
+            m.request_lookup("mount-2", now_ns(), true).expect("lookup"),
             Lookup::NotCommitted
         );
         assert_eq!(m.request_count().expect("count"), 1);
@@ -334,24 +317,57 @@ mod tests {
         let swept = m.sweep_requests(ts[2], 10, 1).expect("sweep");
         assert_eq!((swept.expired, swept.left), (1, 3));
         assert_eq!(record_of(&kv, "r-1"), None);
-        // an expired record missing is "not committed": the horizon is past it
+        // an expired record missing is "not committed", for a retry too
         assert_eq!(
-            m.request_lookup(
-                "r-1",
-                ts[1] + crate::meta::requests::KEEP.as_nanos() as i64 + 1
-            )
-            .expect("lookup"),
+            m.request_lookup("r-1", now_ns(), true).expect("lookup"),
             Lookup::NotCommitted
         );
-        // at most 2 records: the oldest left goes before its time, and a miss is unknown
+        // at most 2 records: the oldest left goes before its time, and a retry that misses
+        // its record is unknown (a first attempt is not)
         let swept = m.sweep_requests(ts[0], 2, 100).expect("sweep");
         assert_eq!((swept.evicted, swept.left), (1, 2));
         assert_eq!(record_of(&kv, "r-2"), None);
         assert!(record_of(&kv, "r-3").is_some());
         assert_eq!(
-            m.request_lookup("r-2", now_ns()).expect("lookup"),
+            m.request_lookup("r-2", now_ns(), true).expect("lookup"),
             Lookup::Unknown
         );
+        assert_eq!(
+            m.request_lookup("r-new", now_ns(), false).expect("lookup"),
+            Lookup::NotCommitted
+        );
         assert_eq!(m.request_count().expect("count"), 2);
+    }
+
+    #[test]
+    fn records_lost_with_metadata_taken_back_make_a_missing_retry_unknown() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        let m = engine(kv.clone());
+        assert_eq!(
+            m.request_lookup("gone", now_ns(), true).expect("lookup"),
+            Lookup::NotCommitted
+        );
+        // a primary that applied versions from the replicator again lost their records
+        crate::meta::requests::note_lost(kv.as_ref(), now_ns()).expect("note");
+        assert_eq!(
+            m.request_lookup("gone", now_ns(), true).expect("lookup"),
+            Lookup::Unknown
+        );
+        // a first attempt runs; KEEP later a retry does too
+        assert_eq!(
+            m.request_lookup("gone", now_ns(), false).expect("lookup"),
+            Lookup::NotCommitted
+        );
+        let later = now_ns() + crate::meta::requests::KEEP.as_nanos() as i64 + 1_000_000_000;
+        assert_eq!(
+            m.request_lookup("gone", later, true).expect("lookup"),
+            Lookup::NotCommitted
+        );
+        // an earlier time does not move it back
+        crate::meta::requests::note_lost(kv.as_ref(), 1).expect("note");
+        assert_eq!(
+            m.request_lookup("gone", now_ns(), true).expect("lookup"),
+            Lookup::Unknown
+        );
     }
 }
