@@ -470,19 +470,10 @@ impl Router {
     /// The primary's answer to a forwarded `AllocSliceIds`: the range is the mount's, under
     /// the session at the primary it was taken by (see [`ForwardSession::granted`]).
     async fn note_granted(&self, reply: Reply, at_primary: u64, mount: u64) -> Reply {
-        use http_body_util::BodyExt;
-        let (parts, body) = reply.into_parts();
-        let collected = match body.collect().await {
-            Ok(c) => c,
-            Err(e) => {
-                return status_reply(errno_status(
-                    libc::EIO,
-                    format!("read the primary's answer: {e}"),
-                ))
-            }
+        let (parts, data, trailers) = match collect_reply(reply).await {
+            Ok(got) => got,
+            Err(failed) => return failed,
         };
-        let trailers = collected.trailers().cloned();
-        let data = collected.to_bytes();
         if !data.is_empty() {
             if let Ok(r) = decode::<w::AllocReply>(&data) {
                 self.forward
@@ -496,21 +487,12 @@ impl Router {
     /// there: count that handle in the region for the creating mount's session, and keep it
     /// held at the primary until the region closes the file (see [`crate::forward`]).
     async fn created(&self, mount_sid: Option<u64>, reply: Reply) -> Reply {
-        use http_body_util::BodyExt;
-        let (parts, body) = reply.into_parts();
-        let collected = match body.collect().await {
-            Ok(c) => c,
-            Err(e) => {
-                return status_reply(errno_status(
-                    libc::EIO,
-                    format!("read the primary's answer: {e}"),
-                ))
-            }
+        let (parts, data, trailers) = match collect_reply(reply).await {
+            Ok(got) => got,
+            Err(failed) => return failed,
         };
-        let trailers = collected.trailers().cloned();
-        let data = collected.to_bytes();
-        if let Ok(r) = decode::<w::EntryReply>(&data) {
-            if !data.is_empty() {
+        if !data.is_empty() {
+            if let Ok(r) = decode::<w::EntryReply>(&data) {
                 self.forward.created(mount_sid, r.ino).await;
             }
         }
@@ -622,6 +604,25 @@ fn frame(m: &impl prost::Message) -> bytes::Bytes {
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(&body);
     out.into()
+}
+
+/// A reply's head, its one message (or none) and its trailers, read whole; a reply that
+/// cannot be read becomes an EIO answer.
+async fn collect_reply(
+    reply: Reply,
+) -> Result<(http::response::Parts, bytes::Bytes, Option<http::HeaderMap>), Reply> {
+    use http_body_util::BodyExt;
+    let (parts, body) = reply.into_parts();
+    match body.collect().await {
+        Ok(c) => {
+            let trailers = c.trailers().cloned();
+            Ok((parts, c.to_bytes(), trailers))
+        }
+        Err(e) => Err(status_reply(errno_status(
+            libc::EIO,
+            format!("read the primary's answer: {e}"),
+        ))),
+    }
 }
 
 /// A reply from its head, its one message (or none) and its trailers.

@@ -82,6 +82,15 @@ async fn mkdir(
     .map(|_| ())
 }
 
+/// mkdir each of `names` at the root, through a session of its own at `p`.
+async fn mkdirs(p: &Primary, names: &[&str]) {
+    let mut c = connect(&p.addr).await;
+    let sid = session(&mut c, &p.token).await;
+    for n in names {
+        mkdir(&mut c, &p.token, sid, n).await.expect("mkdir");
+    }
+}
+
 async fn root_names(addr: &str, token: &str) -> BTreeSet<String> {
     let mut c = connect(addr).await;
     let sid = session(&mut c, token).await;
@@ -481,15 +490,7 @@ fn a_primary_whose_metadata_went_back_catches_up_from_the_replicator_and_never_s
     let meta_dir = region.fs.dir.path().join("meta");
     let saved = tempfile::tempdir().unwrap();
     let mut primary = region.primary(&["--durability", "replicated"]);
-    let write = |p: &Primary, names: &[&str]| {
-        rt.block_on(async {
-            let mut c = connect(&p.addr).await;
-            let sid = session(&mut c, &p.token).await;
-            for n in names {
-                mkdir(&mut c, &p.token, sid, n).await.expect("mkdir");
-            }
-        })
-    };
+    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
     write(&primary, &["kept-1", "kept-2"]);
     assert!(primary.terminate(), "the primary stops cleanly");
     // the older copy
@@ -622,15 +623,7 @@ fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
     let meta_dir = region.fs.dir.path().join("meta");
     let saved = tempfile::tempdir().unwrap();
     let mut primary = region.primary(&["--durability", "replicated"]);
-    let write = |p: &Primary, names: &[&str]| {
-        rt.block_on(async {
-            let mut c = connect(&p.addr).await;
-            let sid = session(&mut c, &p.token).await;
-            for n in names {
-                mkdir(&mut c, &p.token, sid, n).await.expect("mkdir");
-            }
-        })
-    };
+    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
     write(&primary, &["kept-1"]);
     assert!(primary.terminate());
     copy_tree(&meta_dir, saved.path());
