@@ -135,6 +135,7 @@ pub fn run(
         primary_args: vec!["--durability".into(), cfg.durability.clone()],
         mirror_args: vec![],
         mount_args: vec![],
+        hooks: Default::default(),
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");
     let mut cluster = Cluster::start(&ccfg, &rt, has_leader, &mut |s| say(s))?;
