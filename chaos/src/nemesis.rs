@@ -54,6 +54,18 @@ const GARAGE_KINDS: [&str; 2] = ["stop-garage", "object-store"];
 
 /// How long a killed mount process may take to be gone.
 const MOUNT_EXIT_MS_MAX: u64 = 10_000;
+/// How long a SIGKILLed daemon may take to be gone.
+const DAEMON_EXIT_MS_MAX: u64 = 300_000;
+/// A step of an injection that takes longer is named in its note.
+const SLOW_STEP_MS: u64 = 1_000;
+
+fn note_slow(notes: &mut Vec<String>, what: &str, since: Instant) {
+    let took = since.elapsed();
+    if took > Duration::from_millis(SLOW_STEP_MS) {
+        notes.push(format!("{what} took {:.1} s", took.as_secs_f64()));
+    }
+}
+
 /// How long the clients of a dead mount may take to leave it before it is mounted again.
 const MOUNT_GATE_MS_MAX: u64 = 60_000;
 
@@ -414,17 +426,37 @@ impl Nemesis {
                 percent: *percent,
             }),
             Fault::DiskFull { target, restart } => {
+                // each step timed: a daemon once took a minute to be done with (docs/chaos.md)
+                let mut slow = vec![];
+                let t = Instant::now();
                 let filled = self.instruments.disk(target)?.fill()?;
+                note_slow(&mut slow, "the fill", t);
                 if *restart {
+                    c.signal(target, libc::SIGKILL)?;
+                    let t = Instant::now();
+                    while !c.exited(target)? {
+                        if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
+                            bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    note_slow(&mut slow, &format!("{target}'s exit after SIGKILL"), t);
+                    let t = Instant::now();
                     c.restart(target, None)?;
+                    note_slow(&mut slow, "its start", t);
                 }
                 return Ok(Some(format!(
-                    "{target}'s disk filled to ENOSPC with {} MiB{}",
+                    "{target}'s disk filled to ENOSPC with {} MiB{}{}",
                     filled >> 20,
                     if *restart {
                         ", and it was restarted"
                     } else {
                         ""
+                    },
+                    if slow.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", slow.join(", "))
                     }
                 )));
             }
