@@ -137,10 +137,15 @@ pjdfstest_redis_garage() {
 }
 
 # The short chaos schedule (issue 21): fixed seeds, each a reproduction kept as a regression
-# (seed 1, every nemesis: a name replaced by rename read as missing; seed 4, the mirror cut off
-# from the replicator: a file overwritten in place read past the window through Open).
+# (seed 1, the ten kinds `all` meant when it was recorded: a name replaced by rename read as
+# missing; seed 4, the mirror cut off from the replicator: a file overwritten in place read past
+# the window through Open). The kinds added since (kill-mount, object-store, disk-full,
+# clock-jump) are not in CI yet: they need loop devices and libfaketime, and they show open
+# findings (docs/chaos.md).
+CHAOS_KINDS_1=kill,stop,partition,partition-one-way,partition-mirror-primary,partition-replication
+CHAOS_KINDS_1+=,partition-primary-replicator,latency,bandwidth,stop-garage
 chaos_short() {
-    "$STRAIT" chaos run --seed 1 --seconds 40 --dir "$WORK/chaos-1"
+    "$STRAIT" chaos run --seed 1 --seconds 40 --nemesis "$CHAOS_KINDS_1" --dir "$WORK/chaos-1"
     "$STRAIT" chaos run --seed 4 --seconds 40 --nemesis partition-replication,partition-mirror-primary \
         --dir "$WORK/chaos-4"
 }

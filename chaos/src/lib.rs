@@ -22,13 +22,20 @@
 //!    run afterwards counts none), and every client's files read the same at both mounts as
 //!    before the GC.
 //!
-//! The faults that need more machinery (power loss through a FUSE layer that drops unsynced
-//! writes, a full disk, clock jumps, object-store errors) are not built yet.
+//! Besides the cluster's own processes and links, the nemesis reaches a region's FUSE mount
+//! (killed and mounted again), its object store (an HTTP fault proxy in front of Garage,
+//! [`s3proxy`]), a daemon's or a mount's disk (a small loop-mounted file system it fills,
+//! [`disk`]) and a daemon's wall clock (libfaketime, [`clock`]); each is set up only when its
+//! kind is chosen. Power loss (a FUSE layer that drops unsynced writes) is not built yet.
 
 pub mod check;
+pub mod clock;
+pub mod disk;
+pub mod interrupt;
 pub mod model;
 pub mod nemesis;
 pub mod payload;
+pub mod s3proxy;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -38,11 +45,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use strait_devkit::cluster::{Cluster, ClusterConfig};
+use strait_devkit::cluster::{Cluster, ClusterConfig, FaultHooks, S3Front};
 
 use crate::check::{Bounds, Tally, CHECKERS};
-use crate::nemesis::{Fault, Nemesis, Scheduled};
-use crate::workload::{Client, History, Region};
+use crate::nemesis::{Fault, Instruments, Nemesis, Scheduled};
+use crate::s3proxy::S3Proxy;
+use crate::workload::{Client, History, MountState, Region};
+
+/// Size of each small file system of `disk-full` (sparse files: only what is written takes
+/// room), and of a Garage's, which holds every block written in the run.
+const DISK_MIB: u64 = 256;
+const GARAGE_DISK_MIB: u64 = 2048;
+/// A mount's disk cache when it lives on such a file system: well under its size, so that
+/// only the fault fills it.
+const DISK_CACHE_SIZE: &str = "64M";
 
 /// What a run does; written to DIR/run.json so that `--replay DIR` can run it again.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,6 +97,11 @@ pub struct Report {
     pub faults: Vec<(Scheduled, Option<String>)>,
     pub unknown: usize,
     pub failed: usize,
+    /// Changes made on a mount whose process was dead (they changed nothing).
+    pub not_run: usize,
+    /// More lines for the summary: what the object-store proxies did, how the workload fared
+    /// after the last fault.
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -120,6 +141,60 @@ pub fn run(
         .build()
         .context("start a runtime for the fault proxies")?;
     let cluster_dir = cfg.dir.join("cluster");
+    let chosen = |k: &str| cfg.nemesis.iter().any(|n| n == k);
+    let mut hooks = FaultHooks::default();
+    let mut instruments = Instruments::default();
+    let mut mount_args = vec![];
+    // the object-store proxies, by region, as the cluster makes them
+    type Made = parking_lot::Mutex<Vec<(usize, Arc<S3Proxy>)>>;
+    let s3_made: Arc<Made> = Default::default();
+    if chosen("object-store") && cfg.garage {
+        let (made, handle) = (s3_made.clone(), rt.handle().clone());
+        hooks.s3_front = Some(S3Front(Arc::new(move |region, garage| {
+            let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let p = Arc::new(handle.block_on(S3Proxy::start(listen, garage))?);
+            let addr = p.addr();
+            made.lock().push((region, p));
+            Ok(addr)
+        })));
+    }
+    if chosen("disk-full") {
+        disk::available().context("--nemesis disk-full")?;
+        let dir = cfg.dir.join("disks");
+        for name in nemesis::DISKS {
+            if name.starts_with("garage") && !cfg.garage {
+                continue;
+            }
+            let mib = if name.starts_with("garage") {
+                GARAGE_DISK_MIB
+            } else {
+                DISK_MIB
+            };
+            say(&format!("a {mib} MiB loop-mounted ext4 for {name}"));
+            let d = disk::LoopDisk::create(&dir.join(format!("{name}.img")), &dir.join(name), mib)
+                .with_context(|| format!("make {name}'s disk"))?;
+            instruments.disks.push((name.to_string(), d));
+        }
+        let under = |name: &str, sub: &str| {
+            instruments
+                .disks
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d.point().join(sub))
+        };
+        hooks.meta_dirs = [under("primary", "meta"), under("mirror", "meta")];
+        hooks.cache_dirs = [under("mount-a", "cache"), under("mount-b", "cache")];
+        hooks.garage_data_dirs = [under("garage-a", "garage"), under("garage-b", "garage")];
+        mount_args.extend(["--cache-size".to_string(), DISK_CACHE_SIZE.to_string()]);
+    }
+    if chosen("clock-jump") {
+        for name in nemesis::CLOCKS {
+            let c = clock::FakeClock::new(&cfg.dir.join(format!("clock-{name}")))
+                .context("--nemesis clock-jump")?;
+            hooks.daemon_env.push((name.to_string(), c.env()));
+            instruments.clocks.push((name.to_string(), c));
+        }
+    }
     let ccfg = ClusterConfig {
         strait_bin: cfg.strait_bin.clone(),
         dir: cluster_dir.clone(),
@@ -134,22 +209,64 @@ pub fn run(
         primary_proxies: true,
         primary_args: vec!["--durability".into(), cfg.durability.clone()],
         mirror_args: vec![],
-        mount_args: vec![],
+        mount_args,
+        hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");
     let mut cluster = Cluster::start(&ccfg, &rt, has_leader, &mut |s| say(s))?;
-    let result = drive(cfg, &schedule, &mut cluster, say);
+    let mounts: Vec<PathBuf> = [&cluster.topology().mount_a, &cluster.topology().mount_b]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    for m in &mounts {
+        interrupt::detach_on_signal(m);
+    }
+    let mut made = std::mem::take(&mut *s3_made.lock());
+    made.sort_by_key(|(region, _)| *region);
+    instruments.s3 = made.into_iter().map(|(_, p)| p).collect();
+    instruments.mounts = mounts
+        .iter()
+        .map(|_| Arc::new(MountState::default()))
+        .collect();
+    let nemesis = Nemesis::new(&cluster, instruments);
+    let result = drive(cfg, &schedule, &mut cluster, &nemesis, say);
     for e in cluster.unmount() {
         say(&format!("unmount: {e:#}"));
     }
+    for m in &mounts {
+        interrupt::forget(m);
+    }
+    // the daemons stop before their disks are detached; their logs on those disks are kept
     drop(cluster);
+    for (name, d) in &nemesis.instruments.disks {
+        save_logs(d.point(), &cfg.dir.join("disk-logs").join(name));
+    }
+    drop(nemesis);
     result
+}
+
+/// Copy the logs under `from` (RocksDB's `LOG*`, `garage.log`) to `to`, keeping their paths.
+fn save_logs(from: &Path, to: &Path) {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let (p, name) = (e.path(), e.file_name().to_string_lossy().into_owned());
+        if p.is_dir() {
+            save_logs(&p, &to.join(&name));
+        } else if name.starts_with("LOG") || name.ends_with(".log") {
+            let _ = std::fs::create_dir_all(to);
+            let _ = std::fs::copy(&p, to.join(&name));
+        }
+    }
 }
 
 fn drive(
     cfg: &RunConfig,
     schedule: &[Scheduled],
     cluster: &mut Cluster,
+    nemesis: &Nemesis,
     say: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     let topo = cluster.topology().clone();
@@ -164,7 +281,10 @@ fn drive(
     }
     wait_visible(&workload::dir_of(&mb, n - 1), Duration::from_secs(60))?;
 
-    let nemesis = Nemesis::new(cluster);
+    let state_of = |region: Region| {
+        let i = if region == Region::A { 0 } else { 1 };
+        nemesis.instruments.mounts[i].clone()
+    };
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -187,6 +307,7 @@ fn drive(
             clients: n,
             reader: id >= n,
             seed: cfg.seed,
+            mount_state: state_of(region),
         };
         let (h, s) = (history.clone(), stop.clone());
         threads.push(
@@ -203,23 +324,46 @@ fn drive(
         schedule.len()
     ));
     let mut faults = vec![];
+    let mut last_heal_ms = 0;
     for s in schedule {
         sleep_until(start, s.at_ms);
-        let err = nemesis.inject(cluster, &s.fault).err();
+        let began = start.elapsed();
+        let (note, err) = match nemesis.inject(cluster, &s.fault) {
+            Ok(note) => (note, None),
+            Err(e) => (None, Some(e)),
+        };
         say(&format!(
-            "{:>6.1} s  {:?} for {:.1} s{}",
-            start.elapsed().as_secs_f64(),
+            "{:>6.1} s  {:?} for {:.1} s{}{}{}",
+            began.as_secs_f64(),
             s.fault,
             s.hold_ms as f64 / 1000.0,
+            note.map(|n| format!(": {n}")).unwrap_or_default(),
+            slow(start.elapsed() - began),
             err.as_ref()
                 .map(|e| format!(" (failed: {e:#})"))
                 .unwrap_or_default()
         ));
         sleep_until(start, s.at_ms + s.hold_ms);
-        let healed = nemesis.heal(cluster, &s.fault).err();
-        if let Some(e) = &healed {
-            say(&format!("    heal failed: {e:#}"));
-        }
+        let began = start.elapsed();
+        let healed = nemesis.heal(cluster, &s.fault);
+        let took = start.elapsed() - began;
+        last_heal_ms = start.elapsed().as_millis() as u64;
+        let healed = match healed {
+            Ok(note) => {
+                if note.is_some() || took > SLOW_STEP {
+                    say(&format!(
+                        "    healed{}{}",
+                        slow(took),
+                        note.map(|n| format!(": {n}")).unwrap_or_default()
+                    ));
+                }
+                None
+            }
+            Err(e) => {
+                say(&format!("    heal failed{}: {e:#}", slow(took)));
+                Some(e)
+            }
+        };
         faults.push((s.clone(), err.or(healed).map(|e| format!("{e:#}"))));
     }
     sleep_until(start, cfg.seconds * 1000);
@@ -279,6 +423,7 @@ fn drive(
         clients: n,
         reader: false,
         seed: 0,
+        mount_state: state_of(region),
     };
     for id in 0..n {
         for name in workload::NAMES {
@@ -359,14 +504,61 @@ fn drive(
         .iter()
         .filter(|e| e.outcome == model::Outcome::Failed)
         .count();
+    let not_run = events
+        .iter()
+        .filter(|e| e.outcome == model::Outcome::NotRun)
+        .count();
     write_history(&cfg.dir, &events)?;
+    let mut notes = nemesis.instruments.s3_stats();
+    notes.push(after_the_faults(last_heal_ms, &events));
     Ok(Report {
         tally,
         operations: events.len(),
         faults,
         unknown,
         failed,
+        not_run,
+        notes,
     })
+}
+
+/// An injection or a heal that takes longer is reported: the faults after it fire late.
+const SLOW_STEP: Duration = Duration::from_secs(1);
+
+fn slow(took: Duration) -> String {
+    if took > SLOW_STEP {
+        format!(" (took {:.1} s)", took.as_secs_f64())
+    } else {
+        String::new()
+    }
+}
+
+/// How the writers fared once the last fault was healed: a daemon that never recovered from
+/// a fault shows here (no checker fails when every change is refused).
+fn after_the_faults(healed_ms: u64, events: &[workload::Event]) -> String {
+    let mut s = format!(
+        "changes begun after the last fault was healed ({:.1} s):",
+        healed_ms as f64 / 1000.0
+    );
+    for region in [Region::A, Region::B] {
+        let (mut ok, mut clean, mut unknown) = (0, 0, 0);
+        for e in events.iter().filter(|e| {
+            e.region == region
+                && e.invoke_ms >= healed_ms
+                && matches!(e.op, workload::Op::Mutate { .. })
+        }) {
+            match e.outcome {
+                model::Outcome::Ok => ok += 1,
+                model::Outcome::Failed => clean += 1,
+                model::Outcome::Unknown | model::Outcome::NotRun => unknown += 1,
+            }
+        }
+        s.push_str(&format!(
+            " {region:?} {ok} succeeded, {clean} failed cleanly, {unknown} other errors;"
+        ));
+    }
+    s.pop();
+    s
 }
 
 fn sleep_until(start: Instant, ms: u64) {
@@ -494,10 +686,15 @@ fn write_history(dir: &Path, events: &[workload::Event]) -> Result<()> {
 pub fn summary(r: &Report) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "{} operations ({} failed cleanly, {} with unknown outcome), {} faults\n",
+        "{} operations ({} failed cleanly, {} with unknown outcome{}), {} faults\n",
         r.operations,
         r.failed,
         r.unknown,
+        if r.not_run > 0 {
+            format!(", {} changes never reached a dead mount", r.not_run)
+        } else {
+            String::new()
+        },
         r.faults.len()
     ));
     s.push_str(&format!(
@@ -522,5 +719,9 @@ pub fn summary(r: &Report) -> String {
         s.push_str(&format!(" {k}×{n}"));
     }
     s.push('\n');
+    for n in &r.notes {
+        s.push_str(n);
+        s.push('\n');
+    }
     s
 }

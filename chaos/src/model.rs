@@ -84,6 +84,9 @@ pub enum Outcome {
     Failed,
     /// Anything else: the operation may have stopped after any step.
     Unknown,
+    /// It never reached the file system: its mount's process was already dead (ENOTCONN
+    /// from the kernel), so it changed nothing.
+    NotRun,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -396,6 +399,7 @@ impl Model {
                 }
                 *self = acc.unwrap_or(before.clone());
             }
+            Outcome::NotRun => return Ok(()),
         }
         // a name left with no state: the outcome contradicts every state it could have had
         for e in effects {
@@ -524,6 +528,17 @@ mod tests {
         let mut m = Model::default();
         m.operation(&[Effect::Unlink { name: "g".into() }], Outcome::Failed)
             .unwrap();
+    }
+
+    #[test]
+    fn a_change_that_never_reached_a_dead_mount_changes_nothing() {
+        let mut m = Model::default();
+        m.operation(&write("f", 1, 1), Outcome::Ok).unwrap();
+        // unexplained as a clean failure (the file exists), fine as never run
+        m.operation(&[Effect::Unlink { name: "f".into() }], Outcome::NotRun)
+            .unwrap();
+        assert_eq!(m.check_read("f", &Node::File(vec![(1, 1)])), Some(Ok(())));
+        assert!(matches!(m.check_read("f", &Node::Absent), Some(Err(_))));
     }
 
     #[test]

@@ -5,17 +5,24 @@
 //! seed replays the same faults at the same offsets (the workload's timing, and with it the
 //! exact interleaving, still varies from run to run).
 
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use strait_devkit::cluster::Cluster;
 use strait_devkit::Faults;
 
+use crate::clock::FakeClock;
+use crate::disk::LoopDisk;
+use crate::s3proxy::{S3Faults, S3Mode, S3Proxy};
+use crate::workload::MountState;
+
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 14] = [
     "kill",
     "stop",
     "partition",
@@ -26,7 +33,41 @@ pub const KINDS: [&str; 10] = [
     "latency",
     "bandwidth",
     "stop-garage",
+    "kill-mount",
+    "object-store",
+    "disk-full",
+    "clock-jump",
 ];
+
+/// What a `disk-full` fault may fill: the primary's or the mirror's metadata directory
+/// (RocksDB), region A's or B's mount's disk cache, or region A's or B's Garage (its
+/// metadata and blocks).
+pub const DISKS: [&str; 6] = [
+    "primary", "mirror", "mount-a", "mount-b", "garage-a", "garage-b",
+];
+
+/// Whose wall clock a `clock-jump` steps.
+pub const CLOCKS: [&str; 2] = ["primary", "mirror"];
+
+/// Kinds that need a Garage per region (`--store garage`).
+const GARAGE_KINDS: [&str; 2] = ["stop-garage", "object-store"];
+
+/// How long a killed mount process may take to be gone.
+const MOUNT_EXIT_MS_MAX: u64 = 10_000;
+/// How long a SIGKILLed daemon may take to be gone.
+const DAEMON_EXIT_MS_MAX: u64 = 300_000;
+/// A step of an injection that takes longer is named in its note.
+const SLOW_STEP_MS: u64 = 1_000;
+
+fn note_slow(notes: &mut Vec<String>, what: &str, since: Instant) {
+    let took = since.elapsed();
+    if took > Duration::from_millis(SLOW_STEP_MS) {
+        notes.push(format!("{what} took {:.1} s", took.as_secs_f64()));
+    }
+}
+
+/// How long the clients of a dead mount may take to leave it before it is mounted again.
+const MOUNT_GATE_MS_MAX: u64 = 60_000;
 
 /// Processes a kill or a stop may hit.
 pub const TARGETS: [&str; 5] = [
@@ -61,6 +102,24 @@ pub enum Fault {
     Bandwidth,
     /// SIGSTOP a region's Garage (0: A, 1: B).
     StopGarage(usize),
+    /// SIGKILL the process serving a region's FUSE mount (0: A, 1: B); when the fault ends,
+    /// the dead mount point is detached and mounted again with the same command.
+    KillMount(usize),
+    /// `percent` of the requests to a region's object store are spoilt by `mode` (the fault
+    /// proxy in front of its Garage, [`crate::s3proxy`]).
+    ObjectStore {
+        region: usize,
+        mode: S3Mode,
+        percent: u32,
+    },
+    /// The small file system under one of [`DISKS`] is filled to the last block; the filler
+    /// is deleted when the fault ends. With `restart` (the primary's and the mirror's only),
+    /// the daemon is also SIGKILLed and started again on the full disk: RocksDB preallocates
+    /// its write-ahead log, so a daemon that runs on takes no new space for a long while.
+    DiskFull { target: String, restart: bool },
+    /// One daemon's wall clock ([`CLOCKS`]) steps by `offset_s` seconds, and back to the
+    /// machine's when the fault ends.
+    ClockJump { target: String, offset_s: i64 },
 }
 
 /// A fault and when it holds.
@@ -97,7 +156,7 @@ pub fn parse_kinds(list: &str) -> Result<Vec<String>> {
 pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<Scheduled> {
     let kinds: Vec<&String> = kinds
         .iter()
-        .filter(|k| garage || k.as_str() != "stop-garage")
+        .filter(|k| garage || !GARAGE_KINDS.contains(&k.as_str()))
         .collect();
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6e656d65);
     let mut out = vec![];
@@ -124,6 +183,31 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
             "partition-primary-replicator" => Fault::PartitionPrimaryReplicator,
             "latency" => Fault::Latency(rng.random_range(100..500)),
             "bandwidth" => Fault::Bandwidth,
+            "kill-mount" => Fault::KillMount(rng.random_range(0..2)),
+            "object-store" => Fault::ObjectStore {
+                region: rng.random_range(0..2),
+                mode: S3Mode::ALL[rng.random_range(0..S3Mode::ALL.len())],
+                percent: rng.random_range(20..=80),
+            },
+            "disk-full" => {
+                let disks: Vec<&str> = DISKS
+                    .into_iter()
+                    .filter(|d| garage || !d.starts_with("garage"))
+                    .collect();
+                let target = disks[rng.random_range(0..disks.len())];
+                let daemon = target == "primary" || target == "mirror";
+                Fault::DiskFull {
+                    target: target.to_string(),
+                    restart: daemon && rng.random_bool(0.5),
+                }
+            }
+            "clock-jump" => {
+                let s = rng.random_range(1..=10) * 60;
+                Fault::ClockJump {
+                    target: CLOCKS[rng.random_range(0..CLOCKS.len())].to_string(),
+                    offset_s: if rng.random_bool(0.5) { s } else { -s },
+                }
+            }
             _ => Fault::StopGarage(rng.random_range(0..2)),
         };
         out.push(Scheduled {
@@ -136,9 +220,77 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
     out
 }
 
+/// What the nemesis reaches besides the cluster's daemons and link proxies; each part is
+/// there only when a kind that needs it was chosen (see [`crate::run`]).
+#[derive(Default)]
+pub struct Instruments {
+    /// Each region's mount as the clients use it (A, then B).
+    pub mounts: Vec<Arc<MountState>>,
+    /// The fault proxy in front of each region's Garage (A, then B).
+    pub s3: Vec<Arc<S3Proxy>>,
+    /// The small file systems of `disk-full`, by the names of [`DISKS`].
+    pub disks: Vec<(String, LoopDisk)>,
+    /// The steered clocks of `clock-jump`, by the names of [`CLOCKS`].
+    pub clocks: Vec<(String, FakeClock)>,
+}
+
+impl Instruments {
+    fn disk(&self, name: &str) -> Result<&LoopDisk> {
+        self.disks
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d)
+            .with_context(|| format!("no loop disk {name:?} in this run"))
+    }
+
+    fn clock(&self, name: &str) -> Result<&FakeClock> {
+        self.clocks
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c)
+            .with_context(|| format!("{name} does not run under libfaketime in this run"))
+    }
+
+    fn s3(&self, region: usize) -> Result<&S3Proxy> {
+        self.s3
+            .get(region)
+            .map(|p| p.as_ref())
+            .with_context(|| format!("no object-store proxy in region {region} in this run"))
+    }
+
+    /// One line per object-store proxy: what it did to the requests.
+    pub fn s3_stats(&self) -> Vec<String> {
+        self.s3
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                format!(
+                    "object-store proxy {}: {}",
+                    ["A", "B"].get(i).unwrap_or(&"?"),
+                    p.stats()
+                )
+            })
+            .collect()
+    }
+}
+
+/// Start region `i`'s Garage again if it exited (Garage 2.5.0 exits when its disk fills).
+fn restart_exited_garage(c: &mut Cluster, i: usize) -> Result<Option<String>> {
+    let Some(status) = c.garage_exited(i) else {
+        return Ok(None);
+    };
+    let region = ["A", "B"].get(i).unwrap_or(&"?");
+    c.restart_garage(i)
+        .with_context(|| format!("start region {region}'s Garage again"))?;
+    Ok(Some(format!(
+        "region {region}'s Garage had exited ({status}); started again"
+    )))
+}
+
 /// Injects and heals faults, remembering each proxy's faults from before the run.
 pub struct Nemesis {
     baseline: Vec<(String, Faults)>,
+    pub instruments: Instruments,
 }
 
 fn crosses(name: &str) -> bool {
@@ -151,14 +303,54 @@ fn up_is_a_to_b(name: &str) -> bool {
 }
 
 impl Nemesis {
-    pub fn new(c: &Cluster) -> Self {
+    pub fn new(c: &Cluster, instruments: Instruments) -> Self {
         Nemesis {
             baseline: c
                 .proxies()
                 .iter()
                 .map(|(n, p)| (n.clone(), p.faults()))
                 .collect(),
+            instruments,
         }
+    }
+
+    fn mount_state(&self, region: usize) -> Result<&MountState> {
+        self.instruments
+            .mounts
+            .get(region)
+            .map(|m| m.as_ref())
+            .with_context(|| format!("no mount in region {region}"))
+    }
+
+    /// SIGKILL region `region`'s mount process and wait until it is gone; from then on a
+    /// call that finds the mount dead never reached it ([`MountState::dead`]).
+    fn kill_mount(&self, c: &mut Cluster, region: usize) -> Result<()> {
+        c.signal_mount(region, libc::SIGKILL)?;
+        let start = Instant::now();
+        while c.mount_runs(region)? {
+            if start.elapsed() > Duration::from_millis(MOUNT_EXIT_MS_MAX) {
+                bail!("the mount process of region {region} still runs {MOUNT_EXIT_MS_MAX} ms after SIGKILL");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.mount_state(region)?.dead.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Mount region `region` again, once no client is inside a call on it (its calls on the
+    /// dead mount end at once with ENOTCONN), so that no client ever works in the empty
+    /// directory under the mount point between the unmount and the mount.
+    fn remount(&self, c: &mut Cluster, region: usize) -> Result<()> {
+        let st = self.mount_state(region)?;
+        let _gate = st
+            .gate
+            .try_write_for(Duration::from_millis(MOUNT_GATE_MS_MAX))
+            .with_context(|| {
+                format!("the clients of region {region} stayed in calls on its dead mount for {MOUNT_GATE_MS_MAX} ms")
+            })?;
+        c.remount(region)?;
+        st.dead.store(false, Ordering::SeqCst);
+        Ok(())
     }
 
     fn each_proxy(&self, c: &Cluster, pick: impl Fn(&str) -> bool, f: impl Fn(&str, &mut Faults)) {
@@ -169,7 +361,8 @@ impl Nemesis {
         }
     }
 
-    pub fn inject(&self, c: &mut Cluster, fault: &Fault) -> Result<()> {
+    /// Start `fault`; a line about what it did, for some kinds.
+    pub fn inject(&self, c: &mut Cluster, fault: &Fault) -> Result<Option<String>> {
         match fault {
             Fault::Kill(name) => c.signal(name, libc::SIGKILL)?,
             Fault::Stop(name) => c.signal(name, libc::SIGSTOP)?,
@@ -223,11 +416,59 @@ impl Nemesis {
                     unsafe { libc::kill(*pid as i32, libc::SIGSTOP) };
                 }
             }
+            Fault::KillMount(region) => self.kill_mount(c, *region)?,
+            Fault::ObjectStore {
+                region,
+                mode,
+                percent,
+            } => self.instruments.s3(*region)?.set(S3Faults {
+                mode: Some(*mode),
+                percent: *percent,
+            }),
+            Fault::DiskFull { target, restart } => {
+                // each step timed: a daemon once took a minute to be done with (docs/chaos.md)
+                let mut slow = vec![];
+                let t = Instant::now();
+                let filled = self.instruments.disk(target)?.fill()?;
+                note_slow(&mut slow, "the fill", t);
+                if *restart {
+                    c.signal(target, libc::SIGKILL)?;
+                    let t = Instant::now();
+                    while !c.exited(target)? {
+                        if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
+                            bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    note_slow(&mut slow, &format!("{target}'s exit after SIGKILL"), t);
+                    let t = Instant::now();
+                    c.restart(target, None)?;
+                    note_slow(&mut slow, "its start", t);
+                }
+                return Ok(Some(format!(
+                    "{target}'s disk filled to ENOSPC with {} MiB{}{}",
+                    filled >> 20,
+                    if *restart {
+                        ", and it was restarted"
+                    } else {
+                        ""
+                    },
+                    if slow.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", slow.join(", "))
+                    }
+                )));
+            }
+            Fault::ClockJump { target, offset_s } => {
+                self.instruments.clock(target)?.set_offset_s(*offset_s)?
+            }
         }
-        Ok(())
+        Ok(None)
     }
 
-    pub fn heal(&self, c: &mut Cluster, fault: &Fault) -> Result<()> {
+    /// End `fault`; a line about what it found, for some kinds.
+    pub fn heal(&self, c: &mut Cluster, fault: &Fault) -> Result<Option<String>> {
         match fault {
             Fault::Kill(name) => c.restart(name, Some(Duration::from_secs(120)))?,
             Fault::Stop(name) => c.signal(name, libc::SIGCONT)?,
@@ -237,9 +478,31 @@ impl Nemesis {
                     unsafe { libc::kill(*pid as i32, libc::SIGCONT) };
                 }
             }
-            _ => self.restore_links(c),
+            Fault::KillMount(region) => self.remount(c, *region)?,
+            Fault::ObjectStore { region, .. } => {
+                self.instruments.s3(*region)?.set(S3Faults::default())
+            }
+            Fault::DiskFull { target, restart } => {
+                self.instruments.disk(target)?.unfill()?;
+                // a daemon that could not start on the full disk starts now
+                if *restart && c.exited(target)? {
+                    c.restart(target, Some(Duration::from_secs(120)))?;
+                    return Ok(Some(format!("{target} had exited; started again")));
+                }
+                if let Some(i) = ["garage-a", "garage-b"].iter().position(|g| g == target) {
+                    return restart_exited_garage(c, i);
+                }
+            }
+            Fault::ClockJump { target, .. } => self.instruments.clock(target)?.set_offset_s(0)?,
+            Fault::Partition
+            | Fault::PartitionOneWay { .. }
+            | Fault::PartitionMirrorPrimary
+            | Fault::PartitionReplication
+            | Fault::PartitionPrimaryReplicator
+            | Fault::Latency(_)
+            | Fault::Bandwidth => self.restore_links(c),
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Every proxy back to its faults from before the run.
@@ -251,13 +514,35 @@ impl Nemesis {
         }
     }
 
-    /// End every fault: links restored, stopped processes continued, exited daemons started.
+    /// End every fault: links restored, object stores passing every request, disks emptied of
+    /// their fillers, clocks back to the machine's, stopped processes continued, exited
+    /// daemons started, dead mounts mounted again.
     pub fn heal_all(&self, c: &mut Cluster) -> Vec<String> {
         let mut errors = vec![];
         self.restore_links(c);
+        for p in &self.instruments.s3 {
+            p.set(S3Faults::default());
+        }
+        for (name, d) in &self.instruments.disks {
+            if let Err(e) = d.unfill() {
+                errors.push(format!("empty {name}'s disk: {e:#}"));
+            }
+        }
+        for (name, clock) in &self.instruments.clocks {
+            if let Err(e) = clock.set_offset_s(0) {
+                errors.push(format!("{name}'s clock: {e:#}"));
+            }
+        }
         for pid in c.garage_pids() {
             // SAFETY: kill has no memory effects
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+        for i in 0..c.garage_pids().len() {
+            match restart_exited_garage(c, i) {
+                Ok(None) => {}
+                Ok(Some(note)) => errors.push(note),
+                Err(e) => errors.push(format!("{e:#}")),
+            }
         }
         for name in c.daemons() {
             let _ = c.signal(&name, libc::SIGCONT);
@@ -269,6 +554,17 @@ impl Nemesis {
                 }
                 Ok(false) => {}
                 Err(e) => errors.push(format!("{name}: {e:#}")),
+            }
+        }
+        for region in 0..self.instruments.mounts.len() {
+            match c.mount_runs(region) {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Err(e) = self.remount(c, region) {
+                        errors.push(format!("mount region {region} again: {e:#}"));
+                    }
+                }
+                Err(e) => errors.push(format!("mount of region {region}: {e:#}")),
             }
         }
         errors
@@ -295,12 +591,44 @@ mod tests {
         // without Garage, no Garage faults
         assert!(schedule(7, 600, &all, false)
             .iter()
-            .all(|s| !matches!(s.fault, Fault::StopGarage(_))));
+            .all(|s| match &s.fault {
+                Fault::StopGarage(_) | Fault::ObjectStore { .. } => false,
+                Fault::DiskFull { target, .. } => !target.starts_with("garage"),
+                _ => true,
+            }));
+        // every kind comes up in a long run, each within its bounds
+        let long = schedule(3, 3_600, &all, true);
+        for k in KINDS {
+            let one = schedule(3, 600, &[k.to_string()], true);
+            assert!(!one.is_empty(), "{k}: no fault in 600 s");
+        }
+        for s in &long {
+            match &s.fault {
+                Fault::ObjectStore {
+                    region, percent, ..
+                } => assert!(*region < 2 && (20..=80).contains(percent)),
+                Fault::ClockJump { target, offset_s } => {
+                    assert!(CLOCKS.contains(&target.as_str()));
+                    assert!((60..=600).contains(&offset_s.abs()) && offset_s % 60 == 0);
+                }
+                Fault::DiskFull { target, restart } => {
+                    assert!(DISKS.contains(&target.as_str()));
+                    assert!(!restart || target == "primary" || target == "mirror");
+                }
+                Fault::KillMount(r) => assert!(*r < 2),
+                _ => {}
+            }
+        }
     }
 
     #[test]
     fn nemesis_names_are_checked() {
         assert_eq!(parse_kinds("kill, stop").unwrap(), vec!["kill", "stop"]);
+        assert_eq!(
+            parse_kinds("disk-full,kill-mount").unwrap(),
+            vec!["disk-full", "kill-mount"]
+        );
+        assert_eq!(parse_kinds("all").unwrap().len(), KINDS.len());
         assert!(parse_kinds("none").unwrap().is_empty());
         assert!(parse_kinds("kill,fire").is_err());
     }

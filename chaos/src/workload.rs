@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -105,6 +105,22 @@ impl History {
     }
 }
 
+/// A region's mount as its clients use it, shared with the nemesis (`kill-mount`).
+#[derive(Debug, Default)]
+pub struct MountState {
+    /// Held for reading by each client call, and for writing by the nemesis while it detaches
+    /// a dead mount and mounts it again: in between, the mount point is an empty local
+    /// directory, and what a client would do there says nothing about strait.
+    pub gate: RwLock<()>,
+    /// The mount's process was killed and is gone: a call made now ends with ENOTCONN
+    /// without reaching anything, so it changed nothing (unlike a call in flight when the
+    /// process died, whose outcome is unknown).
+    pub dead: AtomicBool,
+}
+
+/// Pause after a call that found its mount dead, so a client does not spin on it.
+const DEAD_MOUNT_PAUSE_MS: u64 = 50;
+
 /// A client of the workload.
 pub struct Client {
     pub id: u32,
@@ -116,6 +132,8 @@ pub struct Client {
     /// A reader only reads the writers' registers (it has no directory).
     pub reader: bool,
     pub seed: u64,
+    /// Its mount's state (shared by the clients of its region and the nemesis).
+    pub mount_state: Arc<MountState>,
 }
 
 /// The directory of client `id` under a mount.
@@ -194,8 +212,16 @@ impl Client {
                 error: None,
                 observed: None,
             });
-            let (outcome, error, observed) = self.perform(&op);
+            let (outcome, error, observed) = {
+                let _in = self.mount_state.gate.read();
+                let dead = self.mount_state.dead.load(Ordering::SeqCst);
+                self.perform(&op, dead)
+            };
             let done = start.elapsed().as_millis() as u64;
+            let not_connected = format!("(os error {})", libc::ENOTCONN);
+            if error.as_deref().is_some_and(|e| e.contains(&not_connected)) {
+                std::thread::sleep(Duration::from_millis(DEAD_MOUNT_PAUSE_MS));
+            }
             history.complete(i, |e| {
                 e.complete_ms = Some(done);
                 e.outcome = outcome;
@@ -354,12 +380,15 @@ impl Client {
         }
     }
 
-    fn perform(&self, op: &Op) -> (Outcome, Option<String>, Option<Observed>) {
+    /// Do `op`; `dead`: the mount's process was already gone when it began.
+    fn perform(&self, op: &Op, dead: bool) -> (Outcome, Option<String>, Option<Observed>) {
         match op {
             Op::Mutate { effects, .. } => {
                 for e in effects {
                     if let Err(err) = self.step(e) {
-                        let o = if clean(&err) {
+                        let o = if dead && errno_of(&err) == Some(libc::ENOTCONN) {
+                            Outcome::NotRun
+                        } else if clean(&err) {
                             Outcome::Failed
                         } else {
                             Outcome::Unknown

@@ -63,6 +63,42 @@ pub struct ClusterConfig {
     pub primary_args: Vec<String>,
     pub mirror_args: Vec<String>,
     pub mount_args: Vec<String>,
+    /// Where the chaos harness's faults reach in: proxies in front of the object stores,
+    /// data directories on file systems of its own, daemons' environments. Default: none.
+    pub hooks: FaultHooks,
+}
+
+/// Makes the proxy that goes in front of one region's Garage: called with the region (0: A,
+/// 1: B) and Garage's S3 address, it returns the address that every client of that store
+/// (`format`'s data URL, the mirror's `--data-url` and `--primary-data-url`, and through them
+/// the daemons and the mounts) uses instead.
+#[derive(Clone)]
+pub struct S3Front(pub Arc<dyn Fn(usize, SocketAddr) -> Result<SocketAddr> + Send + Sync>);
+
+impl std::fmt::Debug for S3Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("S3Front(..)")
+    }
+}
+
+/// What the chaos harness changes in the layout of [`Cluster::start`] to put faults in; each
+/// field defaults to the plain layout of `strait dev up`.
+#[derive(Clone, Debug, Default)]
+pub struct FaultHooks {
+    /// A proxy in front of each region's Garage (ignored with a directory store).
+    pub s3_front: Option<S3Front>,
+    /// Region A's (the primary's) and region B's (the mirror's) RocksDB directory instead of
+    /// `region-x/meta`: somewhere outside [`ClusterConfig::dir`], as a small file system of
+    /// its own that a fault can fill.
+    pub meta_dirs: [Option<PathBuf>; 2],
+    /// Each region's mount's disk cache directory instead of `region-x/cache`.
+    pub cache_dirs: [Option<PathBuf>; 2],
+    /// Where each region's Garage keeps its metadata and data instead of `region-x/garage`
+    /// (its config and log stay there).
+    pub garage_data_dirs: [Option<PathBuf>; 2],
+    /// More environment for one daemon, by name (`primary`, `mirror`, `replicatorN`), at each
+    /// of its starts (libfaketime's, for clock jumps).
+    pub daemon_env: Vec<(String, Vec<(String, String)>)>,
 }
 
 /// What `dev up` writes to DIR/dev.json once everything runs.
@@ -95,6 +131,8 @@ pub struct Cluster {
     /// `b-to-replicator2`, `b-to-primary`, `b-to-s3` (with Garage) cross the link between the
     /// regions; `primary-to-replicatorN` (with [`ClusterConfig::primary_proxies`]) do not.
     proxies: Vec<(String, Arc<Proxy>)>,
+    /// Region A's mount, then region B's (none without [`ClusterConfig::mount`]).
+    mounts: Vec<MountProc>,
     // dropped after `kids` has been stopped (see `Parts`'s Drop)
     parts: Parts,
 }
@@ -123,6 +161,8 @@ struct Children {
     list: Vec<Kid>,
     /// Environment of every child (the S3 credentials of `--store garage`).
     env: Vec<(String, String)>,
+    /// More environment for some of them ([`FaultHooks::daemon_env`]).
+    daemon_env: Vec<(String, Vec<(String, String)>)>,
 }
 
 /// One daemon: how it was started, so that it can be started again the same way.
@@ -131,6 +171,15 @@ struct Kid {
     log: PathBuf,
     args: Vec<String>,
     child: Child,
+}
+
+/// A region's mount: how it was mounted, so that it can be mounted again the same way, and
+/// the process that serves it (`strait mount --background` leaves it in a session of its own,
+/// so it is not a child of this process).
+struct MountProc {
+    point: PathBuf,
+    args: Vec<String>,
+    pid: u32,
 }
 
 impl Children {
@@ -146,6 +195,11 @@ impl Children {
     }
 
     fn start(&self, name: &str, log: &Path, args: &[String], append: bool) -> Result<Child> {
+        let own_env = self
+            .daemon_env
+            .iter()
+            .filter(|(n, _)| n == name)
+            .flat_map(|(_, e)| e.iter().cloned());
         let f = std::fs::File::options()
             .create(true)
             .write(true)
@@ -156,6 +210,7 @@ impl Children {
         let mut cmd = Command::new(&self.bin);
         cmd.args(args)
             .envs(self.env.iter().cloned())
+            .envs(own_env)
             .stdin(Stdio::null())
             .stdout(f.try_clone().context("log file")?)
             .stderr(f)
@@ -258,6 +313,88 @@ fn s(v: impl ToString) -> String {
     v.to_string()
 }
 
+/// Run `strait mount ARGS --background` and return the pid of the process that serves the
+/// mount, which it prints as `mounted URL at DIR (pid N, log FILE)`.
+fn mount_with(bin: &Path, env: &[(String, String)], args: &[String]) -> Result<u32> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_strait(bin, env, &args)?;
+    out.split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ')']).next())
+        .and_then(|pid| pid.trim().parse().ok())
+        .with_context(|| format!("no pid in what `strait mount` printed: {:?}", out.trim()))
+}
+
+/// Whether process `pid` runs (a zombie counts as gone).
+fn process_runs(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next()),
+            Some("Z") | Some("X")
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Whether `point` is a mount point (any file system), by /proc/self/mountinfo.
+fn is_mount_point(point: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(point) else {
+        return false;
+    };
+    let target = canon.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+}
+
+/// Detach every file system mounted under `dir` (left by a run that was killed), the deepest
+/// first.
+pub fn detach_all_under(dir: &Path) -> Result<()> {
+    let Ok(canon) = std::fs::canonicalize(dir) else {
+        return Ok(());
+    };
+    let mut points: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(&canon))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        detach(&p)?;
+    }
+    Ok(())
+}
+
+/// Detach the file system mounted at `point` at once, even when it is busy or its server is
+/// dead (`umount -l`; `fusermount3 -u -z` when not root).
+pub fn detach(point: &Path) -> Result<()> {
+    if !is_mount_point(point) {
+        return Ok(());
+    }
+    let c =
+        std::ffi::CString::new(point.as_os_str().as_encoded_bytes()).context("mount point path")?;
+    // SAFETY: c is a valid NUL-terminated path that outlives the call
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    let ok = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(point)
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        bail!("detach {}: {err}", point.display());
+    }
+    Ok(())
+}
+
 impl Cluster {
     /// Start both regions and write DIR/dev.json. `has_leader(node)`: whether the replicator
     /// node at that address knows a leader (the caller asks it over gRPC); `progress`: a line
@@ -288,14 +425,19 @@ impl Cluster {
                 bin: cfg.strait_bin.clone(),
                 list: vec![],
                 env: vec![],
+                daemon_env: cfg.hooks.daemon_env.clone(),
             },
             garages: vec![],
         };
         let Parts { kids, garages } = &mut parts;
         if a.garage {
-            for (region, name) in [(&ra, "A"), (&rb, "B")] {
+            for (i, (region, name)) in [(&ra, "A"), (&rb, "B")].into_iter().enumerate() {
                 progress(&format!("starting region {name}'s Garage S3 server"));
-                let g = Garage::start_in(&region.join("garage"))
+                let dir = region.join("garage");
+                let data = a.hooks.garage_data_dirs[i]
+                    .clone()
+                    .unwrap_or_else(|| dir.clone());
+                let g = Garage::start_with_data(&dir, &data)
                     .with_context(|| format!("start region {name}'s Garage"))?;
                 garages.push(g);
             }
@@ -305,9 +447,26 @@ impl Cluster {
         let env = kids.env.clone();
         let bin = cfg.strait_bin.as_path();
         // region A's file system
-        let meta_a = format!("rocksdb://{}", ra.join("meta").display());
-        let (data_a, data_b) = match garages.as_slice() {
-            [ga, gb] => (ga.data_url(), gb.data_url()),
+        let meta_dir = |i: usize, region: &Path| {
+            a.hooks.meta_dirs[i]
+                .clone()
+                .unwrap_or_else(|| region.join("meta"))
+        };
+        let meta_a = format!("rocksdb://{}", meta_dir(0, &ra).display());
+        // where each region's clients reach its Garage
+        let mut s3_at = vec![];
+        for (i, g) in garages.iter().enumerate() {
+            s3_at.push(match &a.hooks.s3_front {
+                Some(front) => (front.0)(i, g.s3_addr())
+                    .with_context(|| format!("put a proxy in front of Garage {i}"))?,
+                None => g.s3_addr(),
+            });
+        }
+        let (data_a, data_b) = match (garages.as_slice(), s3_at.as_slice()) {
+            ([ga, gb], [sa, sb]) => (
+                ga.data_url_at("", &sa.to_string()),
+                gb.data_url_at("", &sb.to_string()),
+            ),
             _ => (
                 format!("file://{}", ra.join("data").display()),
                 format!("file://{}", rb.join("data").display()),
@@ -439,14 +598,14 @@ impl Cluster {
         // the mirror (B) reaches region A through the link, its object store too
         let to_primary = link(primary)?;
         proxies.push((s("b-to-primary"), to_primary.clone()));
-        let mirror_data_a = match garages.first() {
-            Some(ga) => {
-                let to_s3 = link(ga.s3_addr())?;
+        let mirror_data_a = match (garages.first(), s3_at.first()) {
+            (Some(ga), Some(sa)) => {
+                let to_s3 = link(*sa)?;
                 proxies.push((s("b-to-s3"), to_s3.clone()));
                 ga.data_url_at("", &to_s3.addr().to_string())
             }
             // read as a directory, so not through the link
-            None => data_a.clone(),
+            _ => data_a.clone(),
         };
         let mut sources = [s(nodes[2]), s(to_n1.addr()), s(to_n2.addr())];
         if a.source == "leader" {
@@ -463,7 +622,7 @@ impl Cluster {
                 s("--id"),
                 s("region-b"),
                 s("--meta-url"),
-                format!("rocksdb://{}", rb.join("meta").display()),
+                format!("rocksdb://{}", meta_dir(1, &rb).display()),
                 s("--listen"),
                 s(mirror),
                 s("--metrics-listen"),
@@ -523,10 +682,17 @@ impl Cluster {
             data_b: data_b.clone(),
             mirror_data_a: mirror_data_a.clone(),
         };
+        let mut mounts = vec![];
         if a.mount {
-            for (region, addr, which) in [(&ra, primary, "a"), (&rb, mirror, "b")] {
+            for (i, (region, addr, which)) in [(&ra, primary, "a"), (&rb, mirror, "b")]
+                .into_iter()
+                .enumerate()
+            {
                 let mnt = region.join("mnt");
                 std::fs::create_dir_all(&mnt).context("mount point")?;
+                let cache = a.hooks.cache_dirs[i]
+                    .clone()
+                    .unwrap_or_else(|| region.join("cache"));
                 let mut args = vec![
                     s("mount"),
                     format!("strait://{addr}"),
@@ -535,13 +701,18 @@ impl Cluster {
                     token.clone(),
                     s("--background"),
                     s("--cache-dir"),
-                    region.join("cache").to_string_lossy().into_owned(),
+                    cache.to_string_lossy().into_owned(),
                     s("--log-file"),
                     region.join("mount.log").to_string_lossy().into_owned(),
                 ];
                 args.extend(a.mount_args.iter().cloned());
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                run_strait(bin, &env, &args).with_context(|| format!("mount region {which}"))?;
+                let pid = mount_with(bin, &env, &args)
+                    .with_context(|| format!("mount region {which}"))?;
+                mounts.push(MountProc {
+                    point: mnt.clone(),
+                    args,
+                    pid,
+                });
                 if which == "a" {
                     topo.mount_a = Some(mnt);
                 } else {
@@ -555,6 +726,7 @@ impl Cluster {
             topology: topo,
             strait_bin: cfg.strait_bin.clone(),
             proxies,
+            mounts,
             parts,
         })
     }
@@ -577,6 +749,20 @@ impl Cluster {
     /// The process ids of the Garage servers, region A's first (none with a directory store).
     pub fn garage_pids(&self) -> Vec<u32> {
         self.parts.garages.iter().map(|g| g.pid()).collect()
+    }
+
+    /// Region `i`'s Garage (0: A, 1: B), if it has exited: its exit status.
+    pub fn garage_exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        self.parts.garages.get_mut(i).and_then(|g| g.exited())
+    }
+
+    /// Start region `i`'s Garage again on its data (after it exited).
+    pub fn restart_garage(&mut self, i: usize) -> Result<()> {
+        self.parts
+            .garages
+            .get_mut(i)
+            .with_context(|| format!("no Garage {i}"))?
+            .restart()
     }
 
     /// The process id of daemon `name` (its current incarnation).
@@ -638,6 +824,68 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    fn mount_proc(&self, region: usize) -> Result<&MountProc> {
+        self.mounts
+            .get(region)
+            .with_context(|| format!("no mount in region {region}"))
+    }
+
+    /// The pid of the process serving region `region`'s mount (0: A, 1: B).
+    pub fn mount_pid(&self, region: usize) -> Result<u32> {
+        Ok(self.mount_proc(region)?.pid)
+    }
+
+    /// Whether region `region`'s mount process runs.
+    pub fn mount_runs(&self, region: usize) -> Result<bool> {
+        Ok(process_runs(self.mount_proc(region)?.pid))
+    }
+
+    /// Send `signal` to the process serving region `region`'s mount.
+    pub fn signal_mount(&self, region: usize, signal: i32) -> Result<()> {
+        let pid = self.mount_pid(region)?;
+        if !process_runs(pid) {
+            bail!("region {region}'s mount process (pid {pid}) is not running");
+        }
+        // SAFETY: kill has no memory effects; the pid was checked to be running just now
+        if unsafe { libc::kill(pid as i32, signal) } != 0 {
+            bail!(
+                "signal {signal} to the mount process {pid}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
+    /// Mount region `region` again, as it was mounted at the start, after its process died:
+    /// the dead mount point is detached first (`umount -l`). Fails when the process still
+    /// runs (a live mount is not taken from under its users).
+    pub fn remount(&mut self, region: usize) -> Result<()> {
+        let m = self.mount_proc(region)?;
+        if process_runs(m.pid) {
+            bail!(
+                "region {region}'s mount process (pid {}) still runs: not mounting over it",
+                m.pid
+            );
+        }
+        detach(&m.point)?;
+        let start = Instant::now();
+        while is_mount_point(&m.point) {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "{} is still mounted 10 s after a lazy unmount",
+                    m.point.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = mount_with(&self.strait_bin, &self.parts.kids.env, &m.args)
+            .with_context(|| format!("mount region {region} again"))?;
+        if let Some(m) = self.mounts.get_mut(region) {
+            m.pid = pid;
+        }
+        Ok(())
     }
 
     /// What DIR/dev.json says: addresses, token, object stores, mount points.

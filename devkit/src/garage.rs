@@ -66,6 +66,12 @@ impl Garage {
     /// Start a ready Garage keeping its config, metadata, data and `garage.log` in `dir`
     /// (created if missing; it should be empty).
     pub fn start_in(dir: &Path) -> Result<Garage> {
+        Garage::start_with_data(dir, dir)
+    }
+
+    /// [`Garage::start_in`] with its metadata and data (`meta/`, `data/`) under `data_root`
+    /// instead (a small file system of its own, say), its config and log still in `dir`.
+    pub fn start_with_data(dir: &Path, data_root: &Path) -> Result<Garage> {
         if !installed() {
             bail!(
                 "the `garage` program is not installed (Garage S3, https://garagehq.deuxfleurs.fr): \
@@ -74,14 +80,16 @@ impl Garage {
             );
         }
         let started = Instant::now();
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        for d in [dir, data_root] {
+            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+        }
         let ports_guard = PORTS_LOCK
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let [s3_port, rpc_port, admin_port] = distinct_free_ports().context("find a free port")?;
 
         let config = dir.join("garage.toml");
-        let root = dir.display();
+        let root = data_root.display();
         std::fs::write(
             &config,
             format!(
@@ -226,6 +234,38 @@ admin_token = "{admin_token}"
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether the server has exited (and its status, reaped).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Start the server again on the same configuration, ports and data (after it exited or
+    /// was killed), its output appended to `garage.log`; wait until its S3 API answers and
+    /// the admin API reports quorum.
+    pub fn restart(&mut self) -> Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("garage.log"))
+            .context("open garage.log")?;
+        let mut cmd = Command::new("garage");
+        cmd.arg("-c")
+            .arg(&self.config)
+            .arg("server")
+            .env("RUST_LOG", "garage=info,garage_api_common=info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("clone log file")?)
+            .stderr(log);
+        self.child = spawn_tied(cmd).context("spawn garage server again")?;
+        let (s3, admin) = (self.s3_port, self.admin_port);
+        self.wait_until("the S3 API and quorum after a restart", |_| {
+            Ok(port_open(s3) && http_status(admin, "/health") == Some(200))
+        })
     }
 
     /// The S3 API's address.

@@ -29,8 +29,8 @@ pub struct RunArgs {
     pub seconds: u64,
     /// Fault kinds, comma-separated: all, none, or some of kill, stop, partition,
     /// partition-one-way, partition-mirror-primary, partition-replication,
-    /// partition-primary-replicator, latency,
-    /// bandwidth, stop-garage.
+    /// partition-primary-replicator, latency, bandwidth, stop-garage, kill-mount,
+    /// object-store, disk-full (root: loop-mounted file systems), clock-jump (libfaketime).
     #[arg(long, default_value = "all")]
     pub nemesis: String,
     /// Writing clients per region.
@@ -132,6 +132,8 @@ fn run_harness(a: RunArgs) -> Result<()> {
         ));
     }
     if cfg.dir.exists() {
+        // a run killed outright may have left its mounts (FUSE, loop disks) in there
+        strait_devkit::cluster::detach_all_under(&cfg.dir)?;
         std::fs::remove_dir_all(&cfg.dir)
             .with_context(|| format!("empty {}", cfg.dir.display()))?;
     }
@@ -155,6 +157,8 @@ fn run_harness(a: RunArgs) -> Result<()> {
         cfg.dir.display()
     );
     let rt = super::runtime()?;
+    // Ctrl-C detaches what the run mounted
+    strait_chaos::interrupt::install(rt.handle()).context("take Ctrl-C")?;
     let report = strait_chaos::run(
         &cfg,
         &|node| rt.block_on(super::dev::has_leader(node)),
