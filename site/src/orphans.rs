@@ -24,7 +24,8 @@ pub type SweepStream = Pin<Box<dyn Stream<Item = Result<s::SweepProgress, Status
 /// clears its marks of them.
 pub type Deleted = Arc<dyn Fn(Vec<(SliceId, u32)>) + Send + Sync>;
 
-fn progress(
+/// A sweep's figures as the wire (and `strait gc`'s report) carries them.
+pub fn progress(
     st: &SweepStats,
     store: &str,
     refs: &References,

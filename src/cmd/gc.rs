@@ -62,24 +62,8 @@ struct Report {
 
 impl Report {
     fn from_stats(st: &SweepStats, store: String, refs: &References, a: &Options) -> Self {
-        Report {
-            store,
-            version: refs.version.0,
-            referenced_slices: refs.len() as u64,
-            listed: st.listed,
-            listed_bytes: st.listed_bytes,
-            referenced: st.referenced,
-            young: st.young,
-            young_bytes: st.young_bytes,
-            foreign: st.foreign,
-            orphans: st.orphans,
-            orphan_bytes: st.orphan_bytes,
-            deleted: st.deleted,
-            deleted_bytes: st.deleted_bytes,
-            failed: st.failed,
-            dry_run: a.dry_run,
-            grace_ms: a.grace_ms,
-        }
+        let p = strait_site::orphans::progress(st, &store, refs, a.dry_run, false);
+        Self::from_wire(&p, a)
     }
 
     fn from_wire(p: &strait_proto::site::SweepProgress, a: &Options) -> Self {
@@ -210,11 +194,7 @@ pub fn run(a: Args) -> Result<()> {
             eprintln!("deleted the blocks of {total} dead slices so far");
         }
         let line = format!("deleted the blocks of {total} dead slices");
-        if a.json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
+        say(a.json, &line);
     }
     if a.skip_orphans {
         return Ok(());
@@ -278,11 +258,7 @@ fn on_daemon(addr: &str, a: &Args, opts: &Options) -> Result<()> {
                 Err(s) => bail!("{addr}: {}", s.message()),
             };
             // stdout holds the sweep's result alone under --json
-            if a.json {
-                eprintln!("{line}");
-            } else {
-                println!("{line}");
-            }
+            say(a.json, &line);
         }
         if a.skip_orphans {
             return Ok(());
@@ -314,4 +290,13 @@ fn on_daemon(addr: &str, a: &Args, opts: &Options) -> Result<()> {
             }
         }
     })
+}
+
+/// A result line: on stdout, unless stdout holds the JSON result alone (then on stderr).
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
 }
