@@ -431,7 +431,7 @@ impl Filesystem for StraitFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let data = tri!(reply, self.vfs.read(fh.0, ino.0, offset, size));
+        let data = tri_ino!(reply, self.vfs.read(fh.0, ino.0, offset, size));
         reply.data(&data);
     }
 
@@ -455,12 +455,12 @@ impl Filesystem for StraitFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         // close(2) releases the POSIX locks the closing process holds on the file
-        let res = self.vfs.flush_inode(ino.0);
+        let res = self.vfs.flush_handle(fh.0, ino.0);
         if self.locked.lock().contains(&ino.0) {
             tri!(
                 reply,
@@ -489,11 +489,11 @@ impl Filesystem for StraitFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        tri!(reply, self.vfs.fsync(ino.0));
+        tri!(reply, self.vfs.fsync(fh.0, ino.0));
         reply.ok();
     }
 

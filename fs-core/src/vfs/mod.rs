@@ -107,6 +107,9 @@ struct Handle {
     next_off: u64,
     window_blocks: u32,
     dir: Option<Listing>,
+    /// The count of the file's failed flushes this handle has reported (see
+    /// [`FileWriter::errors`]).
+    failures_reported: u64,
 }
 
 pub struct Vfs {
@@ -256,6 +259,8 @@ impl Vfs {
 
     fn new_handle(&self, ino: Ino) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        // a failure before this open is not this handle's to report
+        let failures_reported = self.existing_writer(ino).map_or(0, |w| w.errors().0);
         self.handles.lock().insert(
             fh,
             Handle {
@@ -263,6 +268,7 @@ impl Vfs {
                 next_off: 0,
                 window_blocks: 0,
                 dir: None,
+                failures_reported,
             },
         );
         fh
@@ -395,8 +401,38 @@ impl Vfs {
         }
     }
 
-    pub fn fsync(&self, ino: Ino) -> Result<()> {
-        self.flush_inode(ino)?;
+    /// Commit `ino`'s buffered writes for handle `fh` (close, fsync): an error when this
+    /// flush failed, or when an earlier flush of the file failed (one by another handle, or
+    /// a read's at this mount) and this handle has not said so yet, as the writes lost may
+    /// have been this handle's.
+    pub fn flush_handle(&self, fh: u64, ino: Ino) -> Result<()> {
+        let Some(w) = self.existing_writer(ino) else {
+            return Ok(());
+        };
+        let res = w.flush(&self.shared);
+        let (failures, errno) = w.errors();
+        let unreported = match self.handles.lock().get_mut(&fh) {
+            Some(h) if h.ino == ino => {
+                let before = h.failures_reported;
+                h.failures_reported = failures;
+                before < failures
+            }
+            _ => false,
+        };
+        match res {
+            Ok(()) if unreported => {
+                let errno = match errno {
+                    libc::ENOSPC | libc::EDQUOT | libc::EFBIG => errno,
+                    _ => libc::EIO,
+                };
+                Err(crate::error::Error::Sys(errno))
+            }
+            res => res,
+        }
+    }
+
+    pub fn fsync(&self, fh: u64, ino: Ino) -> Result<()> {
+        self.flush_handle(fh, ino)?;
         self.sync_stores()
     }
 

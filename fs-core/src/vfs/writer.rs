@@ -39,7 +39,12 @@ struct State {
     end: u64,
     /// When the last buffered write happened: the file's mtime once committed.
     mtime_ns: i64,
-    error: Option<i32>,
+    /// How many flushes failed, and the errno of the last: buffered writes that failed to
+    /// commit are gone, and every handle open then must hear of it once (see
+    /// [`FileWriter::errors`]), whichever handle's flush (a close, an fsync, a read at the
+    /// same mount) met the failure.
+    failures: u64,
+    last_errno: i32,
 }
 
 pub struct FileWriter {
@@ -68,12 +73,18 @@ impl FileWriter {
         !self.state.lock().slices.is_empty()
     }
 
+    /// How many flushes of this file failed so far, and the errno of the last failure. A
+    /// handle remembers the count it last reported (as Linux's `errseq_t` does for a file
+    /// description): a close or an fsync reports a failure it has not reported yet, even
+    /// when another handle's flush met it and the writes it lost were this handle's.
+    pub fn errors(&self) -> (u64, i32) {
+        let st = self.state.lock();
+        (st.failures, st.last_errno)
+    }
+
     pub fn write(&self, shared: &Arc<Shared>, mut off: u64, mut data: &[u8]) -> Result<()> {
         let bs = shared.block_size as usize;
         let mut st = self.state.lock();
-        if let Some(e) = st.error {
-            return Err(Error::Sys(e));
-        }
         while !data.is_empty() {
             let chunk = (off / CHUNK_SIZE) as u32;
             let pos = (off % CHUNK_SIZE) as u32;
@@ -135,16 +146,12 @@ impl FileWriter {
         Ok(())
     }
 
-    /// Upload everything buffered and commit the slices. Errors are sticky until reported.
+    /// Upload everything buffered and commit the slices. A failure drops what was buffered
+    /// and is counted (see [`Self::errors`]).
     pub fn flush(&self, shared: &Arc<Shared>) -> Result<()> {
         let _commit = self.commit.lock();
         let (slices, end, mtime_ns) = {
             let mut st = self.state.lock();
-            if let Some(e) = st.error.take() {
-                st.slices.clear();
-                st.end = 0;
-                return Err(Error::Sys(e));
-            }
             (std::mem::take(&mut st.slices), st.end, st.mtime_ns)
         };
         if slices.is_empty() {
@@ -158,7 +165,13 @@ impl FileWriter {
             st.end = st.end.max(end);
         }
         if let Err(e) = &res {
-            tracing::error!("write inode {}: {e}", self.ino);
+            st.failures += 1;
+            st.last_errno = e.errno();
+            tracing::error!(
+                "write inode {}: {e}; the writes buffered since the last flush are lost, and \
+                 every handle open on the file reports it at its next close or fsync",
+                self.ino
+            );
         }
         res
     }
@@ -293,4 +306,47 @@ fn spawn_upload(
         }
         Ok(crc)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::kv::{memory::MemoryKv, DynKv};
+    use crate::meta::conformance::test_format;
+    use crate::meta::{Ctx, Meta, MetaClient, MetaOptions, ROOT_INO};
+    use crate::object::memory::MemoryStore;
+    use crate::vfs::{Vfs, VfsOptions};
+
+    /// A write buffered through one handle, lost when a flush through another handle (a
+    /// reader's close) fails to commit it, is reported at the writer's own close, once.
+    #[test]
+    fn a_failed_flush_is_reported_to_every_handle_open_then() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        Meta::format(&kv, test_format()).unwrap();
+        let meta = Meta::open(kv.clone(), MetaOptions::default()).unwrap();
+        meta.new_session("writer").unwrap();
+        let vfs = Vfs::new(
+            meta.clone() as Arc<dyn MetaClient>,
+            Arc::new(MemoryStore::default()),
+            VfsOptions::default(),
+            None,
+        )
+        .unwrap();
+        let root = Ctx::root();
+        let (writer, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+        let (reader, _, _) = vfs.open(&root, ino, libc::O_RDONLY).unwrap();
+        vfs.write(ino, 0, b"lost").unwrap();
+        // another daemon's engine over the same metadata, with no handle on the file:
+        // its unlink deletes the file, so the commit of the buffered write fails
+        let other = Meta::open(kv, MetaOptions::default()).unwrap();
+        other.new_session("other").unwrap();
+        other.unlink(&root, ROOT_INO, b"f").unwrap();
+        assert!(vfs.flush_handle(reader, ino).is_err());
+        let e = vfs.flush_handle(writer, ino).unwrap_err();
+        assert_eq!(e.errno(), libc::EIO);
+        // reported once per handle; a handle opened after the failure does not hear of it
+        vfs.flush_handle(writer, ino).unwrap();
+        vfs.flush_handle(reader, ino).unwrap();
+    }
 }

@@ -11,8 +11,19 @@ use crate::meta::Committed;
 use crate::SliceId;
 
 impl Meta {
+    /// The slices of chunk `idx` of `ino`. ENOENT when the inode is gone: a chunk with no
+    /// slices reads as zeros up to the file's length, which a reader that learned the length
+    /// before the file was deleted (at a mirror, where the deletion arrives through the log
+    /// between a mount's open and its read) would take for the file's bytes.
     pub fn read_chunk(&self, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
-        kv::read(self.kv.as_ref(), |t| get_chunk(t, ino, idx))
+        kv::read(self.kv.as_ref(), |t| {
+            let slices = get_chunk(t, ino, idx)?;
+            if slices.is_empty() {
+                // one more read, only for an empty chunk, in the same snapshot
+                need_attr(t, ino)?;
+            }
+            Ok(slices)
+        })
     }
 
     /// Commit a written slice into chunk `idx` of `ino`; returns the new attributes.

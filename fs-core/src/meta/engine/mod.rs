@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::keys;
 use super::types::*;
@@ -59,6 +59,12 @@ pub struct Meta {
     slices: Arc<Mutex<(u64, u64)>>,
     /// Handles open on each inode, by session.
     open_files: OpenTable,
+    /// Taken shared by an open (reading the file and counting its handle) and exclusive by
+    /// a change that may delete an unlinked file (unlink, rename over a file; it decides by
+    /// the handle count): an open either sees the file gone or is counted before the
+    /// change decides. Without it an open could read the file, an unlink could find no
+    /// handle and delete it, and the open would then count a handle on a deleted file.
+    open_gate: Arc<RwLock<()>>,
     /// In a view for one call made under a request id ([`Meta::for_request`]): the id, whose
     /// record each change commits with.
     request: Option<Vec<u8>>,
@@ -204,6 +210,7 @@ impl Meta {
             inodes: Arc::new(Mutex::new((0, 0))),
             slices: Arc::new(Mutex::new((0, 0))),
             open_files: Arc::new(Mutex::new(HashMap::new())),
+            open_gate: Arc::new(RwLock::new(())),
             request: None,
         }))
     }
@@ -221,6 +228,7 @@ impl Meta {
             inodes: Arc::new(Mutex::new((0, 0))),
             slices: Arc::new(Mutex::new((0, 0))),
             open_files: self.open_files.clone(),
+            open_gate: self.open_gate.clone(),
             request: None,
         })
     }

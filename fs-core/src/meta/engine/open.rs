@@ -1,7 +1,7 @@
 //! Open files: the per-session handle counts, and deleting an unlinked file at its last close.
 
 use super::Meta;
-use crate::changelog::{commit, get_attr, Change};
+use crate::changelog::{commit, get_attr, get_chunk, Change};
 use crate::error::{sys, Result};
 use crate::kv;
 use crate::meta::perm::{access, MAY_READ, MAY_WRITE};
@@ -47,7 +47,30 @@ impl Meta {
 
     /// Check access for open(2) with `flags` and count the handle.
     pub fn open_inode(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Attr> {
-        let a = self.getattr(ino)?;
+        self.open_inode_with_chunk0(ctx, ino, flags, false)
+            .map(|(a, _)| a)
+    }
+
+    /// [`Self::open_inode`], and with `chunk0` the slices of the file's chunk 0, read in the
+    /// same snapshot as its attributes: a length with the slices of a later state (a file
+    /// deleted between two reads has no slices) would read as zeros.
+    pub fn open_inode_with_chunk0(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        flags: i32,
+        chunk0: bool,
+    ) -> Result<(Attr, Option<Vec<SliceRef>>)> {
+        let _gate = self.open_gate.read();
+        let (a, slices) = kv::read(self.kv.as_ref(), |t| {
+            let a = get_attr(t, ino)?.ok_or(crate::error::Error::Sys(libc::ENOENT))?;
+            let slices = if chunk0 && a.kind == FileKind::File {
+                Some(get_chunk(t, ino, 0)?)
+            } else {
+                None
+            };
+            Ok((a, slices))
+        })?;
         let mut mask = match flags & libc::O_ACCMODE {
             libc::O_RDONLY => MAY_READ,
             libc::O_WRONLY => MAY_WRITE,
@@ -66,7 +89,7 @@ impl Meta {
         }
         access(&a, ctx, mask)?;
         self.opened(ino);
-        Ok(a)
+        Ok((a, slices))
     }
 
     /// A handle on `ino` closed; the last close of an unlinked file deletes it.
@@ -100,8 +123,15 @@ impl Meta {
         Ok(Committed::new((), version))
     }
 
-    /// Delete `ino` if no entry links it any more; returns the version that did.
+    /// Delete `ino` if no entry links it any more and no handle is open on it; returns the
+    /// version that did. The count is read under the open gate: an open of the unlinked
+    /// file by inode (a kernel's cached entry) between the last close and this deletion
+    /// keeps it.
     pub(super) fn delete_unlinked(&self, ino: Ino) -> Result<Option<Version>> {
+        let _gate = self.open_gate.write();
+        if self.open_count(ino) > 0 {
+            return Ok(None);
+        }
         let ((), version) = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
             Some(a) if a.nlink == 0 => commit(t, Change::DeleteInode { ino }, now_ns()),
             _ => Ok(()),

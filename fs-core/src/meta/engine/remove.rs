@@ -18,6 +18,8 @@ impl Meta {
         }
         check_name(name)?;
         let sid = self.session_id();
+        // no open counts a handle between the count read here and the commit
+        let _gate = self.open_gate.write();
         kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let mut pa = need_dir_attr(t, parent)?;
@@ -119,6 +121,8 @@ impl Meta {
         check_name(sn)?;
         check_name(dn)?;
         let sid = self.session_id();
+        // a file replaced may be deleted: as in unlink
+        let _gate = self.open_gate.write();
         kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let mut spa = need_dir_attr(t, sp)?;

@@ -85,9 +85,8 @@ impl Meta {
         // unlinked file goes, and the mirror applies that
         let sustained = if self.read_only { vec![] } else { sustained };
         for ino in sustained {
-            if self.open_count(ino) == 0 {
-                version = version.max(self.delete_unlinked(ino)?);
-            }
+            // kept while some other session holds it open
+            version = version.max(self.delete_unlinked(ino)?);
         }
         self.release_session_locks(sid)?;
         Ok(Committed::new((), version))
