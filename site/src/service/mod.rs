@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use parking_lot::RwLock;
 use strait_fs_core::error::Error;
-use strait_fs_core::meta::{Attr, Committed, Ctx, FileKind, Ino, Meta, SliceRef};
+use strait_fs_core::meta::{Attr, Committed, Ctx, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::Metrics;
+use crate::sessions::Heard;
 use crate::slice_ranges::SliceRanges;
 
 mod auth;
@@ -88,6 +89,8 @@ pub struct MetaServer {
     started_ns: i64,
     /// The slice ids each session was given: a written slice must name one of its own.
     slice_ranges: Arc<parking_lot::Mutex<SliceRanges>>,
+    /// When each session was last heard from, by the monotonic clock (session expiry).
+    heard: Arc<Heard>,
 }
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
@@ -202,6 +205,7 @@ impl MetaServer {
             fence: None,
             started_ns: strait_fs_core::meta::now_ns(),
             slice_ranges: Arc::new(parking_lot::Mutex::new(SliceRanges::default())),
+            heard: Arc::new(Heard::default()),
         }
     }
 
@@ -229,6 +233,11 @@ impl MetaServer {
     }
 
     /// Forget the in-memory views of sessions the engine no longer lists (closed or timed out).
+    /// When each session was last heard from (see [`crate::sessions`]).
+    pub fn heard(&self) -> Arc<Heard> {
+        self.heard.clone()
+    }
+
     pub fn drop_sessions(&self, closed: &[u64]) {
         let mut s = self.sessions.write();
         let mut ranges = self.slice_ranges.lock();
@@ -390,6 +399,7 @@ impl MetaService for MetaServer {
             })
             .instrument(span)
             .await?;
+        self.heard.note(sid, Instant::now());
         {
             let mut s = self.sessions.write();
             s.insert(sid, view);
@@ -415,8 +425,10 @@ impl MetaService for MetaServer {
     }
 
     async fn heartbeat(&self, req: Request<w::HeartbeatRequest>) -> Reply<w::Empty> {
+        let heard = self.heard.clone();
         rpc!(self, req, "heartbeat", |m, _r| {
             m.heartbeat()?;
+            heard.note(m.session_id(), Instant::now());
             Ok(w::Empty {})
         })
     }
@@ -556,15 +568,12 @@ impl MetaService for MetaServer {
     async fn open(&self, req: Request<w::OpenRequest>) -> Reply<w::AttrReply> {
         let source = self.blocks.as_ref().map(|(_, s)| s.clone());
         rpc!(self, req, "open", |m, r| {
-            let a = m.open_inode(&ctx_of(r.ctx)?, r.ino, r.flags)?;
+            // chunk 0 in the same snapshot as the attributes (see Meta::open_inode_with_chunk0)
+            let (a, chunk0) =
+                m.open_inode_with_chunk0(&ctx_of(r.ctx)?, r.ino, r.flags, r.chunk0)?;
             let mut reply = attr_reply(&a);
-            if r.chunk0 && a.kind == FileKind::File {
-                // best effort: the handle is counted already, and the mount asks ReadChunk
-                // when this is missing
-                match m.read_chunk(r.ino, 0) {
-                    Ok(slices) => reply.chunk0 = Some(chunk_reply(source, &slices)),
-                    Err(e) => tracing::debug!("open: chunk 0 of inode {}: {e}", r.ino),
-                }
+            if let Some(slices) = chunk0 {
+                reply.chunk0 = Some(chunk_reply(source, &slices));
             }
             Ok(reply)
         })
