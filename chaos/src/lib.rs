@@ -32,6 +32,7 @@ pub mod check;
 pub mod clock;
 pub mod disk;
 pub mod interrupt;
+pub mod lazyfs;
 pub mod model;
 pub mod nemesis;
 pub mod payload;
@@ -186,6 +187,24 @@ pub fn run(
         hooks.cache_dirs = [under("mount-a", "cache"), under("mount-b", "cache")];
         hooks.garage_data_dirs = [under("garage-a", "garage"), under("garage-b", "garage")];
         mount_args.extend(["--cache-size".to_string(), DISK_CACHE_SIZE.to_string()]);
+    }
+    if chosen("power-loss") {
+        // the daemon's RocksDB directory through the layer, over where it would have been
+        // (on its loop disk under `disk-full`)
+        for (i, name) in nemesis::POWERED.into_iter().enumerate() {
+            let top = cfg.dir.join("lazyfs").join(name);
+            let backing = match &hooks.meta_dirs[i] {
+                Some(d) => d.with_file_name("lazy"),
+                None => top.join("backing"),
+            };
+            say(&format!(
+                "{name}'s data directory through a power-loss layer"
+            ));
+            let l = lazyfs::LazyFs::mount(&backing, &top.join("point"))
+                .with_context(|| format!("--nemesis power-loss: {name}'s layer"))?;
+            hooks.meta_dirs[i] = Some(l.point().join("meta"));
+            instruments.lazy.push((name.to_string(), l));
+        }
     }
     if chosen("clock-jump") {
         for name in nemesis::CLOCKS {

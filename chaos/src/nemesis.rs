@@ -18,11 +18,12 @@ use strait_devkit::Faults;
 
 use crate::clock::FakeClock;
 use crate::disk::LoopDisk;
+use crate::lazyfs::LazyFs;
 use crate::s3proxy::{S3Faults, S3Mode, S3Proxy};
 use crate::workload::MountState;
 
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 14] = [
+pub const KINDS: [&str; 15] = [
     "kill",
     "stop",
     "partition",
@@ -37,6 +38,7 @@ pub const KINDS: [&str; 14] = [
     "object-store",
     "disk-full",
     "clock-jump",
+    "power-loss",
 ];
 
 /// What a `disk-full` fault may fill: the primary's or the mirror's metadata directory
@@ -48,6 +50,9 @@ pub const DISKS: [&str; 6] = [
 
 /// Whose wall clock a `clock-jump` steps.
 pub const CLOCKS: [&str; 2] = ["primary", "mirror"];
+
+/// Whose data directory a `power-loss` loses the unsynced bytes of.
+pub const POWERED: [&str; 2] = ["primary", "mirror"];
 
 /// Kinds that need a Garage per region (`--store garage`).
 const GARAGE_KINDS: [&str; 2] = ["stop-garage", "object-store"];
@@ -120,6 +125,10 @@ pub enum Fault {
     /// One daemon's wall clock ([`CLOCKS`]) steps by `offset_s` seconds, and back to the
     /// machine's when the fault ends.
     ClockJump { target: String, offset_s: i64 },
+    /// A daemon's ([`POWERED`]) power fails: it is SIGKILLed and every byte of its data
+    /// directory not synced since it was written is lost ([`crate::lazyfs`]); it is started
+    /// again when the fault ends.
+    PowerLoss(String),
 }
 
 /// A fault and when it holds.
@@ -208,6 +217,9 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
                     offset_s: if rng.random_bool(0.5) { s } else { -s },
                 }
             }
+            "power-loss" => {
+                Fault::PowerLoss(POWERED[rng.random_range(0..POWERED.len())].to_string())
+            }
             _ => Fault::StopGarage(rng.random_range(0..2)),
         };
         out.push(Scheduled {
@@ -232,6 +244,9 @@ pub struct Instruments {
     pub disks: Vec<(String, LoopDisk)>,
     /// The steered clocks of `clock-jump`, by the names of [`CLOCKS`].
     pub clocks: Vec<(String, FakeClock)>,
+    /// The power-loss layers under the data directories of `power-loss`, by the names of
+    /// [`POWERED`].
+    pub lazy: Vec<(String, LazyFs)>,
 }
 
 impl Instruments {
@@ -249,6 +264,14 @@ impl Instruments {
             .find(|(n, _)| n == name)
             .map(|(_, c)| c)
             .with_context(|| format!("{name} does not run under libfaketime in this run"))
+    }
+
+    fn lazy(&self, name: &str) -> Result<&LazyFs> {
+        self.lazy
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l)
+            .with_context(|| format!("{name}'s data is not under a power-loss layer in this run"))
     }
 
     fn s3(&self, region: usize) -> Result<&S3Proxy> {
@@ -463,6 +486,24 @@ impl Nemesis {
             Fault::ClockJump { target, offset_s } => {
                 self.instruments.clock(target)?.set_offset_s(*offset_s)?
             }
+            Fault::PowerLoss(target) => {
+                let layer = self.instruments.lazy(target)?;
+                c.signal(target, libc::SIGKILL)?;
+                let t = Instant::now();
+                while !c.exited(target)? {
+                    if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
+                        bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let lost = layer
+                    .power_loss()
+                    .with_context(|| format!("{target}'s power loss"))?;
+                return Ok(Some(format!(
+                    "{target} lost its power: {} files put back to their last sync ({} bytes written back, {} cut)",
+                    lost.files, lost.bytes_restored, lost.bytes_cut
+                )));
+            }
         }
         Ok(None)
     }
@@ -470,7 +511,9 @@ impl Nemesis {
     /// End `fault`; a line about what it found, for some kinds.
     pub fn heal(&self, c: &mut Cluster, fault: &Fault) -> Result<Option<String>> {
         match fault {
-            Fault::Kill(name) => c.restart(name, Some(Duration::from_secs(120)))?,
+            Fault::Kill(name) | Fault::PowerLoss(name) => {
+                c.restart(name, Some(Duration::from_secs(120)))?
+            }
             Fault::Stop(name) => c.signal(name, libc::SIGCONT)?,
             Fault::StopGarage(i) => {
                 if let Some(pid) = c.garage_pids().get(*i) {
@@ -616,6 +659,7 @@ mod tests {
                     assert!(!restart || target == "primary" || target == "mirror");
                 }
                 Fault::KillMount(r) => assert!(*r < 2),
+                Fault::PowerLoss(t) => assert!(POWERED.contains(&t.as_str())),
                 _ => {}
             }
         }
