@@ -246,6 +246,9 @@ impl MirrorConfig {
         if self.id.is_empty() || self.id.len() > ID_LEN_MAX {
             bail!("id (the mirror's name) must have 1 to {ID_LEN_MAX} bytes");
         }
+        if self.id.starts_with('@') {
+            bail!("id (the mirror's name) cannot start with '@': the replicator keeps such names for itself");
+        }
         validate_listen(&self.listen, &self.metrics_listen)?;
         if self.primary.is_empty() {
             bail!("primary (the primary's address, host:port) is required");

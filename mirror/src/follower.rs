@@ -597,6 +597,21 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
         if applied == acked || matches!(mirror.phase(), Phase::Bootstrapping | Phase::Halted) {
             continue;
         }
+        // the cursor says what this mirror holds on stable storage: the log purges what is
+        // below it, and applying is not synced record by record, so a power loss here would
+        // otherwise leave the mirror behind a cursor whose records are gone
+        let kv = mirror.kv.clone();
+        match tokio::task::spawn_blocking(move || kv.sync()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!("sync the mirror's metadata before acknowledging {applied}: {e}");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("sync the mirror's metadata: {e}");
+                continue;
+            }
+        }
         let r = client
             .ack(pb::AckRequest {
                 mirror: mirror.cfg.id.clone(),

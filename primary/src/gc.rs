@@ -26,6 +26,7 @@ use strait_fs_core::meta::Meta;
 use strait_fs_core::object::DynStore;
 use strait_fs_core::{SliceId, Version};
 use strait_replicator_client::LogClient;
+use strait_proto::replicator as pb;
 
 /// Dead slices whose bound is remembered; beyond it the memory starts again (safe: a slice
 /// seen again gets a newer bound).
@@ -163,7 +164,8 @@ impl MirrorHorizon {
         Ok(st
             .cursors
             .iter()
-            .filter(|c| !c.needs_bootstrap)
+            // the primary's own durable mark is no mirror's position
+            .filter(|c| !c.needs_bootstrap && c.mirror != pb::PRIMARY_CURSOR)
             .map(|c| Version(c.applied_version))
             .min())
     }

@@ -47,6 +47,8 @@ const POLL: Duration = Duration::from_millis(50);
 /// Wait before trying again after the replicator could not be reached or refused.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 const STALL_PAUSE: Duration = Duration::from_secs(2);
+/// How often the metadata is synced and its durable version told to the replicator.
+pub const DURABLE_MARK_INTERVAL: Duration = Duration::from_secs(1);
 
 const _: () = assert!(BATCH_RECORDS <= APPEND_RECORDS_MAX);
 
@@ -236,8 +238,9 @@ fn resume_after(replicated: Version, local: Version) -> Result<Version, String> 
     if replicated > local {
         return Err(format!(
             "the replicator holds versions up to {replicated} but this primary's change log \
-             ends at {local}: it follows another primary's log (or this primary's metadata \
-             was restored from an older copy)"
+             ends at {local}: this primary lost the tail it had not synced (a power loss or \
+             a crash of its machine), its metadata was restored from an older copy, or it \
+             follows another primary's log"
         ));
     }
     Ok(replicated)
@@ -313,12 +316,76 @@ impl Shipper {
             }
         });
         let s = self.clone();
+        let st = stop.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = s.beat() => {}
+                _ = st.cancelled() => {}
+            }
+        });
+        let s = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = s.mark_durable() => {}
                 _ = stop.cancelled() => {}
             }
         });
+    }
+
+    /// Every [`DURABLE_MARK_INTERVAL`]: sync the metadata engine and tell the replicator the
+    /// version that is now on stable storage (the cursor [`pb::PRIMARY_CURSOR`]). The log
+    /// keeps every record above it: commits are not synced one by one, so a power loss can
+    /// take this primary's tail back to that version, and it then catches up from the log
+    /// (`crate::catchup`) instead of finding the records it lost purged.
+    async fn mark_durable(&self) {
+        let mut tick = tokio::time::interval(DURABLE_MARK_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut marked = Version::ZERO;
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            let kv = self.kv.clone();
+            // the version read before the sync: everything up to it is durable after it
+            let synced = blocking(move || {
+                let v = kv.last_version()?;
+                kv.sync()?;
+                Ok(v)
+            })
+            .await;
+            let v = match synced {
+                Ok(v) if v > marked => v,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!("sync the metadata for the replicator's durable mark: {e}");
+                    continue;
+                }
+            };
+            let res = self
+                .client
+                .ack(pb::AckRequest {
+                    mirror: pb::PRIMARY_CURSOR.to_string(),
+                    applied_version: v.0,
+                })
+                .await;
+            match res {
+                Ok(()) => {
+                    marked = v;
+                    if failing {
+                        tracing::info!("the durable mark reaches the replicator again ({v})");
+                    }
+                    failing = false;
+                }
+                Err(s) => {
+                    if !failing {
+                        tracing::warn!(
+                            "tell the replicator this primary's durable version: {}",
+                            s.message()
+                        );
+                    }
+                    failing = true;
+                }
+            }
+        }
     }
 
     /// The replicator's log was compared with this primary's once since it started.

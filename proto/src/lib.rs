@@ -26,6 +26,11 @@ pub mod replicator {
     /// The metadata entry naming the leader (`<id>@<address>`) on a call a follower cannot
     /// take.
     pub const LEADER_HEADER: &str = "x-strait-leader";
+    /// The cursor through which the primary tells the replicator how far its own metadata
+    /// is on stable storage (its commits are not synced one by one): the log keeps every
+    /// record above it, so that a primary whose unsynced tail a power loss took can take it
+    /// back from the log. No mirror may take this name (a mirror's id cannot start with `@`).
+    pub const PRIMARY_CURSOR: &str = "@primary";
 }
 
 pub mod limits;

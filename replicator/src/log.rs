@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use strait_ids::{Epoch, Version};
+use strait_proto::replicator::PRIMARY_CURSOR;
 
 pub use strait_proto::limits::{APPEND_BYTES_MAX, APPEND_RECORDS_MAX};
 /// Longest mirror name.
@@ -233,12 +234,19 @@ impl LogState {
         let mut start = self.earliest_version;
         if let Some(low) = self
             .cursors
-            .values()
-            .filter(|c| !c.needs_bootstrap)
-            .map(|c| c.applied_version)
+            .iter()
+            .filter(|(name, c)| !c.needs_bootstrap && name.as_str() != PRIMARY_CURSOR)
+            .map(|(_, c)| c.applied_version)
             .min()
         {
-            start = start.max(low.next());
+            // the primary's durable mark holds the mirrors' purge back (a power loss takes the
+            // primary back to it, and it catches up from the records above it); alone, with no
+            // mirror, it purges nothing
+            let durable = self
+                .cursors
+                .get(PRIMARY_CURSOR)
+                .map_or(low, |c| c.applied_version);
+            start = start.max(low.min(durable).next());
         }
         // the first mark from which the log fits both caps (the newest mark always stays)
         let now = self.clock_ms();
@@ -717,6 +725,26 @@ mod tests {
             Outcome::Refused(_)
         ));
         assert_eq!(s.cursors.len(), 1);
+    }
+
+    #[test]
+    fn the_primarys_durable_mark_holds_the_purge_back_but_purges_nothing_alone() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        run(&mut s, &mut log, app(0, 1, &["a", "b", "c", "d", "e"]));
+        let ack = |m: &str, v| Command::Ack {
+            mirror: m.into(),
+            applied_version: Version(v),
+        };
+        // alone, the primary's mark purges nothing: a mirror added later reads the log
+        run(&mut s, &mut log, ack(PRIMARY_CURSOR, 4));
+        assert_eq!(s.earliest_version, Version(1));
+        // a mirror past the mark purges only up to it: a power loss takes the primary back
+        // to 4 at worst, and it catches up from 5
+        run(&mut s, &mut log, ack("m1", 5));
+        assert_eq!(s.earliest_version, Version(5));
+        run(&mut s, &mut log, ack(PRIMARY_CURSOR, 5));
+        assert_eq!(s.earliest_version, Version(6));
     }
 
     #[test]

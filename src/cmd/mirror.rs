@@ -411,7 +411,12 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         .await
         {
             let st = st.into_inner();
-            cursors = st.cursors;
+            // the primary's durable mark is a cursor too, but no mirror's
+            cursors = st
+                .cursors
+                .into_iter()
+                .filter(|c| c.mirror != strait_proto::replicator::PRIMARY_CURSOR)
+                .collect();
             retention_age_ms = st.retention.map(|r| r.max_age_ms).unwrap_or(0);
             heard = st.heartbeat.map(|h| h.latest_version);
             break;

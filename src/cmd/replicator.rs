@@ -382,10 +382,20 @@ async fn admin(action: Action) -> Result<()> {
                     opt(m.matched)
                 );
             }
-            if !s.cursors.is_empty() {
+            let (primary, mirrors): (Vec<_>, Vec<_>) = s
+                .cursors
+                .iter()
+                .partition(|c| c.mirror == strait_proto::replicator::PRIMARY_CURSOR);
+            for c in primary {
+                println!(
+                    "primary's metadata on stable storage up to {} (the log keeps what is above it)",
+                    c.applied_version
+                );
+            }
+            if !mirrors.is_empty() {
                 println!("mirrors");
                 let age = s.retention.as_ref().map(|r| r.max_age_ms).unwrap_or(0);
-                for c in &s.cursors {
+                for c in &mirrors {
                     println!(
                         "  {:<24} applied {}{}{}",
                         c.mirror,
@@ -401,7 +411,7 @@ async fn admin(action: Action) -> Result<()> {
                         }
                     );
                 }
-                for c in &s.cursors {
+                for c in &mirrors {
                     if let Some(w) = cursor_warning(c, age) {
                         println!("warning: {w}");
                     }
