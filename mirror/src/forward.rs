@@ -308,21 +308,31 @@ impl ForwardSession {
     }
 
     /// Keep the holds up to date: at once when the region opened a file, else every second.
+    /// After a failure (the primary unreachable), only every second, and said once until it
+    /// works again: every open in the region would otherwise retry at once, and log.
     pub async fn run_holds(self: Arc<Self>, stop: CancellationToken) {
-        let mut last_error = String::new();
+        let mut failing = false;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = self.wake.notified() => {}
+                _ = self.wake.notified(), if !failing => {}
                 _ = tokio::time::sleep(SYNC_EVERY) => {}
             }
             match self.sync_holds().await {
-                Ok(()) => last_error.clear(),
-                Err(e) if e != last_error => {
-                    tracing::warn!("the region's open files at the primary: {e}");
-                    last_error = e;
+                Ok(()) => {
+                    if failing {
+                        tracing::info!("the region's open files are held at the primary again");
+                    }
+                    failing = false;
                 }
-                Err(_) => {}
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            "the region's open files at the primary: {e} (tried again every {SYNC_EVERY:?})"
+                        );
+                    }
+                    failing = true;
+                }
             }
         }
     }

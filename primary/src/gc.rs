@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use strait_fs_core::meta::Meta;
 use strait_fs_core::object::DynStore;
 use strait_fs_core::{SliceId, Version};
-use strait_replicator_client::LogClient;
 use strait_proto::replicator as pb;
+use strait_replicator_client::LogClient;
 
 /// Dead slices whose bound is remembered; beyond it the memory starts again (safe: a slice
 /// seen again gets a newer bound).
