@@ -728,3 +728,78 @@ fn a_primary_cut_off_from_the_replicator_refuses_changes_when_its_lease_runs_out
         }
     });
 }
+
+/// A power loss takes the primary back to its metadata's last sync (its commits are not synced
+/// one by one), while a mirror's cursor can be past the versions it lost. The primary's durable
+/// mark (the cursor `@primary`, synced and acknowledged every second) keeps those versions in
+/// the log, so the primary catches up from them and takes changes again. Before, the log
+/// purged everything below the mirror's cursor, and the primary, finding the versions it
+/// lacked gone, declared itself diverged and refused every change. The metadata lives under
+/// the chaos harness's power-loss layer (`strait_chaos::lazyfs`).
+#[test]
+fn a_primary_that_lost_its_unsynced_tail_catches_up_from_the_log() {
+    if !strait_tests::require_fuse() {
+        return;
+    }
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    // the formatted metadata moves under the layer
+    let meta_dir = region.fs.dir.path().join("meta");
+    let backing = region.fs.dir.path().join("meta-backing");
+    std::fs::rename(&meta_dir, &backing).unwrap();
+    let layer = strait_chaos::lazyfs::LazyFs::mount(&backing, &meta_dir).unwrap();
+    let mut primary = region.primary(&["--durability", "replicated"]);
+    let token = primary.token.clone();
+    rt.block_on(mkdirs(&primary, &["kept-1", "kept-2"]));
+    // past a durable mark, then changes its metadata has not synced yet, which a mirror
+    // applied and acknowledged at once (a fake mirror's cursor here)
+    std::thread::sleep(Duration::from_millis(1500));
+    let names: Vec<String> = (0..20).map(|i| format!("after-{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    rt.block_on(mkdirs(&primary, &refs));
+    let lc = {
+        let _in = rt.enter();
+        strait_replicator_client::LogClient::new(&region.addrs).unwrap()
+    };
+    let last = rt.block_on(async {
+        let st = lc.status().await.expect("the replicator's status");
+        lc.ack(strait_proto::replicator::AckRequest {
+            mirror: "a-mirror".into(),
+            applied_version: st.last_version,
+        })
+        .await
+        .expect("the mirror's cursor");
+        st.last_version
+    });
+    // the power fails
+    primary.kill();
+    let lost = layer.power_loss().unwrap();
+    assert!(lost.files > 0, "the power loss took nothing back: {lost:?}");
+    primary.restart();
+    // it takes changes again, and holds every change it acknowledged before the power loss
+    rt.block_on(mkdirs(&primary, &["new-1"]));
+    let have = rt.block_on(root_names(&primary.addr, &token));
+    for n in ["kept-1", "kept-2", "new-1"]
+        .into_iter()
+        .chain(refs.iter().copied())
+    {
+        assert!(have.contains(n), "{n} is missing at the primary: {have:?}");
+    }
+    let text = primary.log_text();
+    assert!(!text.contains("diverged"), "{text}");
+    // the log still holds what the primary may lose to its next power loss
+    let st = rt.block_on(lc.status()).unwrap();
+    assert!(
+        st.cursors
+            .iter()
+            .any(|c| c.mirror == strait_proto::replicator::PRIMARY_CURSOR),
+        "no durable mark among {:?}",
+        st.cursors
+    );
+    assert!(
+        st.last_version > last,
+        "the new change was not shipped: {st:?}"
+    );
+    drop(primary);
+    drop(layer);
+}
