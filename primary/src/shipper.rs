@@ -489,6 +489,16 @@ impl Shipper {
             .status()
             .await
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
+        // a follower's log may lag the leader's (during an election, the call can reach a node
+        // that is not the leader yet, or no more): its end would look like versions lost
+        // between it and the outbox, a stall with every change answered EIO meanwhile
+        if status.leader != Some(status.id) {
+            return Err(Step::Unreachable(format!(
+                "replicator node {} answered the status but is not the leader (leader: {})",
+                status.id,
+                status.leader.map_or("none known".into(), |l| l.to_string())
+            )));
+        }
         match check_epoch(self.cfg.epoch, Epoch(status.epoch)) {
             EpochCheck::Same => {}
             EpochCheck::Fenced(why) => {
