@@ -46,6 +46,24 @@ pub struct StraitFs {
     /// Inodes on which this mount ever asked for a POSIX lock: only their closes need to
     /// release locks at the metadata service (one call saved on every other close).
     locked: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Names whose kernel entries must be dropped after a call that changed them failed with
+    /// an unknown outcome (see [`StraitFs::unsure`]); served by one thread.
+    unsure: std::sync::mpsc::SyncSender<(u64, Vec<u8>)>,
+}
+
+/// Names waiting to be dropped from the kernel's entry cache; beyond it they are dropped
+/// from the queue (their entries expire with the entry TTL anyway).
+const UNSURE_QUEUE_MAX: usize = 1024;
+
+/// Whether a failed call that changes names may have changed them all the same: EIO,
+/// ETIMEDOUT and the like come from a change committed but not known to be (durability
+/// `replicated` after a local commit, a lost answer); a clean refusal (ENOENT, EEXIST, ...)
+/// changed nothing.
+fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e.errno(),
+        libc::EIO | libc::ETIMEDOUT | libc::EAGAIN | libc::ENOTCONN | libc::ECONNRESET
+    )
 }
 
 fn kind(k: FileKind) -> FileType {
@@ -139,11 +157,48 @@ fn signal_pending(pid: u32) -> bool {
 
 impl StraitFs {
     pub fn new(vfs: Arc<Vfs>, opts: FuseOptions) -> Self {
+        let notifier: Arc<std::sync::OnceLock<fuser::Notifier>> =
+            Arc::new(std::sync::OnceLock::new());
+        let (unsure, names) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(UNSURE_QUEUE_MAX);
+        let n = notifier.clone();
+        // notifications go out from a thread of their own, never from a request's handler:
+        // the kernel holds the directory's lock until the request is answered, and dropping
+        // an entry takes it
+        let spawned = std::thread::Builder::new()
+            .name("strait-unsure".into())
+            .spawn(move || {
+                for (parent, name) in names {
+                    if let Some(n) = n.get() {
+                        if let Err(e) = n.inval_entry(INodeNo(parent), OsStr::from_bytes(&name)) {
+                            tracing::debug!(
+                                "drop the kernel's entry for a name under {parent}: {e}"
+                            );
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to drop kernel entries after failed calls: {e}");
+        }
         StraitFs {
             vfs,
             opts,
-            notifier: Arc::new(std::sync::OnceLock::new()),
+            notifier,
             locked: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            unsure,
+        }
+    }
+
+    /// A call changing `names` (parent, name) failed with `e`: when its outcome is unknown,
+    /// the change may have been made although the kernel was told it failed, so its cached
+    /// entries (the name's old inode, a negative entry) would show the state from before for
+    /// up to the entry TTL. They are dropped once the call is answered.
+    fn unsure(&self, e: &Error, names: &[(u64, &[u8])]) {
+        if !outcome_unknown(e) {
+            return;
+        }
+        for &(parent, name) in names {
+            let _ = self.unsure.try_send((parent, name.to_vec()));
         }
     }
 
@@ -187,6 +242,21 @@ macro_rules! tri {
             Ok(v) => v,
             Err(e) => {
                 $reply.error(errno(&e));
+                return;
+            }
+        }
+    };
+}
+
+/// [`tri!`] for a call that changes names: on a failure whose outcome is unknown, the names'
+/// kernel entries are dropped after the answer ([`StraitFs::unsure`]).
+macro_rules! tri_names {
+    ($self:ident, $reply:expr, $e:expr, $names:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                $reply.error(errno(&e));
+                $self.unsure(&e, $names);
                 return;
             }
         }
@@ -311,11 +381,13 @@ impl Filesystem for StraitFs {
         reply: ReplyEntry,
     ) {
         let n = name!(reply, name);
-        let (ino, a) = tri!(
+        let (ino, a) = tri_names!(
+            self,
             reply,
             self.vfs
                 .meta()
-                .mknod(&self.ctx(req), parent.0, n, mode, umask, rdev)
+                .mknod(&self.ctx(req), parent.0, n, mode, umask, rdev),
+            &[(parent.0, n)]
         );
         self.entry(reply, ino, &a);
     }
@@ -330,24 +402,36 @@ impl Filesystem for StraitFs {
         reply: ReplyEntry,
     ) {
         let n = name!(reply, name);
-        let (ino, a) = tri!(
+        let (ino, a) = tri_names!(
+            self,
             reply,
             self.vfs
                 .meta()
-                .mkdir(&self.ctx(req), parent.0, n, mode, umask)
+                .mkdir(&self.ctx(req), parent.0, n, mode, umask),
+            &[(parent.0, n)]
         );
         self.entry(reply, ino, &a);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let n = name!(reply, name);
-        tri!(reply, self.vfs.meta().unlink(&self.ctx(req), parent.0, n));
+        tri_names!(
+            self,
+            reply,
+            self.vfs.meta().unlink(&self.ctx(req), parent.0, n),
+            &[(parent.0, n)]
+        );
         reply.ok();
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let n = name!(reply, name);
-        tri!(reply, self.vfs.meta().rmdir(&self.ctx(req), parent.0, n));
+        tri_names!(
+            self,
+            reply,
+            self.vfs.meta().rmdir(&self.ctx(req), parent.0, n),
+            &[(parent.0, n)]
+        );
         reply.ok();
     }
 
@@ -360,11 +444,13 @@ impl Filesystem for StraitFs {
         reply: ReplyEntry,
     ) {
         let n = name!(reply, link_name);
-        let (ino, a) = tri!(
+        let (ino, a) = tri_names!(
+            self,
             reply,
             self.vfs
                 .meta()
-                .symlink(&self.ctx(req), parent.0, n, target.as_os_str().as_bytes())
+                .symlink(&self.ctx(req), parent.0, n, target.as_os_str().as_bytes()),
+            &[(parent.0, n)]
         );
         self.entry(reply, ino, &a);
     }
@@ -381,11 +467,13 @@ impl Filesystem for StraitFs {
     ) {
         let n = name!(reply, name);
         let nn = name!(reply, newname);
-        tri!(
+        tri_names!(
+            self,
             reply,
             self.vfs
                 .meta()
-                .rename(&self.ctx(req), parent.0, n, newparent.0, nn, flags.bits())
+                .rename(&self.ctx(req), parent.0, n, newparent.0, nn, flags.bits()),
+            &[(parent.0, n), (newparent.0, nn)]
         );
         reply.ok();
     }
@@ -399,9 +487,11 @@ impl Filesystem for StraitFs {
         reply: ReplyEntry,
     ) {
         let n = name!(reply, newname);
-        let a = tri!(
+        let a = tri_names!(
+            self,
             reply,
-            self.vfs.meta().link(&self.ctx(req), ino.0, newparent.0, n)
+            self.vfs.meta().link(&self.ctx(req), ino.0, newparent.0, n),
+            &[(newparent.0, n)]
         );
         self.entry(reply, ino.0, &a);
     }
@@ -652,9 +742,11 @@ impl Filesystem for StraitFs {
         reply: ReplyCreate,
     ) {
         let n = name!(reply, name);
-        let (fh, ino, a) = tri!(
+        let (fh, ino, a) = tri_names!(
+            self,
             reply,
-            self.vfs.create(&self.ctx(req), parent.0, n, mode, umask)
+            self.vfs.create(&self.ctx(req), parent.0, n, mode, umask),
+            &[(parent.0, n)]
         );
         reply.created(
             &self.opts.entry_ttl,
