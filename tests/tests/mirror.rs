@@ -364,7 +364,17 @@ fn a_mirror_left_behind_by_the_logs_retention_bootstraps_again_by_itself() {
                 .into_inner()
         })
     };
-    let st = status(leader_addr);
+    // the primary (local durability) ships behind its answers: wait until the log holds
+    // every change above, so the cap had them all to purge
+    let shipped_to = primary_version(&primary);
+    let start = std::time::Instant::now();
+    let st = loop {
+        let st = status(leader_addr);
+        if st.last_version >= shipped_to || start.elapsed() > Duration::from_secs(30) {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let cursor = st
         .cursors
         .iter()
