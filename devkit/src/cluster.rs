@@ -8,7 +8,7 @@
 //!
 //! The daemons and mounts are the `strait` program itself ([`ClusterConfig::strait_bin`]),
 //! each with its log in its region's directory; they listen on ports from
-//! [`crate::free_port`] and end with this process ([`crate::spawn_tied`]).
+//! [`crate::free_port`] and end with this process ([`crate::process::spawn_tied_with`]).
 //!
 //! Known simplifications:
 //! - a proxy sits in front of each cross-region *listener*, so a connection delays both ways
@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{free_port, spawn_tied, Faults, Garage, Proxy};
+use crate::process::{open_log, output_tied_with, spawn_tied_with};
+use crate::{free_port, Faults, Garage, Proxy};
 
 /// What [`Cluster::start`] starts. The CLI checks the values (`strait dev up`'s flags).
 #[derive(Clone, Debug)]
@@ -195,29 +196,34 @@ impl Children {
     }
 
     fn start(&self, name: &str, log: &Path, args: &[String], append: bool) -> Result<Child> {
-        let own_env = self
+        let own_env: Vec<(String, String)> = self
             .daemon_env
             .iter()
             .filter(|(n, _)| n == name)
-            .flat_map(|(_, e)| e.iter().cloned());
-        let f = std::fs::File::options()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(log)
-            .with_context(|| format!("create {}", log.display()))?;
-        let mut cmd = Command::new(&self.bin);
-        cmd.args(args)
-            .envs(self.env.iter().cloned())
-            .envs(own_env)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().context("log file")?)
-            .stderr(f)
-            // a Ctrl-C at the terminal reaches `dev up` alone, which unmounts before it stops
-            // the daemons; if `dev up` dies, the daemons get SIGTERM (`spawn_tied`)
-            .process_group(0);
-        spawn_tied(cmd).with_context(|| format!("start {name}"))
+            .flat_map(|(_, e)| e.iter().cloned())
+            .collect();
+        let (bin, env, log, args) = (
+            self.bin.clone(),
+            self.env.clone(),
+            log.to_path_buf(),
+            args.to_vec(),
+        );
+        // the log is opened by the thread that starts the daemon (`spawn_tied_with`)
+        spawn_tied_with(move || {
+            let (out, err) = open_log(&log, append)?;
+            let mut cmd = Command::new(bin);
+            cmd.args(args)
+                .envs(env)
+                .envs(own_env)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                // a Ctrl-C at the terminal reaches `dev up` alone, which unmounts before it
+                // stops the daemons; if `dev up` dies, the daemons get SIGTERM
+                .process_group(0);
+            Ok(cmd)
+        })
+        .with_context(|| format!("start {name}"))
     }
 
     fn kid(&mut self, name: &str) -> Result<&mut Kid> {
@@ -294,11 +300,16 @@ fn tail(log: &Path) -> String {
 /// Run `strait ARGS` (the program `bin`, with `env`) to its end: its standard output, or an
 /// error with its standard error.
 pub fn run_strait(bin: &Path, env: &[(String, String)], args: &[&str]) -> Result<String> {
-    let out = Command::new(bin)
-        .args(args)
-        .envs(env.iter().cloned())
-        .output()
-        .with_context(|| format!("run strait {}", args.join(" ")))?;
+    let (bin, env) = (bin.to_path_buf(), env.to_vec());
+    let argv: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    // from a file table without this process's files (`output_tied_with`): `strait mount`
+    // and the rest may run while this process holds files open on a strait mount
+    let out = output_tied_with(move || {
+        let mut cmd = Command::new(bin);
+        cmd.args(argv).envs(env);
+        Ok(cmd)
+    })
+    .with_context(|| format!("run strait {}", args.join(" ")))?;
     if !out.status.success() {
         bail!(
             "strait {} failed: {}",
@@ -382,13 +393,17 @@ pub fn detach(point: &Path) -> Result<()> {
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
-    let ok = Command::new("fusermount3")
-        .args(["-u", "-z"])
-        .arg(point)
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    let point_owned = point.to_path_buf();
+    let ok = output_tied_with(move || {
+        let mut cmd = Command::new("fusermount3");
+        cmd.args(["-u", "-z"])
+            .arg(point_owned)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        Ok(cmd)
+    })
+    .map(|o| o.status.success())
+    .unwrap_or(false);
     if !ok {
         bail!("detach {}: {err}", point.display());
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::ports::distinct_free_ports;
-use crate::process::spawn_tied;
+use crate::process::{open_log, spawn_tied_with};
 
 /// The region Garage signs with (`[s3_api] s3_region`); clients must use the same.
 pub const REGION: &str = "garage";
@@ -119,17 +119,8 @@ admin_token = "{admin_token}"
         )
         .context("write garage.toml")?;
 
-        let log = std::fs::File::create(dir.join("garage.log")).context("create garage.log")?;
-        let mut cmd = Command::new("garage");
-        cmd.arg("-c")
-            .arg(&config)
-            .arg("server")
-            .env("RUST_LOG", "garage=info,garage_api_common=info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("clone log file")?)
-            .stderr(log);
-        let child = spawn_tied(cmd).context("spawn garage server")?;
+        let child =
+            launch(&config, &dir.join("garage.log"), false).context("spawn garage server")?;
         // From here on, Drop kills the server if a step fails.
         let mut g = Garage {
             child,
@@ -247,21 +238,8 @@ admin_token = "{admin_token}"
     pub fn restart(&mut self) -> Result<()> {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("garage.log"))
-            .context("open garage.log")?;
-        let mut cmd = Command::new("garage");
-        cmd.arg("-c")
-            .arg(&self.config)
-            .arg("server")
-            .env("RUST_LOG", "garage=info,garage_api_common=info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("clone log file")?)
-            .stderr(log);
-        self.child = spawn_tied(cmd).context("spawn garage server again")?;
+        self.child = launch(&self.config, &self.dir.join("garage.log"), true)
+            .context("spawn garage server again")?;
         let (s3, admin) = (self.s3_port, self.admin_port);
         self.wait_until("the S3 API and quorum after a restart", |_| {
             Ok(port_open(s3) && http_status(admin, "/health") == Some(200))
@@ -362,4 +340,24 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     s.read_to_string(&mut response).ok()?;
     // "HTTP/1.1 200 OK"
     response.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Start `garage server` on `config`, its output written to `log` (appended to it when
+/// `append`).
+fn launch(config: &Path, log: &Path, append: bool) -> std::io::Result<Child> {
+    let (config, log) = (config.to_path_buf(), log.to_path_buf());
+    // the log is opened by the thread that starts the server (`spawn_tied_with`)
+    spawn_tied_with(move || {
+        let (out, err) = open_log(&log, append)?;
+        let mut cmd = Command::new("garage");
+        cmd.arg("-c")
+            .arg(config)
+            .arg("server")
+            .env("RUST_LOG", "garage=info,garage_api_common=info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        Ok(cmd)
+    })
 }

@@ -1,8 +1,9 @@
 //! strait's dev and test kit: what the tests, the benchmarks and `strait dev up` need to run
 //! strait on one machine.
 //!
-//! - [`process`]: child processes tied to this one ([`spawn_tied`]): the servers, daemons and
-//!   mounts that a test, a benchmark or `dev up` starts never outlive it;
+//! - [`process`]: child processes tied to this one ([`process::spawn_tied_with`]): the
+//!   servers, daemons and mounts that a test, a benchmark or `dev up` starts never outlive
+//!   it, and get no copy of its files (forked from a file table of their own);
 //! - [`ports`]: free ports on 127.0.0.1 that no other server of this process was given and
 //!   that an outgoing connection cannot take first ([`free_port`]);
 //! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);

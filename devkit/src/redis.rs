@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::{free_port, spawn_tied};
+use crate::free_port;
+use crate::process::{open_log, spawn_tied_with};
 
 /// How long a started server may take to answer PING.
 const START_TIMEOUT_MS: u64 = 10_000;
@@ -132,22 +133,22 @@ impl RedisServer {
 }
 
 fn launch(port: u16, dir: &std::path::Path) -> anyhow::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("redis.log"))
-        .context("open redis.log")?;
-    let log_err = log.try_clone().context("clone redis.log handle")?;
-    let mut cmd = Command::new("redis-server");
-    cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
-    spawn_tied(cmd).context("spawn redis-server")
+    let dir = dir.to_path_buf();
+    // the log is opened by the thread that starts the server (`spawn_tied_with`)
+    spawn_tied_with(move || {
+        let (log, log_err) = open_log(&dir.join("redis.log"), true)?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        Ok(cmd)
+    })
+    .context("spawn redis-server")
 }
 
 impl Drop for RedisServer {

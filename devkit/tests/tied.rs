@@ -1,5 +1,5 @@
-//! `spawn_tied`: a child outlives the thread that started it, and ends with its parent
-//! process, even when the parent is killed with SIGKILL.
+//! `spawn_tied` and `spawn_tied_with`: a child outlives the thread that started it, and ends
+//! with its parent process, even when the parent is killed with SIGKILL.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -20,12 +20,31 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn a_tied_child_ends_with_its_parent_process() {
+    a_child_ends_with_its_parent("a_tied_child_ends_with_its_parent_process");
+}
+
+#[test]
+fn a_child_tied_from_its_own_file_table_ends_with_its_parent_process() {
+    a_child_ends_with_its_parent(
+        "a_child_tied_from_its_own_file_table_ends_with_its_parent_process",
+    );
+}
+
+/// Run test `name` again as a parent process that starts a child, SIGKILL that parent, and
+/// wait for the child to end; `spawn_tied_with` when the name says "own_file_table".
+fn a_child_ends_with_its_parent(name: &str) {
+    let private = name.contains("own_file_table");
     if std::env::var_os(ROLE).is_some() {
         // the parent: start a child from a thread that ends at once, say its pid, then wait
-        let mut child = std::thread::spawn(|| {
+        let mut child = std::thread::spawn(move || {
             let mut cmd = Command::new("sleep");
             cmd.arg("600");
-            strait_devkit::spawn_tied(cmd).expect("start sleep")
+            if private {
+                strait_devkit::process::spawn_tied_with(|| Ok(cmd))
+            } else {
+                strait_devkit::spawn_tied(cmd)
+            }
+            .expect("start sleep")
         })
         .join()
         .expect("the starting thread");
@@ -35,11 +54,7 @@ fn a_tied_child_ends_with_its_parent_process() {
         return;
     }
     let mut parent = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_tied_child_ends_with_its_parent_process",
-            "--nocapture",
-        ])
+        .args(["--exact", name, "--nocapture"])
         .env(ROLE, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_devkit::spawn_tied;
+use strait_devkit::process::{open_log, spawn_tied_with};
 
 use crate::mount::Mount;
 use crate::{free_port, strait_bin};
@@ -133,18 +133,19 @@ impl Primary {
     }
 
     fn launch(&self) -> std::process::Child {
-        let logf = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("primary log");
-        let mut cmd = Command::new(strait_bin());
-        cmd.args(&self.args)
-            .envs(self.env.iter().cloned())
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().expect("log"))
-            .stderr(logf);
-        spawn_tied(cmd).expect("spawn strait primary")
+        let (log, args, env) = (self.log.clone(), self.args.clone(), self.env.clone());
+        let bin = strait_bin();
+        spawn_tied_with(move || {
+            let (out, err) = open_log(&log, true)?;
+            let mut cmd = Command::new(bin);
+            cmd.args(args)
+                .envs(env)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err);
+            Ok(cmd)
+        })
+        .expect("spawn strait primary")
     }
 
     fn spawn(&mut self) {

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_devkit::spawn_tied;
+use strait_devkit::process::{open_log, spawn_tied_with};
 
 use crate::strait_bin;
 
@@ -150,7 +150,6 @@ impl Mount {
         let point = std::fs::canonicalize(&point).expect("canonicalize");
         let log = dir.path().join("mount.log");
         let cache = dir.path().join("cache");
-        let logf = std::fs::File::create(&log).expect("log file");
         let mut args: Vec<String> = vec![
             "mount".into(),
             meta_url.to_string(),
@@ -162,13 +161,19 @@ impl Mount {
             args.extend(["--cache-size".into(), "1G".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut cmd = Command::new(strait_bin());
-        cmd.args(&args)
-            .envs(env.iter().cloned())
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().expect("log"))
-            .stderr(logf);
-        let child = spawn_tied(cmd).expect("spawn strait mount");
+        let (log_path, env) = (log.clone(), env.to_vec());
+        let bin = strait_bin();
+        let child = spawn_tied_with(move || {
+            let (out, err) = open_log(&log_path, false)?;
+            let mut cmd = Command::new(bin);
+            cmd.args(args)
+                .envs(env)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err);
+            Ok(cmd)
+        })
+        .expect("spawn strait mount");
         let mut m = Mount {
             point,
             log,

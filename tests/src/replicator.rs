@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use strait_devkit::spawn_tied;
+use strait_devkit::process::{open_log, spawn_tied_with};
 
 use strait_devkit::Proxy;
 use strait_proto::replicator as pb;
@@ -34,21 +34,20 @@ impl Replica {
 
     /// Start the node's process, its output appended to its log.
     fn launch(&self) -> Child {
-        let logf = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
         let mut cmd = Command::new(strait_bin());
         cmd.args(["replicator", "--id", &self.id.to_string()])
             .args(["--listen", &self.addr.to_string()])
             .arg("--data-dir")
             .arg(&self.dir)
             .args(self.peers.iter().flat_map(|p| ["--peer", p.as_str()]))
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().unwrap())
-            .stderr(logf);
-        spawn_tied(cmd).expect("spawn strait replicator")
+            .stdin(Stdio::null());
+        let log = self.log.clone();
+        spawn_tied_with(move || {
+            let (out, err) = open_log(&log, true)?;
+            cmd.stdout(out).stderr(err);
+            Ok(cmd)
+        })
+        .expect("spawn strait replicator")
     }
 
     pub fn spawn(&mut self) {

@@ -18,15 +18,18 @@ struct DevUp {
 impl DevUp {
     fn start(dir: &Path, extra: &[&str]) -> DevUp {
         let log = dir.with_extension("log");
-        let f = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(strait_tests::strait_bin());
         cmd.args(["dev", "up", "--dir"])
             .arg(dir)
             .args(extra)
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f);
-        let child = strait_devkit::spawn_tied(cmd).expect("start strait dev up");
+            .stdin(Stdio::null());
+        let log_path = log.clone();
+        let child = strait_devkit::process::spawn_tied_with(move || {
+            let (out, err) = strait_devkit::process::open_log(&log_path, false)?;
+            cmd.stdout(out).stderr(err);
+            Ok(cmd)
+        })
+        .expect("start strait dev up");
         let mut d = DevUp {
             child,
             dir: dir.to_path_buf(),

@@ -339,10 +339,8 @@ fn run_child(a: &CacheArgs, case: Case) -> Result<CaseResult> {
     if let Some(d) = &a.dir {
         cmd.arg("--dir").arg(d);
     }
-    let out = strait_devkit::process::spawn_tied(cmd)
-        .context("start a case")?
-        .wait_with_output()
-        .context("wait for a case")?;
+    // its stdout pipe is made by the thread that starts it, which reads it to the end
+    let out = strait_devkit::process::output_tied_with(move || Ok(cmd)).context("run a case")?;
     if !out.status.success() {
         bail!("case {} failed ({})", case.spec(), out.status);
     }
