@@ -310,6 +310,19 @@ fn restart_exited_garage(c: &mut Cluster, i: usize) -> Result<Option<String>> {
     )))
 }
 
+/// SIGKILL daemon `target` and wait until it is gone.
+fn kill_and_wait(c: &mut Cluster, target: &str) -> Result<()> {
+    c.signal(target, libc::SIGKILL)?;
+    let t = Instant::now();
+    while !c.exited(target)? {
+        if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
+            bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
 /// Injects and heals faults, remembering each proxy's faults from before the run.
 pub struct Nemesis {
     baseline: Vec<(String, Faults)>,
@@ -455,14 +468,8 @@ impl Nemesis {
                 let filled = self.instruments.disk(target)?.fill()?;
                 note_slow(&mut slow, "the fill", t);
                 if *restart {
-                    c.signal(target, libc::SIGKILL)?;
                     let t = Instant::now();
-                    while !c.exited(target)? {
-                        if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
-                            bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
-                        }
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
+                    kill_and_wait(c, target)?;
                     note_slow(&mut slow, &format!("{target}'s exit after SIGKILL"), t);
                     let t = Instant::now();
                     c.restart(target, None)?;
@@ -488,14 +495,7 @@ impl Nemesis {
             }
             Fault::PowerLoss(target) => {
                 let layer = self.instruments.lazy(target)?;
-                c.signal(target, libc::SIGKILL)?;
-                let t = Instant::now();
-                while !c.exited(target)? {
-                    if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
-                        bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                kill_and_wait(c, target)?;
                 let lost = layer
                     .power_loss()
                     .with_context(|| format!("{target}'s power loss"))?;

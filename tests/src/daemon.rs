@@ -4,13 +4,11 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use strait_devkit::process::{open_log, spawn_tied_with};
-
+use crate::free_port;
 use crate::mount::Mount;
-use crate::{free_port, strait_bin};
 
 pub struct Primary {
     /// host:port of the metadata service
@@ -133,19 +131,8 @@ impl Primary {
     }
 
     fn launch(&self) -> std::process::Child {
-        let (log, args, env) = (self.log.clone(), self.args.clone(), self.env.clone());
-        let bin = strait_bin();
-        spawn_tied_with(move || {
-            let (out, err) = open_log(&log, true)?;
-            let mut cmd = Command::new(bin);
-            cmd.args(args)
-                .envs(env)
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err);
-            Ok(cmd)
-        })
-        .expect("spawn strait primary")
+        crate::spawn_strait(self.args.clone(), self.env.clone(), self.log.clone(), true)
+            .expect("spawn strait primary")
     }
 
     fn spawn(&mut self) {

@@ -81,6 +81,28 @@ pub fn strait_bin() -> PathBuf {
     exe.join("strait")
 }
 
+/// Start `strait ARGS` with `env`, tied to this process, its output going to the log at
+/// `log` (appended to with `append`); the log is opened in the thread that starts children
+/// ([`strait_devkit::process::spawn_tied_with`]).
+pub fn spawn_strait(
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    append: bool,
+) -> std::io::Result<std::process::Child> {
+    let bin = strait_bin();
+    strait_devkit::process::spawn_tied_with(move || {
+        let (out, err) = strait_devkit::process::open_log(&log, append)?;
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .envs(env)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        Ok(cmd)
+    })
+}
+
 /// The seed of a randomized test: `STRAIT_SEED` when set (to replay a failure), otherwise a
 /// random one. It is printed, so a failing run can be replayed.
 pub fn seed(test: &str) -> u64 {

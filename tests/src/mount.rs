@@ -1,10 +1,8 @@
 //! Formatting and mounting strait file systems with the real binary.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-use strait_devkit::process::{open_log, spawn_tied_with};
 
 use crate::strait_bin;
 
@@ -161,19 +159,8 @@ impl Mount {
             args.extend(["--cache-size".into(), "1G".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (log_path, env) = (log.clone(), env.to_vec());
-        let bin = strait_bin();
-        let child = spawn_tied_with(move || {
-            let (out, err) = open_log(&log_path, false)?;
-            let mut cmd = Command::new(bin);
-            cmd.args(args)
-                .envs(env)
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err);
-            Ok(cmd)
-        })
-        .expect("spawn strait mount");
+        let child = crate::spawn_strait(args, env.to_vec(), log.clone(), false)
+            .expect("spawn strait mount");
         let mut m = Mount {
             point,
             log,
