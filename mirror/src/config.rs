@@ -397,6 +397,11 @@ mod tests {
                 id: String::new(),
                 ..ok.clone()
             },
+            // the replicator keeps names starting with '@' (the primary's durable mark)
+            MirrorConfig {
+                id: "@primary".into(),
+                ..ok.clone()
+            },
             MirrorConfig {
                 primary: "nowhere".into(),
                 ..ok.clone()
