@@ -12,11 +12,11 @@ mod sessions;
 mod setattr;
 mod xattr;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use super::keys;
 use super::types::*;
@@ -59,12 +59,11 @@ pub struct Meta {
     slices: Arc<Mutex<(u64, u64)>>,
     /// Handles open on each inode, by session.
     open_files: OpenTable,
-    /// Taken shared by an open (reading the file and counting its handle) and exclusive by
-    /// a change that may delete an unlinked file (unlink, rename over a file; it decides by
-    /// the handle count): an open either sees the file gone or is counted before the
-    /// change decides. Without it an open could read the file, an unlink could find no
-    /// handle and delete it, and the open would then count a handle on a deleted file.
-    open_gate: Arc<RwLock<()>>,
+    /// Files a change is deleting because no handle is open on them (unlink, rename over a
+    /// file, a last close), from its decision to its commit: opens of them fail meanwhile.
+    /// Without it an open could count a handle just after the decision and keep a handle on
+    /// a deleted file. Locked after `open_files`, never across I/O.
+    deleting: Arc<Mutex<HashSet<Ino>>>,
     /// In a view for one call made under a request id ([`Meta::for_request`]): the id, whose
     /// record each change commits with.
     request: Option<Vec<u8>>,
@@ -210,7 +209,7 @@ impl Meta {
             inodes: Arc::new(Mutex::new((0, 0))),
             slices: Arc::new(Mutex::new((0, 0))),
             open_files: Arc::new(Mutex::new(HashMap::new())),
-            open_gate: Arc::new(RwLock::new(())),
+            deleting: Arc::new(Mutex::new(HashSet::new())),
             request: None,
         }))
     }
@@ -228,7 +227,7 @@ impl Meta {
             inodes: Arc::new(Mutex::new((0, 0))),
             slices: Arc::new(Mutex::new((0, 0))),
             open_files: self.open_files.clone(),
-            open_gate: self.open_gate.clone(),
+            deleting: self.deleting.clone(),
             request: None,
         })
     }

@@ -61,7 +61,24 @@ impl Meta {
         flags: i32,
         chunk0: bool,
     ) -> Result<(Attr, Option<Vec<SliceRef>>)> {
-        let _gate = self.open_gate.read();
+        // counted before the file is read: a change that may delete it (unlink, rename over
+        // it, a last close) then either sees the handle and keeps the file, or has claimed it
+        // and this open fails, or has committed before the read below, which finds it gone
+        self.count_unless_deleting(ino)?;
+        let checked = self.check_open(ctx, ino, flags, chunk0);
+        if checked.is_err() {
+            self.drop_handle(ino);
+        }
+        checked
+    }
+
+    fn check_open(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        flags: i32,
+        chunk0: bool,
+    ) -> Result<(Attr, Option<Vec<SliceRef>>)> {
         let (a, slices) = kv::read(self.kv.as_ref(), |t| {
             let a = get_attr(t, ino)?.ok_or(crate::error::Error::Sys(libc::ENOENT))?;
             let slices = if chunk0 && a.kind == FileKind::File {
@@ -88,34 +105,68 @@ impl Meta {
             }
         }
         access(&a, ctx, mask)?;
-        self.opened(ino);
         Ok((a, slices))
+    }
+
+    /// Count a handle on `ino` for this view's session, unless a change has claimed the file
+    /// for deletion ([`Self::claim_deletion`]): ENOENT then.
+    fn count_unless_deleting(&self, ino: Ino) -> Result<()> {
+        let sid = self.session_id();
+        let mut of = self.open_files.lock();
+        if self.deleting.lock().contains(&ino) {
+            return sys(libc::ENOENT);
+        }
+        *of.entry(ino).or_default().entry(sid).or_insert(0) += 1;
+        Ok(())
+    }
+
+    /// Take one of this session's handles on `ino` off the table; true when it was the last
+    /// handle on the file anywhere.
+    fn drop_handle(&self, ino: Ino) -> bool {
+        let sid = self.session_id();
+        let mut of = self.open_files.lock();
+        let Some(by_session) = of.get_mut(&ino) else {
+            return false;
+        };
+        match by_session.get_mut(&sid) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                by_session.remove(&sid);
+            }
+            None => {}
+        }
+        if by_session.is_empty() {
+            of.remove(&ino);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Before a change that deletes `ino` when no handle is open on it: false when one is;
+    /// otherwise the file is claimed, and opens of it fail (ENOENT) until
+    /// [`Self::end_deletions`]. Count and claim are decided under the table's lock, which no
+    /// I/O is done under.
+    pub(super) fn claim_deletion(&self, ino: Ino) -> bool {
+        let of = self.open_files.lock();
+        if of.get(&ino).is_some_and(|s| s.values().any(|&n| n > 0)) {
+            return false;
+        }
+        self.deleting.lock().insert(ino);
+        true
+    }
+
+    /// The changes that claimed `inos` committed (or failed): their claims end.
+    pub(super) fn end_deletions(&self, inos: &[Ino]) {
+        let mut d = self.deleting.lock();
+        for ino in inos {
+            d.remove(ino);
+        }
     }
 
     /// A handle on `ino` closed; the last close of an unlinked file deletes it.
     pub fn release_versioned(&self, ino: Ino) -> Result<Committed<()>> {
-        let sid = self.session_id();
-        let last = {
-            let mut of = self.open_files.lock();
-            match of.get_mut(&ino) {
-                Some(by_session) => {
-                    match by_session.get_mut(&sid) {
-                        Some(n) if *n > 1 => *n -= 1,
-                        Some(_) => {
-                            by_session.remove(&sid);
-                        }
-                        None => {}
-                    }
-                    if by_session.is_empty() {
-                        of.remove(&ino);
-                        true
-                    } else {
-                        false
-                    }
-                }
-                None => false,
-            }
-        };
+        let last = self.drop_handle(ino);
         let mut version = None;
         if last && !self.read_only {
             version = self.delete_unlinked(ino)?;
@@ -124,18 +175,21 @@ impl Meta {
     }
 
     /// Delete `ino` if no entry links it any more and no handle is open on it; returns the
-    /// version that did. The count is read under the open gate: an open of the unlinked
-    /// file by inode (a kernel's cached entry) between the last close and this deletion
-    /// keeps it.
+    /// version that did. An open of the unlinked file by inode (a kernel's cached entry)
+    /// between the last close and this deletion keeps it ([`Self::claim_deletion`]).
     pub(super) fn delete_unlinked(&self, ino: Ino) -> Result<Option<Version>> {
-        let _gate = self.open_gate.write();
-        if self.open_count(ino) > 0 {
+        // a file still linked is never claimed (opens of it would fail meanwhile); one
+        // unlinked stays so, only its deletion can change it
+        let unlinked =
+            kv::read(self.kv.as_ref(), |t| get_attr(t, ino))?.is_some_and(|a| a.nlink == 0);
+        if !unlinked || !self.claim_deletion(ino) {
             return Ok(None);
         }
-        let ((), version) = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
+        let done = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
             Some(a) if a.nlink == 0 => commit(t, Change::DeleteInode { ino }, now_ns()),
             _ => Ok(()),
-        })?;
-        Ok(version)
+        });
+        self.end_deletions(&[ino]);
+        Ok(done?.1)
     }
 }

@@ -1,5 +1,7 @@
 //! Removing entries: unlink, rmdir and rename (which may replace or exchange an entry).
 
+use std::cell::RefCell;
+
 use super::{
     check_name, dir_is_empty, is_ancestor, is_dot, need_attr, need_dir_attr, touch_dir, Meta,
 };
@@ -18,9 +20,9 @@ impl Meta {
         }
         check_name(name)?;
         let sid = self.session_id();
-        // no open counts a handle between the count read here and the commit
-        let _gate = self.open_gate.write();
-        kv::txn(self.kv.as_ref(), |t| {
+        // files claimed for deletion (see Meta::claim_deletion), released after the commit
+        let claimed = RefCell::new(vec![]);
+        let done = kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let mut pa = need_dir_attr(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
@@ -30,7 +32,7 @@ impl Meta {
             }
             let a = need_attr(t, ino)?;
             sticky_ok(&pa, &a, ctx)?;
-            let (a, unlinked) = self.fate(ino, a, now, sid);
+            let (a, unlinked) = self.fate(ino, a, now, sid, &claimed);
             touch_dir(&mut pa, now);
             self.commit(
                 t,
@@ -44,18 +46,29 @@ impl Meta {
                 },
                 now,
             )
-        })
-        .map(Committed::from)
+        });
+        self.end_deletions(&claimed.into_inner());
+        done.map(Committed::from)
     }
 
-    fn fate(&self, ino: Ino, mut a: Attr, now: i64, sid: u64) -> (Attr, Unlinked) {
+    /// What becomes of `ino` when it loses a link: still linked, kept for the handles open on
+    /// it, or deleted (claimed in `claimed` first, so no open counts a handle on it meanwhile).
+    fn fate(
+        &self,
+        ino: Ino,
+        mut a: Attr,
+        now: i64,
+        sid: u64,
+        claimed: &RefCell<Vec<Ino>>,
+    ) -> (Attr, Unlinked) {
         a.nlink = a.nlink.saturating_sub(1);
         a.ctime_ns = now;
         if a.nlink > 0 {
             (a, Unlinked::Linked)
-        } else if a.kind == FileKind::File && self.open_count(ino) > 0 {
+        } else if a.kind == FileKind::File && !self.claim_deletion(ino) {
             (a, Unlinked::Sustain { sid })
         } else {
+            claimed.borrow_mut().push(ino);
             (a, Unlinked::Delete)
         }
     }
@@ -122,8 +135,8 @@ impl Meta {
         check_name(dn)?;
         let sid = self.session_id();
         // a file replaced may be deleted: as in unlink
-        let _gate = self.open_gate.write();
-        kv::txn(self.kv.as_ref(), |t| {
+        let claimed = RefCell::new(vec![]);
+        let done = kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
             let mut spa = need_dir_attr(t, sp)?;
             let mut dpa = if dp == sp {
@@ -206,7 +219,7 @@ impl Meta {
                             unlinked: Unlinked::Delete,
                         });
                     } else {
-                        let (ta, fate) = self.fate(tino, ta, now, sid);
+                        let (ta, fate) = self.fate(tino, ta, now, sid, &claimed);
                         replaced = Some(Replaced {
                             ino: tino,
                             attr: ta,
@@ -245,7 +258,8 @@ impl Meta {
                 },
                 now,
             )
-        })
-        .map(Committed::from)
+        });
+        self.end_deletions(&claimed.into_inner());
+        done.map(Committed::from)
     }
 }

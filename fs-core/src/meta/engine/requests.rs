@@ -26,7 +26,7 @@ impl Meta {
             inodes: self.inodes.clone(),
             slices: self.slices.clone(),
             open_files: self.open_files.clone(),
-            open_gate: self.open_gate.clone(),
+            deleting: self.deleting.clone(),
             request: Some(id.as_bytes().to_vec()),
         })
     }
