@@ -193,7 +193,8 @@ pub fn run(
         // (on its loop disk under `disk-full`)
         for (i, name) in nemesis::POWERED.into_iter().enumerate() {
             let top = cfg.dir.join("lazyfs").join(name);
-            let backing = match &hooks.meta_dirs[i] {
+            let on_disk = hooks.meta_dirs.get(i).cloned().flatten();
+            let backing = match on_disk {
                 Some(d) => d.with_file_name("lazy"),
                 None => top.join("backing"),
             };
@@ -202,7 +203,11 @@ pub fn run(
             ));
             let l = lazyfs::LazyFs::mount(&backing, &top.join("point"))
                 .with_context(|| format!("--nemesis power-loss: {name}'s layer"))?;
-            hooks.meta_dirs[i] = Some(l.point().join("meta"));
+            let data = Some(l.point().join("data"));
+            match i {
+                0 | 1 => hooks.meta_dirs[i] = data,
+                _ => hooks.replicator_dirs[i - 2] = data,
+            }
             instruments.lazy.push((name.to_string(), l));
         }
     }

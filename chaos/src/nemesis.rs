@@ -51,8 +51,36 @@ pub const DISKS: [&str; 6] = [
 /// Whose wall clock a `clock-jump` steps.
 pub const CLOCKS: [&str; 2] = ["primary", "mirror"];
 
-/// Whose data directory a `power-loss` loses the unsynced bytes of.
-pub const POWERED: [&str; 2] = ["primary", "mirror"];
+/// Whose data directory a `power-loss` loses the unsynced bytes of: the primary's and the
+/// mirror's RocksDB, and each replicator node's (its Raft log, vote and state machine).
+pub const POWERED: [&str; 5] = [
+    "primary",
+    "mirror",
+    "replicator1",
+    "replicator2",
+    "replicator3",
+];
+
+/// What a `power-loss` may hit: one daemon of [`POWERED`], or a whole region at once (region
+/// A: the primary and replicator nodes 1 and 2, a quorum; region B: the mirror and node 3).
+pub const POWER_TARGETS: [&str; 7] = [
+    "primary",
+    "mirror",
+    "replicator1",
+    "replicator2",
+    "replicator3",
+    "region-a",
+    "region-b",
+];
+
+/// The daemons a `power-loss` of `target` ([`POWER_TARGETS`]) hits.
+fn powered_by(target: &str) -> Vec<&str> {
+    match target {
+        "region-a" => vec!["primary", "replicator1", "replicator2"],
+        "region-b" => vec!["mirror", "replicator3"],
+        one => vec![one],
+    }
+}
 
 /// Kinds that need a Garage per region (`--store garage`).
 const GARAGE_KINDS: [&str; 2] = ["stop-garage", "object-store"];
@@ -217,9 +245,9 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
                     offset_s: if rng.random_bool(0.5) { s } else { -s },
                 }
             }
-            "power-loss" => {
-                Fault::PowerLoss(POWERED[rng.random_range(0..POWERED.len())].to_string())
-            }
+            "power-loss" => Fault::PowerLoss(
+                POWER_TARGETS[rng.random_range(0..POWER_TARGETS.len())].to_string(),
+            ),
             _ => Fault::StopGarage(rng.random_range(0..2)),
         };
         out.push(Scheduled {
@@ -494,14 +522,29 @@ impl Nemesis {
                 self.instruments.clock(target)?.set_offset_s(*offset_s)?
             }
             Fault::PowerLoss(target) => {
-                let layer = self.instruments.lazy(target)?;
-                kill_and_wait(c, target)?;
-                let lost = layer
-                    .power_loss()
-                    .with_context(|| format!("{target}'s power loss"))?;
+                let hit = powered_by(target);
+                let layers = hit
+                    .iter()
+                    .map(|d| self.instruments.lazy(d))
+                    .collect::<Result<Vec<_>>>()?;
+                // every daemon of a region dies before any of them is waited for
+                for d in &hit {
+                    c.signal(d, libc::SIGKILL)?;
+                }
+                let mut lines = vec![];
+                for (d, layer) in hit.iter().zip(layers) {
+                    kill_and_wait(c, d)?;
+                    let lost = layer
+                        .power_loss()
+                        .with_context(|| format!("{d}'s power loss"))?;
+                    lines.push(format!(
+                        "{d}: {} files put back to their last sync ({} bytes written back, {} cut)",
+                        lost.files, lost.bytes_restored, lost.bytes_cut
+                    ));
+                }
                 return Ok(Some(format!(
-                    "{target} lost its power: {} files put back to their last sync ({} bytes written back, {} cut)",
-                    lost.files, lost.bytes_restored, lost.bytes_cut
+                    "{target} lost its power: {}",
+                    lines.join("; ")
                 )));
             }
         }
@@ -511,8 +554,12 @@ impl Nemesis {
     /// End `fault`; a line about what it found, for some kinds.
     pub fn heal(&self, c: &mut Cluster, fault: &Fault) -> Result<Option<String>> {
         match fault {
-            Fault::Kill(name) | Fault::PowerLoss(name) => {
-                c.restart(name, Some(Duration::from_secs(120)))?
+            Fault::Kill(name) => c.restart(name, Some(Duration::from_secs(120)))?,
+            Fault::PowerLoss(target) => {
+                // the replicator nodes first: a primary may wait for them before it serves
+                for d in powered_by(target).into_iter().rev() {
+                    c.restart(d, Some(Duration::from_secs(120)))?
+                }
             }
             Fault::Stop(name) => c.signal(name, libc::SIGCONT)?,
             Fault::StopGarage(i) => {
@@ -659,7 +706,7 @@ mod tests {
                     assert!(!restart || target == "primary" || target == "mirror");
                 }
                 Fault::KillMount(r) => assert!(*r < 2),
-                Fault::PowerLoss(t) => assert!(POWERED.contains(&t.as_str())),
+                Fault::PowerLoss(t) => assert!(POWER_TARGETS.contains(&t.as_str())),
                 _ => {}
             }
         }

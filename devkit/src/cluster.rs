@@ -97,6 +97,8 @@ pub struct FaultHooks {
     /// Where each region's Garage keeps its metadata and data instead of `region-x/garage`
     /// (its config and log stay there).
     pub garage_data_dirs: [Option<PathBuf>; 2],
+    /// Each replicator node's data directory instead of `region-x/replicatorN`.
+    pub replicator_dirs: [Option<PathBuf>; 3],
     /// More environment for one daemon, by name (`primary`, `mirror`, `replicatorN`), at each
     /// of its starts (libfaketime's, for clock jumps).
     pub daemon_env: Vec<(String, Vec<(String, String)>)>,
@@ -518,7 +520,11 @@ impl Cluster {
                 s("--listen"),
                 s(addr),
                 s("--data-dir"),
-                region.join(&name).to_string_lossy().into_owned(),
+                a.hooks.replicator_dirs[i]
+                    .clone()
+                    .unwrap_or_else(|| region.join(&name))
+                    .to_string_lossy()
+                    .into_owned(),
             ];
             if i == 2 {
                 args.extend([

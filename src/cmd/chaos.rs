@@ -30,7 +30,9 @@ pub struct RunArgs {
     /// Fault kinds, comma-separated: all, none, or some of kill, stop, partition,
     /// partition-one-way, partition-mirror-primary, partition-replication,
     /// partition-primary-replicator, latency, bandwidth, stop-garage, kill-mount,
-    /// object-store, disk-full (root: loop-mounted file systems), clock-jump (libfaketime).
+    /// object-store, disk-full (root: loop-mounted file systems), clock-jump (libfaketime),
+    /// power-loss (a daemon's unsynced writes are lost: the primary, the mirror or a
+    /// replicator node).
     #[arg(long, default_value = "all")]
     pub nemesis: String,
     /// Writing clients per region.
