@@ -84,6 +84,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         server = server.fenced_by(Arc::new(EpochFence {
             shipped: shipper.watch(),
             started: std::time::Instant::now(),
+            strict: cfg.durability == Durability::Replicated,
             lease: (cfg.lease_ms > 0)
                 .then(|| (Duration::from_millis(cfg.lease_ms), shipper.contact())),
         }));

@@ -732,12 +732,47 @@ pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 pub struct EpochFence {
     pub shipped: watch::Receiver<Shipped>,
     pub started: Instant,
+    /// `replicated` durability: no call is answered from this primary's state before it was
+    /// compared with the replicator's log (however long that takes), since a power loss may
+    /// have taken acknowledged changes from it. In `local` durability calls wait at most
+    /// [`FIRST_CHECK_WAIT`] after the start.
+    pub strict: bool,
     /// With a lease: how long the primary may go without a word from the replicator, and
     /// when it last had one.
     pub lease: Option<(Duration, Arc<Contact>)>,
 }
 
 impl strait_site::WriteFence for EpochFence {
+    fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async move {
+            let mut rx = self.shipped.clone();
+            if !rx.borrow().checked {
+                let left = if self.strict {
+                    SETTLE_WAIT
+                } else {
+                    FIRST_CHECK_WAIT.saturating_sub(self.started.elapsed())
+                };
+                if !left.is_zero() {
+                    let _ = tokio::time::timeout(left, rx.wait_for(|s| s.checked)).await;
+                }
+            }
+            if rx.borrow().catching_up.is_some() {
+                let _ = tokio::time::timeout(SETTLE_WAIT, rx.wait_for(|s| s.catching_up.is_none()))
+                    .await;
+            }
+            let s = rx.borrow();
+            if let Some(c) = &s.catching_up {
+                return Some(c.clone());
+            }
+            (self.strict && !s.checked).then(|| {
+                "this primary has not yet compared its metadata with the replicator's log since \
+                 it started (in `replicated` durability a power loss may have taken acknowledged \
+                 changes from it, which it then takes back from the replicator)"
+                    .to_string()
+            })
+        })
+    }
+
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
         Box::pin(async move {
             let left = FIRST_CHECK_WAIT.saturating_sub(self.started.elapsed());
@@ -771,6 +806,10 @@ impl strait_site::WriteFence for EpochFence {
         })
     }
 }
+
+/// How long a call waits for this primary's state to settle (its first comparison with the
+/// replicator's log, a catch-up) before it is answered UNAVAILABLE, which the client retries.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a change waits for a catch-up under way before it is refused.
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(10);

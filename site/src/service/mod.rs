@@ -44,6 +44,15 @@ pub trait WriteFence: Send + Sync + 'static {
     /// Why mutations are refused, or None while they are allowed (it may wait a moment
     /// while the daemon starts).
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>>;
+
+    /// Why the daemon's state may still lack changes it acknowledged before it went back (a
+    /// primary catching up after a power loss, or one that has not yet compared its state
+    /// with the replicator's since it started), after waiting a moment for that to end; None
+    /// when every call may be answered from it. Every call but a session's opening asks:
+    /// until then, a read could see a state older than one it saw before.
+    fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        Box::pin(async { None })
+    }
 }
 
 /// `replicated` durability: a mutation is answered only once the replicator holds its version.
@@ -313,6 +322,7 @@ macro_rules! mutation {
     (@run $change:expr, $replay:expr, $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let span = rpc_span($op, $req.metadata());
         async {
+            $self.check_settled($op).await?;
             if $change {
                 $self.check_fence($op).await?;
             }

@@ -51,6 +51,22 @@ impl MetaServer {
         Err(s)
     }
 
+    /// UNAVAILABLE (the client sends the call again) while the fence says the state may still
+    /// lack acknowledged changes ([`super::WriteFence::unsettled`]).
+    pub(super) async fn check_settled(&self, op: &str) -> Result<(), Status> {
+        let Some(fence) = &self.fence else {
+            return Ok(());
+        };
+        let Some(why) = fence.unsettled().await else {
+            return Ok(());
+        };
+        self.metrics
+            .observe(op, "UNAVAILABLE", std::time::Duration::ZERO);
+        Err(Status::unavailable(format!(
+            "{op}: {why}: try again in a moment"
+        )))
+    }
+
     /// Name the engine's latest version in `resp` (see [`READ_VERSION_HEADER`]): read after
     /// the call's own read, it is at least the version of anything that read saw, since a
     /// transaction moves the version counter with its changes.
