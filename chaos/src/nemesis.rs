@@ -23,7 +23,7 @@ use crate::s3proxy::{S3Faults, S3Mode, S3Proxy};
 use crate::workload::MountState;
 
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 15] = [
+pub const KINDS: [&str; 17] = [
     "kill",
     "stop",
     "partition",
@@ -35,6 +35,8 @@ pub const KINDS: [&str; 15] = [
     "bandwidth",
     "stop-garage",
     "kill-mount",
+    "stop-mount",
+    "kill-garage",
     "object-store",
     "disk-full",
     "clock-jump",
@@ -83,7 +85,7 @@ fn powered_by(target: &str) -> Vec<&str> {
 }
 
 /// Kinds that need a Garage per region (`--store garage`).
-const GARAGE_KINDS: [&str; 2] = ["stop-garage", "object-store"];
+const GARAGE_KINDS: [&str; 3] = ["stop-garage", "kill-garage", "object-store"];
 
 /// How long a killed mount process may take to be gone.
 const MOUNT_EXIT_MS_MAX: u64 = 10_000;
@@ -138,6 +140,12 @@ pub enum Fault {
     /// SIGKILL the process serving a region's FUSE mount (0: A, 1: B); when the fault ends,
     /// the dead mount point is detached and mounted again with the same command.
     KillMount(usize),
+    /// SIGSTOP the process serving a region's FUSE mount (0: A, 1: B); SIGCONT when the
+    /// fault ends (its clients' calls wait meanwhile, as the kernel holds them).
+    StopMount(usize),
+    /// SIGKILL a region's Garage (0: A, 1: B); it is started again on its data when the
+    /// fault ends.
+    KillGarage(usize),
     /// `percent` of the requests to a region's object store are spoilt by `mode` (the fault
     /// proxy in front of its Garage, [`crate::s3proxy`]).
     ObjectStore {
@@ -221,6 +229,8 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
             "latency" => Fault::Latency(rng.random_range(100..500)),
             "bandwidth" => Fault::Bandwidth,
             "kill-mount" => Fault::KillMount(rng.random_range(0..2)),
+            "stop-mount" => Fault::StopMount(rng.random_range(0..2)),
+            "kill-garage" => Fault::KillGarage(rng.random_range(0..2)),
             "object-store" => Fault::ObjectStore {
                 region: rng.random_range(0..2),
                 mode: S3Mode::ALL[rng.random_range(0..S3Mode::ALL.len())],
@@ -481,6 +491,24 @@ impl Nemesis {
                 }
             }
             Fault::KillMount(region) => self.kill_mount(c, *region)?,
+            Fault::StopMount(region) => c.signal_mount(*region, libc::SIGSTOP)?,
+            Fault::KillGarage(i) => {
+                let pid = *c
+                    .garage_pids()
+                    .get(*i)
+                    .with_context(|| format!("no Garage in region {i}"))?;
+                // SAFETY: kill has no memory effects
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                let t = Instant::now();
+                while c.garage_exited(*i).is_none() {
+                    if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
+                        bail!(
+                            "region {i}'s Garage still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL"
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
             Fault::ObjectStore {
                 region,
                 mode,
@@ -569,6 +597,8 @@ impl Nemesis {
                 }
             }
             Fault::KillMount(region) => self.remount(c, *region)?,
+            Fault::StopMount(region) => c.signal_mount(*region, libc::SIGCONT)?,
+            Fault::KillGarage(i) => return restart_exited_garage(c, *i),
             Fault::ObjectStore { region, .. } => {
                 self.instruments.s3(*region)?.set(S3Faults::default())
             }
@@ -627,6 +657,10 @@ impl Nemesis {
             // SAFETY: kill has no memory effects
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
+        for region in 0..2 {
+            // a dead mount is mounted again below
+            let _ = c.signal_mount(region, libc::SIGCONT);
+        }
         for i in 0..c.garage_pids().len() {
             match restart_exited_garage(c, i) {
                 Ok(None) => {}
@@ -682,7 +716,7 @@ mod tests {
         assert!(schedule(7, 600, &all, false)
             .iter()
             .all(|s| match &s.fault {
-                Fault::StopGarage(_) | Fault::ObjectStore { .. } => false,
+                Fault::StopGarage(_) | Fault::KillGarage(_) | Fault::ObjectStore { .. } => false,
                 Fault::DiskFull { target, .. } => !target.starts_with("garage"),
                 _ => true,
             }));
@@ -705,7 +739,9 @@ mod tests {
                     assert!(DISKS.contains(&target.as_str()));
                     assert!(!restart || target == "primary" || target == "mirror");
                 }
-                Fault::KillMount(r) => assert!(*r < 2),
+                Fault::KillMount(r) | Fault::StopMount(r) | Fault::KillGarage(r) => {
+                    assert!(*r < 2)
+                }
                 Fault::PowerLoss(t) => assert!(POWER_TARGETS.contains(&t.as_str())),
                 _ => {}
             }

@@ -30,7 +30,7 @@ pub struct RunArgs {
     /// Fault kinds, comma-separated: all, none, or some of kill, stop, partition,
     /// partition-one-way, partition-mirror-primary, partition-replication,
     /// partition-primary-replicator, latency, bandwidth, stop-garage, kill-mount,
-    /// object-store, disk-full (root: loop-mounted file systems), clock-jump (libfaketime),
+    /// stop-mount, kill-garage, object-store, disk-full (root: loop-mounted file systems), clock-jump (libfaketime),
     /// power-loss (a daemon's unsynced writes are lost: the primary, the mirror or a
     /// replicator node).
     #[arg(long, default_value = "all")]

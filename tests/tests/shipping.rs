@@ -92,6 +92,11 @@ async fn mkdirs(p: &Primary, names: &[&str]) {
 }
 
 async fn root_names(addr: &str, token: &str) -> BTreeSet<String> {
+    try_root_names(addr, token).await.expect("list the root")
+}
+
+/// The names in the root directory, in a session of its own, or the daemon's refusal.
+async fn try_root_names(addr: &str, token: &str) -> Result<BTreeSet<String>, tonic::Status> {
     let mut c = connect(addr).await;
     let sid = session(&mut c, token).await;
     let r = c
@@ -103,14 +108,13 @@ async fn root_names(addr: &str, token: &str) -> BTreeSet<String> {
             token,
             sid,
         ))
-        .await
-        .expect("list the root")
+        .await?
         .into_inner();
-    r.entries
+    Ok(r.entries
         .into_iter()
         .map(|e| String::from_utf8_lossy(&e.name).into_owned())
         .filter(|n| n != "." && n != "..")
-        .collect()
+        .collect())
 }
 
 fn created_names(log: &[(u64, Vec<u8>)]) -> BTreeSet<String> {
@@ -836,58 +840,17 @@ fn a_primary_whose_metadata_went_back_answers_no_read_before_it_caught_up() {
         n.kill();
     }
     primary.restart();
-    let refused = rt.block_on(async {
-        let mut c = connect(&primary.addr).await;
-        let sid = session(&mut c, &token).await;
-        c.read_dir(req(
-            w::InodeRequest {
-                ctx: Some(w::Ctx::default()),
-                ino: 1,
-            },
-            &token,
-            sid,
-        ))
-        .await
-    });
-    match refused {
+    match rt.block_on(try_root_names(&primary.addr, &token)) {
         Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
-        Ok(r) => {
-            let seen: BTreeSet<String> = r
-                .into_inner()
-                .entries
-                .into_iter()
-                .map(|e| String::from_utf8_lossy(&e.name).into_owned())
-                .collect();
-            panic!("a read was answered before the primary caught up: {seen:?}");
-        }
+        Ok(seen) => panic!("a read was answered before the primary caught up: {seen:?}"),
     }
     for n in region.cluster.nodes.values_mut() {
         n.spawn();
     }
     let start = std::time::Instant::now();
     let have = loop {
-        let r = rt.block_on(async {
-            let mut c = connect(&primary.addr).await;
-            let sid = session(&mut c, &token).await;
-            c.read_dir(req(
-                w::InodeRequest {
-                    ctx: Some(w::Ctx::default()),
-                    ino: 1,
-                },
-                &token,
-                sid,
-            ))
-            .await
-        });
-        match r {
-            Ok(r) => {
-                break r
-                    .into_inner()
-                    .entries
-                    .into_iter()
-                    .map(|e| String::from_utf8_lossy(&e.name).into_owned())
-                    .collect::<BTreeSet<String>>()
-            }
+        match rt.block_on(try_root_names(&primary.addr, &token)) {
+            Ok(names) => break names,
             Err(s) => {
                 assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
                 assert!(
