@@ -748,6 +748,41 @@ mod tests {
         }
     }
 
+    /// CI's short schedule (`scripts/test.sh`, `chaos_short`) keeps reproductions as
+    /// regressions: adding a kind, or a target to a kind CI does not name, must not change
+    /// what its seeds draw. The faults below are those CI ran on 2026-11-25 (at 0.1 s).
+    #[test]
+    fn cis_regression_schedules_stay_as_recorded() {
+        let shown = |seed: u64, kinds: &str| -> Vec<(u64, u64, Fault)> {
+            let kinds = parse_kinds(kinds).unwrap();
+            schedule(seed, 40, &kinds, true)
+                .into_iter()
+                .map(|s| ((s.at_ms + 50) / 100, (s.hold_ms + 50) / 100, s.fault))
+                .collect()
+        };
+        let ci_1 = "kill,stop,partition,partition-one-way,partition-mirror-primary,\
+                    partition-replication,partition-primary-replicator,latency,bandwidth,stop-garage";
+        assert_eq!(
+            shown(1, ci_1),
+            vec![
+                (30, 34, Fault::Stop("replicator2".into())),
+                (90, 43, Fault::Bandwidth),
+                (169, 41, Fault::PartitionMirrorPrimary),
+                (248, 23, Fault::Stop("mirror".into())),
+                (288, 45, Fault::Bandwidth),
+            ]
+        );
+        assert_eq!(
+            shown(4, "partition-replication,partition-mirror-primary"),
+            vec![
+                (30, 52, Fault::PartitionReplication),
+                (118, 42, Fault::PartitionReplication),
+                (185, 35, Fault::PartitionReplication),
+                (258, 59, Fault::PartitionMirrorPrimary),
+            ]
+        );
+    }
+
     #[test]
     fn nemesis_names_are_checked() {
         assert_eq!(parse_kinds("kill, stop").unwrap(), vec!["kill", "stop"]);
