@@ -117,6 +117,14 @@ async fn try_root_names(addr: &str, token: &str) -> Result<BTreeSet<String>, ton
         .collect())
 }
 
+/// Move the region's formatted metadata under a power-loss layer, mounted where it was.
+fn under_power_loss_layer(region: &RegionA) -> strait_chaos::lazyfs::LazyFs {
+    let meta_dir = region.fs.dir.path().join("meta");
+    let backing = region.fs.dir.path().join("meta-backing");
+    std::fs::rename(&meta_dir, &backing).unwrap();
+    strait_chaos::lazyfs::LazyFs::mount(&backing, &meta_dir).unwrap()
+}
+
 fn created_names(log: &[(u64, Vec<u8>)]) -> BTreeSet<String> {
     log.iter()
         .filter_map(|(v, b)| {
@@ -747,11 +755,7 @@ fn a_primary_that_lost_its_unsynced_tail_catches_up_from_the_log() {
     }
     let rt = strait_tests::runtime();
     let region = RegionA::start(&rt);
-    // the formatted metadata moves under the layer
-    let meta_dir = region.fs.dir.path().join("meta");
-    let backing = region.fs.dir.path().join("meta-backing");
-    std::fs::rename(&meta_dir, &backing).unwrap();
-    let layer = strait_chaos::lazyfs::LazyFs::mount(&backing, &meta_dir).unwrap();
+    let layer = under_power_loss_layer(&region);
     let mut primary = region.primary(&["--durability", "replicated"]);
     let token = primary.token.clone();
     rt.block_on(mkdirs(&primary, &["kept-1", "kept-2"]));
@@ -821,10 +825,7 @@ fn a_primary_whose_metadata_went_back_answers_no_read_before_it_caught_up() {
     }
     let rt = strait_tests::runtime();
     let mut region = RegionA::start(&rt);
-    let meta_dir = region.fs.dir.path().join("meta");
-    let backing = region.fs.dir.path().join("meta-backing");
-    std::fs::rename(&meta_dir, &backing).unwrap();
-    let layer = strait_chaos::lazyfs::LazyFs::mount(&backing, &meta_dir).unwrap();
+    let layer = under_power_loss_layer(&region);
     let mut primary = region.primary(&["--durability", "replicated"]);
     let token = primary.token.clone();
     rt.block_on(mkdirs(&primary, &["kept"]));
