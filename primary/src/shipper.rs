@@ -728,7 +728,8 @@ impl Shipper {
 pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 
 /// The primary's mutations are refused once the shipper saw a newer epoch or a replicator
-/// log ahead of this primary's; until its first look (at most [`FIRST_CHECK_WAIT`]) they wait.
+/// log this primary's does not continue, or its lease ran out; every call waits for its state
+/// to settle first (its first comparison with the replicator's log, a catch-up).
 pub struct EpochFence {
     pub shipped: watch::Receiver<Shipped>,
     pub started: Instant,
@@ -774,19 +775,9 @@ impl strait_site::WriteFence for EpochFence {
     }
 
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        // the waits for the first comparison and for a catch-up are `unsettled`'s, which the
+        // service asks first; a catch-up that began since is refused here
         Box::pin(async move {
-            let left = FIRST_CHECK_WAIT.saturating_sub(self.started.elapsed());
-            let mut rx = self.shipped.clone();
-            if !left.is_zero() && !self.shipped.borrow().checked {
-                let _ = tokio::time::timeout(left, rx.wait_for(|s| s.checked)).await;
-            }
-            // a catch-up under way: wait for it a while, then refuse (never commit on the
-            // state it is replacing)
-            if self.shipped.borrow().catching_up.is_some() {
-                let _ =
-                    tokio::time::timeout(CATCH_UP_WAIT, rx.wait_for(|s| s.catching_up.is_none()))
-                        .await;
-            }
             let s = self.shipped.borrow();
             s.fenced
                 .clone()
@@ -810,9 +801,6 @@ impl strait_site::WriteFence for EpochFence {
 /// How long a call waits for this primary's state to settle (its first comparison with the
 /// replicator's log, a catch-up) before it is answered UNAVAILABLE, which the client retries.
 pub const SETTLE_WAIT: Duration = Duration::from_secs(5);
-
-/// How long a change waits for a catch-up under way before it is refused.
-pub const CATCH_UP_WAIT: Duration = Duration::from_secs(10);
 
 /// `replicated` durability over the shipper: waits for [`Shipper::watch`] to reach a version,
 /// at most `timeout`.

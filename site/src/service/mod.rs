@@ -41,8 +41,8 @@ use run::unversioned;
 /// Whether this daemon may commit mutations at all: a primary whose epoch was superseded may
 /// not (another primary was promoted), and every mutation then answers EROFS.
 pub trait WriteFence: Send + Sync + 'static {
-    /// Why mutations are refused, or None while they are allowed (it may wait a moment
-    /// while the daemon starts).
+    /// Why mutations are refused, or None while they are allowed. Asked after
+    /// [`Self::unsettled`].
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>>;
 
     /// Why the daemon's state may still lack changes it acknowledged before it went back (a
@@ -322,9 +322,10 @@ macro_rules! mutation {
     (@run $change:expr, $replay:expr, $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let span = rpc_span($op, $req.metadata());
         async {
-            $self.check_settled($op).await?;
             if $change {
                 $self.check_fence($op).await?;
+            } else {
+                $self.check_settled($op).await?;
             }
             let $m = $self.session($req.metadata())?;
             let id = request_id($req.metadata())?;

@@ -34,8 +34,10 @@ pub(super) fn unversioned<T>(
 }
 
 impl MetaServer {
-    /// EROFS with the fence's reason, when mutations are refused.
+    /// [`Self::check_settled`], then EROFS with the fence's reason when mutations are
+    /// refused.
     pub(super) async fn check_fence(&self, op: &str) -> Result<(), Status> {
+        self.check_settled(op).await?;
         let Some(fence) = &self.fence else {
             return Ok(());
         };
