@@ -348,17 +348,22 @@ fn restart_exited_garage(c: &mut Cluster, i: usize) -> Result<Option<String>> {
     )))
 }
 
-/// SIGKILL daemon `target` and wait until it is gone.
-fn kill_and_wait(c: &mut Cluster, target: &str) -> Result<()> {
-    c.signal(target, libc::SIGKILL)?;
+/// Poll `gone` every 10 ms until it holds; an error naming `what` after `max_ms`.
+fn wait_gone(what: &str, max_ms: u64, mut gone: impl FnMut() -> Result<bool>) -> Result<()> {
     let t = Instant::now();
-    while !c.exited(target)? {
-        if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
-            bail!("{target} still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL");
+    while !gone()? {
+        if t.elapsed() > Duration::from_millis(max_ms) {
+            bail!("{what} still runs {max_ms} ms after SIGKILL");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// SIGKILL daemon `target` and wait until it is gone.
+fn kill_and_wait(c: &mut Cluster, target: &str) -> Result<()> {
+    c.signal(target, libc::SIGKILL)?;
+    wait_gone(target, DAEMON_EXIT_MS_MAX, || c.exited(target))
 }
 
 /// Injects and heals faults, remembering each proxy's faults from before the run.
@@ -400,13 +405,11 @@ impl Nemesis {
     /// call that finds the mount dead never reached it ([`MountState::dead`]).
     fn kill_mount(&self, c: &mut Cluster, region: usize) -> Result<()> {
         c.signal_mount(region, libc::SIGKILL)?;
-        let start = Instant::now();
-        while c.mount_runs(region)? {
-            if start.elapsed() > Duration::from_millis(MOUNT_EXIT_MS_MAX) {
-                bail!("the mount process of region {region} still runs {MOUNT_EXIT_MS_MAX} ms after SIGKILL");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_gone(
+            &format!("the mount process of region {region}"),
+            MOUNT_EXIT_MS_MAX,
+            || Ok(!c.mount_runs(region)?),
+        )?;
         self.mount_state(region)?.dead.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -499,15 +502,9 @@ impl Nemesis {
                     .with_context(|| format!("no Garage in region {i}"))?;
                 // SAFETY: kill has no memory effects
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                let t = Instant::now();
-                while c.garage_exited(*i).is_none() {
-                    if t.elapsed() > Duration::from_millis(DAEMON_EXIT_MS_MAX) {
-                        bail!(
-                            "region {i}'s Garage still runs {DAEMON_EXIT_MS_MAX} ms after SIGKILL"
-                        );
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                wait_gone(&format!("region {i}'s Garage"), DAEMON_EXIT_MS_MAX, || {
+                    Ok(c.garage_exited(*i).is_some())
+                })?;
             }
             Fault::ObjectStore {
                 region,
