@@ -71,7 +71,7 @@ impl Shared {
                 old.len()
             );
         }
-        self.chunks.lock().remove(&(ino, idx));
+        self.drop_chunk(ino, idx);
         Ok(())
     }
 }

@@ -34,7 +34,7 @@ use crate::layout::CHUNK_SIZE;
 use crate::meta::{Attr, Ctx, DirEntry, FileKind, Ino, MetaClient, SetAttr, FILE_SIZE_MAX};
 use crate::object::DynStore;
 pub use cache::BlockCache;
-use chunks::SliceList;
+use chunks::ChunkCache;
 pub use compact::COMPACT_SLICES_MIN;
 pub use fallback::{BlockFallback, Fallback};
 use read::BlockCell;
@@ -93,7 +93,7 @@ pub struct Shared {
     download_slots: Arc<tokio::sync::Semaphore>,
     /// Blocks being fetched through the mirror (they wait across regions).
     fallback_slots: tokio::sync::Semaphore,
-    chunks: Mutex<HashMap<(Ino, u32), SliceList>>,
+    chunks: Mutex<ChunkCache>,
     inflight: Mutex<HashMap<String, Arc<BlockCell>>>,
     /// Blocks already reported corrupt, so each is logged once (bounded).
     reported_corrupt: Mutex<std::collections::HashSet<String>>,
@@ -168,7 +168,7 @@ impl Vfs {
                 opts.download_concurrency.max(1),
             )),
             fallback_slots: tokio::sync::Semaphore::new(opts.fallback_concurrency.max(1)),
-            chunks: Mutex::new(HashMap::new()),
+            chunks: Mutex::new(ChunkCache::default()),
             inflight: Mutex::new(HashMap::new()),
             compacting: Mutex::new(Default::default()),
             reported_corrupt: Mutex::new(Default::default()),
@@ -277,12 +277,14 @@ impl Vfs {
     /// Open `ino`; the flag is true when the file changed since the kernel last heard of it
     /// (another mount wrote it), so the caller must drop the kernel's cached attributes.
     pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<(u64, Attr, bool)> {
-        let (mut a, chunk0) = self.shared.meta.open_inode_chunk0(ctx, ino, flags)?;
         // close-to-open: forget cached slice lists so this open sees every committed write
         self.shared.forget_inode(ino);
+        let mark = self.shared.change_mark(ino);
+        let (mut a, chunk0) = self.shared.meta.open_inode_chunk0(ctx, ino, flags)?;
         if let Some((slices, unsynced)) = chunk0 {
-            // read with the open: the first read needs no call of its own
-            self.shared.keep_chunk(ino, 0, slices, unsynced);
+            // read with the open: the first read needs no call of its own (kept unless a
+            // commit through this mount raced the open)
+            self.shared.keep_chunk(ino, 0, mark, slices, unsynced);
         }
         self.overlay(ino, &mut a);
         let changed = self.saw(ino, &a);
