@@ -54,9 +54,16 @@ use crate::s3proxy::S3Proxy;
 use crate::workload::{Client, History, MountState, Region};
 
 /// Size of each small file system of `disk-full` (sparse files: only what is written takes
-/// room), and of a Garage's, which holds every block written in the run.
+/// room; a fault's filler is `fallocate`d, which writes no data), and of a Garage's. A Garage
+/// holds the live blocks, the dead ones until the primary's GC deletes them (the harness's
+/// [`GC_DELAY_S`], a 60 s grace for the mirror, a pass every 30 s), and Garage keeps a
+/// deleted block's file 10 minutes more: with the workload's few MiB/s, about 3 GiB at any
+/// time however long the run.
 const DISK_MIB: u64 = 256;
-const GARAGE_DISK_MIB: u64 = 2048;
+const GARAGE_DISK_MIB: u64 = 6144;
+/// The file system's `--gc-delay`: short, so that dead slices' blocks are deleted during the
+/// run, under the faults, and the stores do not grow with the run's length.
+const GC_DELAY_S: u64 = 60;
 /// A mount's disk cache when it lives on such a file system: well under its size, so that
 /// only the fault fills it.
 const DISK_CACHE_SIZE: &str = "64M";
@@ -234,6 +241,7 @@ pub fn run(
         primary_args: vec!["--durability".into(), cfg.durability.clone()],
         mirror_args: vec![],
         mount_args,
+        format_args: vec!["--gc-delay".into(), GC_DELAY_S.to_string()],
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");

@@ -64,6 +64,8 @@ pub struct ClusterConfig {
     pub primary_args: Vec<String>,
     pub mirror_args: Vec<String>,
     pub mount_args: Vec<String>,
+    /// More arguments for `strait format` (`--gc-delay 60`, ...).
+    pub format_args: Vec<String>,
     /// Where the chaos harness's faults reach in: proxies in front of the object stores,
     /// data directories on file systems of its own, daemons' environments. Default: none.
     pub hooks: FaultHooks,
@@ -489,7 +491,9 @@ impl Cluster {
                 format!("file://{}", rb.join("data").display()),
             ),
         };
-        run_strait(bin, &env, &["format", &meta_a, &data_a, "--name", "dev"])?;
+        let mut format = vec!["format", meta_a.as_str(), data_a.as_str(), "--name", "dev"];
+        format.extend(a.format_args.iter().map(String::as_str));
+        run_strait(bin, &env, &format)?;
 
         // replicator nodes 1, 2 (A) and 3 (B); node 3 is reached through the link
         let nodes: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_>>()?;

@@ -115,6 +115,7 @@ fn up(a: UpArgs) -> Result<()> {
         primary_args: vec![],
         mirror_args: vec![],
         mount_args: vec![],
+        format_args: vec![],
         hooks: Default::default(),
     };
     let cluster = Cluster::start(
