@@ -7,6 +7,7 @@ pub mod catchup;
 pub mod config;
 pub mod daemon;
 pub mod gc;
+pub mod history;
 pub mod shipper;
 pub mod site;
 

@@ -187,6 +187,9 @@ pub struct Shipper {
     signal: Arc<CommitSignal>,
     shipped: watch::Sender<Shipped>,
     metrics: Arc<Metrics>,
+    /// Whether the versions both this primary and the replicator hold were compared since
+    /// the start (see [`Shipper::resync`]).
+    overlap_compared: std::sync::atomic::AtomicBool,
 }
 
 fn now_ms() -> u64 {
@@ -285,6 +288,7 @@ impl Shipper {
             signal,
             shipped: watch::channel(Shipped::default()).0,
             metrics,
+            overlap_compared: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -537,6 +541,36 @@ impl Shipper {
                     .await);
             }
         };
+        // The replicator is not ahead, but the versions both hold may still differ: an
+        // older copy of this primary's metadata that took changes of its own, under versions
+        // the replicator holds with the old history's contents, up to or past its end.
+        // Resuming would take those for shipped (and trim them) and append after them: a
+        // splice. So the records the outbox still holds at or below the replicator's end are
+        // compared with its log once after the start, before anything is taken for shipped.
+        if !self.overlap_compared.load(Ordering::Relaxed) {
+            let leader = crate::history::Leader {
+                addr: self.client.current_addr(),
+                earliest: Version(status.earliest_version),
+                last: Version(status.last_version),
+            };
+            match crate::history::compare(&self.kv, local, &leader).await {
+                Ok(crate::history::Divergence::Differs { first }) => {
+                    let why = format!(
+                        "diverged: version {first} in this primary's outbox differs from the \
+                         replicator's: the two histories diverged (the replicator's log ends at \
+                         {replicated}, this primary's at {local})"
+                    );
+                    self.fence(&why);
+                    return Err(Step::Stall(why));
+                }
+                Ok(_) => self.overlap_compared.store(true, Ordering::Relaxed),
+                Err(e) => {
+                    return Err(Step::Unreachable(format!(
+                        "compare the outbox with the replicator's log: {e}"
+                    )))
+                }
+            }
+        }
         self.committed(replicated, false);
         Ok(replicated)
     }

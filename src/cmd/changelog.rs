@@ -1,7 +1,7 @@
 //! `strait changelog`: print the outbox's change records.
 
 use anyhow::Result;
-use strait_fs_core::changelog::read_log;
+use strait_fs_core::changelog::{read_log, ChangeRecord};
 use strait_fs_core::Version;
 
 #[derive(clap::Args)]
@@ -18,6 +18,13 @@ pub struct Args {
 
 const PAGE: usize = 1000;
 
+/// One record as `strait changelog` prints it: version, commit time (s.ns), the change.
+pub fn line(v: Version, rec: &ChangeRecord) -> String {
+    let secs = rec.ts_ns.div_euclid(1_000_000_000);
+    let nanos = rec.ts_ns.rem_euclid(1_000_000_000);
+    format!("{v}\t{secs}.{nanos:09}\t{:?}", rec.change)
+}
+
 pub fn run(a: Args) -> Result<()> {
     let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;
     let mut after = Version(a.from);
@@ -31,9 +38,7 @@ pub fn run(a: Args) -> Result<()> {
             if a.limit > 0 && printed >= a.limit {
                 return Ok(());
             }
-            let secs = rec.ts_ns.div_euclid(1_000_000_000);
-            let nanos = rec.ts_ns.rem_euclid(1_000_000_000);
-            println!("{v}\t{secs}.{nanos:09}\t{:?}", rec.change);
+            println!("{}", line(*v, rec));
             printed += 1;
             after = *v;
         }

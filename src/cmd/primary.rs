@@ -1,13 +1,19 @@
 //! `strait primary`: the primary site daemon. Settings come from a TOML file (`--config`),
-//! then `STRAIT_*` variables, then flags, each overriding the one before.
+//! then `STRAIT_*` variables, then flags, each overriding the one before. `strait primary
+//! set-aside` sets a diverged primary's own history aside (see [`set_aside`]).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use strait_primary::PrimaryConfig;
 
+mod set_aside;
+
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<Action>,
     /// TOML configuration file (every field optional; see --example-config).
     #[arg(long, env = "STRAIT_CONFIG")]
     pub config: Option<PathBuf>,
@@ -62,6 +68,39 @@ pub struct Args {
     /// (0: no lease).
     #[arg(long, env = "STRAIT_LEASE_MS")]
     pub lease_ms: Option<u64>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// A primary whose history diverged from the replicator's log (it answers EROFS, its log
+    /// says `diverged`): write the changes only it holds to a file, load its metadata from a
+    /// mirror, and keep the old metadata beside it. Run it with the primary stopped.
+    SetAside(SetAsideArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SetAsideArgs {
+    /// The primary's metadata engine (rocksdb:///path; the primary must be stopped).
+    #[arg(long, env = "STRAIT_META_URL")]
+    pub meta_url: String,
+    /// Replicator nodes (host:port, comma-separated).
+    #[arg(
+        long,
+        env = "STRAIT_REPLICATOR",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub replicator: Vec<String>,
+    /// A mirror of the file system (its metadata service, host:port): the metadata is loaded
+    /// from its snapshot.
+    #[arg(long)]
+    pub from_mirror: String,
+    /// Token of the site daemons.
+    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
+    pub token: String,
+    /// Where to write the list of the changes set aside (must not exist).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 impl Args {
@@ -136,6 +175,9 @@ impl Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(Action::SetAside(s)) = a.action {
+        return set_aside::run(s);
+    }
     if a.example_config {
         print!("{}", PrimaryConfig::example_toml());
         return Ok(());

@@ -690,6 +690,215 @@ fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
     assert!(!at_primary.contains("lost-1"), "{at_primary:?}");
 }
 
+/// The same divergence with the older copy's own changes reaching (and passing) the
+/// replicator's end: the replicator is not ahead, so there is nothing to catch up, but the
+/// versions both hold differ. Resuming would take them for shipped and append after them (a
+/// splice); the primary compares them first, and refuses every change.
+#[test]
+fn a_diverged_primary_at_or_past_the_replicators_end_takes_no_changes_and_never_splices() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let meta_dir = region.fs.dir.path().join("meta");
+    let saved = tempfile::tempdir().unwrap();
+    let mut primary = region.primary(&["--durability", "replicated"]);
+    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
+    write(&primary, &["kept-1"]);
+    assert!(primary.terminate());
+    copy_tree(&meta_dir, saved.path());
+    primary.restart();
+    write(&primary, &["lost-1", "lost-2"]);
+    assert!(primary.terminate());
+    drop(primary);
+    std::fs::remove_dir_all(&meta_dir).unwrap();
+    copy_tree(saved.path(), &meta_dir);
+    let mut alone = Primary::start(
+        &region.fs.meta_url,
+        &region.fs.env,
+        &["--gc-interval-s", "0"],
+    );
+    // one version past the replicator's end
+    write(&alone, &["other-1", "other-2", "other-3"]);
+    assert!(alone.terminate());
+    drop(alone);
+    let primary = region.primary(&["--durability", "local"]);
+    rt.block_on(async {
+        let mut c = connect(&primary.addr).await;
+        let sid = session(&mut c, &primary.token).await;
+        let err = mkdir(&mut c, &primary.token, sid, "new-1")
+            .await
+            .expect_err("a primary whose history diverged must take no changes");
+        assert_eq!(
+            strait_proto::status_errno(&err),
+            Some(libc::EROFS),
+            "{err:?}"
+        );
+        assert!(err.message().contains("diverged"), "{err:?}");
+    });
+    // give a splicing shipper the time to append
+    std::thread::sleep(Duration::from_secs(2));
+    let log = rt.block_on(region.cluster.read_log(0, Duration::from_secs(30)));
+    let names = created_names(&log);
+    for n in ["kept-1", "lost-1", "lost-2"] {
+        assert!(names.contains(n), "{n} must stay in the log: {names:?}");
+    }
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("other-") || n.starts_with("new-")),
+        "{names:?}"
+    );
+    let text = primary.log_text();
+    assert!(text.contains("differs from the replicator's"), "{text}");
+}
+
+/// `strait primary set-aside` on a diverged primary: the changes only it holds are listed in
+/// a file, its metadata becomes a mirror's (the replicator's history) with the old engine kept
+/// beside it, and started again it catches up from the log and takes changes, which the mirror
+/// applies after the history it had. Refused while the primary runs, when nothing diverged,
+/// and over an existing file, changing nothing.
+#[test]
+fn a_diverged_primary_sets_its_own_changes_aside_and_follows_the_log_again() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let meta_dir = region.fs.dir.path().join("meta");
+    let saved = tempfile::tempdir().unwrap();
+    let mut primary = region.primary(&["--durability", "replicated"]);
+    let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &[]);
+    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
+    write(&primary, &["kept-1"]);
+    assert!(primary.terminate());
+    copy_tree(&meta_dir, saved.path());
+    primary.restart();
+    write(&primary, &["shipped-1", "shipped-2"]);
+    assert!(primary.terminate());
+    // the older copy takes changes of its own, with no replicator to ship them to
+    std::fs::remove_dir_all(&meta_dir).unwrap();
+    copy_tree(saved.path(), &meta_dir);
+    let mut alone = Primary::start(
+        &region.fs.meta_url,
+        &region.fs.env,
+        &["--gc-interval-s", "0"],
+    );
+    write(&alone, &["only-here-1", "only-here-2"]);
+    assert!(alone.terminate());
+    drop(alone);
+    // the mirror has the replicator's history
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let names = rt.block_on(try_root_names(&mirror.addr, &mirror.token));
+        if names.as_ref().is_ok_and(|n| n.contains("shipped-2")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the mirror never applied shipped-2: {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = saved.path().join("set-aside.txt");
+    let out_s = out.to_str().unwrap().to_string();
+    let replicator = region.addrs.join(",");
+    let args = |out: &str| -> Vec<String> {
+        [
+            "primary",
+            "set-aside",
+            "--meta-url",
+            &region.fs.meta_url,
+            "--replicator",
+            &replicator,
+            "--from-mirror",
+            &mirror.addr,
+            "--token",
+            &mirror.token,
+            "--out",
+            out,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let run = |a: &[String]| {
+        strait_tests::mount::strait(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let fails = |a: &[String]| {
+        strait_tests::mount::strait_fails(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // refused while the primary runs (it says diverged meanwhile)
+    primary.restart();
+    let (_, err) = fails(&args(&out_s));
+    assert!(err.contains("still running"), "{err}");
+    assert!(!out.exists());
+    assert!(primary.terminate());
+    // refused over an existing file
+    let taken = saved.path().join("taken.txt");
+    std::fs::write(&taken, "mine").unwrap();
+    let (_, err) = fails(&args(taken.to_str().unwrap()));
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read_to_string(&taken).unwrap(), "mine");
+
+    // a mirror that cannot be reached: the list is written, the metadata unchanged
+    let early = saved.path().join("early.txt");
+    let mut unreachable = args(early.to_str().unwrap());
+    let at = unreachable
+        .iter()
+        .position(|a| a == "--from-mirror")
+        .unwrap()
+        + 1;
+    unreachable[at] = format!("127.0.0.1:{}", strait_tests::free_port());
+    let (_, err) = fails(&unreachable);
+    assert!(err.contains("the metadata is unchanged"), "{err}");
+    assert!(std::fs::read_to_string(&early)
+        .unwrap()
+        .contains("only-here-2"));
+    assert!(!region.fs.dir.path().join("meta.loading").exists());
+
+    let said = run(&args(&out_s));
+    assert!(said.contains("set aside 2 changes"), "{said}");
+    let list = std::fs::read_to_string(&out).unwrap();
+    let changes: Vec<&str> = list.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(changes.len(), 2, "{list}");
+    assert!(changes[0].contains("\"only-here-1\""), "{list}");
+    assert!(changes[1].contains("\"only-here-2\""), "{list}");
+    assert!(list.contains("differs from the replicator's"), "{list}");
+    // the old engine is kept beside the new one
+    let kept: Vec<_> = std::fs::read_dir(region.fs.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("meta.set-aside-")
+        })
+        .collect();
+    assert_eq!(kept.len(), 1);
+
+    // started again: it catches up and takes changes; the mirror, which follows the log,
+    // shows the same tree (no change set aside reached the log)
+    primary.restart();
+    write(&primary, &["after-1"]);
+    let at_primary = rt.block_on(root_names(&primary.addr, &primary.token));
+    let want: BTreeSet<String> = ["kept-1", "shipped-1", "shipped-2", "after-1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(at_primary, want);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let names = rt.block_on(try_root_names(&mirror.addr, &mirror.token));
+        if names.as_ref().is_ok_and(|n| *n == want) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the mirror: {names:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // nothing diverges any more: a second set-aside is refused
+    assert!(primary.terminate());
+    let again = saved.path().join("again.txt");
+    let (_, err) = fails(&args(again.to_str().unwrap()));
+    assert!(err.contains("nothing to set aside"), "{err}");
+    assert!(!again.exists());
+}
+
 /// With a lease, a primary cut off from every replicator node refuses changes once the lease
 /// has run out since the replicator last accepted something from it (another primary may have
 /// been promoted meanwhile), and takes them again once the replicator answers.

@@ -1,0 +1,204 @@
+//! `strait primary set-aside`: a primary whose history diverged from the replicator's log
+//! takes no change until an operator decides (docs/operations.md, "A primary whose history
+//! diverged"). This command is that decision: it lists the changes only the primary holds in
+//! a file, loads the file system's metadata from a mirror (which follows the replicator's
+//! log) into a new engine, and swaps it in, keeping the old engine's directory beside it.
+//! Started again, the primary catches up from the log and takes changes.
+//!
+//! Nothing is changed before the list is on disk, and nothing is swapped before the new
+//! engine is loaded, verified (the snapshot's digest) and known to be continued by the log.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use strait_fs_core::url::MetaUrl;
+use strait_fs_core::Version;
+use strait_primary::history::{self as core, Divergence};
+
+use super::SetAsideArgs;
+
+pub fn run(a: SetAsideArgs) -> Result<()> {
+    let dir = match MetaUrl::parse(&a.meta_url)? {
+        MetaUrl::RocksDb(p) => p,
+        _ => bail!(
+            "set-aside swaps RocksDB directories: it takes rocksdb:// engines only, not {}",
+            a.meta_url
+        ),
+    };
+    if !dir.join("CURRENT").is_file() {
+        bail!("no RocksDB engine at {}", dir.display());
+    }
+    if a.out.exists() {
+        bail!("{} exists: name a new file with --out", a.out.display());
+    }
+    super::super::runtime()?.block_on(set_aside(&a, &dir))
+}
+
+/// `DIR.NAME` beside the directory `dir`.
+fn beside(dir: &Path, name: &str) -> Result<PathBuf> {
+    let base = dir
+        .file_name()
+        .ok_or_else(|| anyhow!("{} names no directory", dir.display()))?;
+    Ok(dir.with_file_name(format!("{}.{name}", base.to_string_lossy())))
+}
+
+async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
+    let kv = strait_fs_core::kv::open(&a.meta_url).with_context(|| {
+        format!(
+            "open {} (set-aside needs the primary stopped: is it still running?)",
+            a.meta_url
+        )
+    })?;
+    let local = kv.last_version()?;
+    let leader = core::leader(&a.replicator).await.map_err(|e| anyhow!(e))?;
+    eprintln!(
+        "comparing this primary's change log (version {local}) with the replicator's \
+         (leader {}, versions {} to {})",
+        leader.addr, leader.earliest, leader.last
+    );
+    let (first, why) = match core::compare(&kv, local, &leader)
+        .await
+        .map_err(|e| anyhow!(e))?
+    {
+        Divergence::None { compared } => bail!(
+            "this primary's history and the replicator's agree ({compared} records compared; \
+             this primary at version {local}, the replicator at {}): nothing to set aside. \
+             Start the primary: it catches up or ships by itself",
+            leader.last
+        ),
+        Divergence::Differs { first } => (
+            first,
+            format!(
+                "version {first} of this primary differs from the replicator's: the changes \
+                 below, from version {first} on, are only in this primary's history"
+            ),
+        ),
+        Divergence::Purged { earliest } => (
+            Version(1),
+            format!(
+                "the replicator no longer holds versions {} to {}, which this primary lacks: \
+                 the changes below are the ones its change log still held, which could not be \
+                 compared with the replicator's; those the replicator did not have are lost",
+                local.next(),
+                Version(earliest.0 - 1)
+            ),
+        ),
+    };
+    let k = kv.clone();
+    let lost = tokio::task::spawn_blocking(move || core::records_from(&k, first))
+        .await
+        .context("a task failed")?
+        .map_err(|e| anyhow!(e))?;
+    let floor = core::counters(&kv).map_err(|e| anyhow!(e))?;
+    write_list(a, local, &leader, &why, &lost)?;
+    eprintln!("{} changes set aside in {}", lost.len(), a.out.display());
+
+    // the mirror's snapshot, into a new engine beside the old one
+    let loading = beside(dir, "loading")?;
+    let loaded = match load_beside(a, &loading, floor, &lost).await {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&loading);
+            return Err(e.context(format!(
+                "the metadata is unchanged (the list in {} stays; run the command again with \
+                 another --out)",
+                a.out.display()
+            )));
+        }
+    };
+    drop(kv);
+
+    let kept = beside(
+        dir,
+        &format!("set-aside-{}", std::time::UNIX_EPOCH.elapsed()?.as_secs()),
+    )?;
+    std::fs::rename(dir, &kept)
+        .with_context(|| format!("move {} to {}", dir.display(), kept.display()))?;
+    std::fs::rename(&loading, dir)
+        .with_context(|| format!("move {} to {}", loading.display(), dir.display()))?;
+    if let Some(parent) = dir.parent() {
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("sync {}", parent.display()))?;
+    }
+    println!(
+        "set aside {} changes in {}; the metadata is now the mirror's at version {} (the \
+         old engine is kept in {}); start the primary: it catches up from the replicator \
+         (version {})",
+        lost.len(),
+        a.out.display(),
+        loaded.0,
+        kept.display(),
+        loaded.1
+    );
+    Ok(())
+}
+
+/// Load the mirror's snapshot into a new engine at `loading`, check that the replicator's
+/// log continues it, and keep the ids in use unused. Returns the version loaded and the
+/// replicator's last.
+async fn load_beside(
+    a: &SetAsideArgs,
+    loading: &Path,
+    floor: (i64, i64),
+    lost: &[(Version, strait_fs_core::changelog::ChangeRecord)],
+) -> Result<(Version, Version)> {
+    if loading.exists() {
+        std::fs::remove_dir_all(loading)
+            .with_context(|| format!("remove {} (an earlier attempt's)", loading.display()))?;
+    }
+    let new_kv = strait_fs_core::kv::open(&format!("rocksdb://{}", loading.display()))?;
+    eprintln!("loading the metadata from the mirror at {}", a.from_mirror);
+    let source = strait_mirror::follower::Primary::new(&a.from_mirror, &a.token)?;
+    let loaded = strait_mirror::follower::bootstrap(&new_kv, &source, None)
+        .await
+        .with_context(|| format!("load the snapshot of the mirror at {}", a.from_mirror))?;
+    let now = core::leader(&a.replicator).await.map_err(|e| anyhow!(e))?;
+    if now.earliest > loaded.next() {
+        bail!(
+            "the mirror's snapshot is at version {loaded}, but the replicator's log starts at {}: \
+             the primary could not catch up from it (is the mirror bootstrapping again?)",
+            now.earliest
+        );
+    }
+    core::keep_ids_unused(&new_kv, floor, lost).map_err(|e| anyhow!(e))?;
+    new_kv.sync()?;
+    Ok((loaded, now.last))
+}
+
+/// The list of the changes set aside, written whole and synced before anything changes.
+fn write_list(
+    a: &SetAsideArgs,
+    local: Version,
+    leader: &core::Leader,
+    why: &str,
+    lost: &[(Version, strait_fs_core::changelog::ChangeRecord)],
+) -> Result<()> {
+    let tmp = a.out.with_extension("partial");
+    let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let mut text = format!(
+        "# strait primary set-aside of {} at {} s since 1970\n\
+         # this primary's change log ended at version {local}; the replicator's leader ({}) held \
+         versions {} to {}\n\
+         # {why}\n\
+         # {} changes; one per line: version, commit time (s since 1970), the change \
+         (as `strait changelog` prints it)\n",
+        a.meta_url,
+        std::time::UNIX_EPOCH.elapsed()?.as_secs(),
+        leader.addr,
+        leader.earliest,
+        leader.last,
+        lost.len()
+    );
+    for (v, rec) in lost {
+        text.push_str(&crate::cmd::changelog::line(*v, rec));
+        text.push('\n');
+    }
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &a.out)
+        .with_context(|| format!("move {} to {}", tmp.display(), a.out.display()))?;
+    Ok(())
+}
