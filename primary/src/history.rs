@@ -49,9 +49,11 @@ pub enum Divergence {
     /// They agree wherever both hold a version (`compared` records of the outbox were found
     /// equal): nothing to set aside.
     None { compared: u64 },
-    /// This primary's record of version `first` differs from the replicator's: it and every
-    /// later local record are on another history.
-    Differs { first: Version },
+    /// This primary's record of version `seen` differs from the replicator's: it and every
+    /// later local record are on another history, and so may be those from `first` on (the
+    /// outbox's records the replicator no longer holds to compare, when no record before
+    /// `seen` was found equal; else `first == seen`).
+    Differs { first: Version, seen: Version },
     /// The replicator no longer holds the versions this primary lacks (its log starts at
     /// `earliest`, after the local version + 1): it cannot catch up by itself.
     Purged { earliest: Version },
@@ -99,7 +101,7 @@ fn outbox(kv: &DynKv, after: Version, n: usize) -> Result<Vec<(Version, Vec<u8>)
 /// Compare the outbox of the engine `kv`, at version `local`, with the log of the leader:
 /// every version both hold, byte for byte.
 pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Divergence, String> {
-    let first = {
+    let outbox_first = {
         let k = kv.clone();
         tokio::task::spawn_blocking(move || outbox(&k, Version::ZERO, 1))
             .await
@@ -109,7 +111,7 @@ pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Dive
     };
     // the versions both may hold: from the outbox's first (or the log's earliest) to the
     // lower of the two ends
-    let lo = first.unwrap_or(local.next()).max(leader.earliest);
+    let lo = outbox_first.unwrap_or(local.next()).max(leader.earliest);
     let hi = local.min(leader.last);
     if lo > hi {
         if leader.last > local && leader.earliest > local.next() {
@@ -161,7 +163,14 @@ pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Dive
                     // a version the outbox no longer holds was trimmed: shipped from here
                     if let Some((_, m)) = mine.iter().find(|(mv, _)| mv == v) {
                         if m != raw {
-                            return Ok(Divergence::Differs { first: *v });
+                            // a record found equal shows the histories agree up to it;
+                            // without one, the outbox's records below the log's start are
+                            // as suspect as this one
+                            let first = match (compared, outbox_first) {
+                                (0, Some(f)) => f.min(*v),
+                                _ => *v,
+                            };
+                            return Ok(Divergence::Differs { first, seen: *v });
                         }
                         compared += 1;
                     }

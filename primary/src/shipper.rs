@@ -554,9 +554,9 @@ impl Shipper {
                 last: Version(status.last_version),
             };
             match crate::history::compare(&self.kv, local, &leader).await {
-                Ok(crate::history::Divergence::Differs { first }) => {
+                Ok(crate::history::Divergence::Differs { seen, .. }) => {
                     let why = format!(
-                        "diverged: version {first} in this primary's outbox differs from the \
+                        "diverged: version {seen} in this primary's outbox differs from the \
                          replicator's: the two histories diverged (the replicator's log ends at \
                          {replicated}, this primary's at {local})"
                     );

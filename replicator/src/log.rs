@@ -264,7 +264,10 @@ impl LogState {
         {
             start = start.max(v);
         }
-        start = start.min(self.last_version.next());
+        // the last record always stays: a primary whose metadata went back compares its own
+        // record of that version with it, to tell a history of its own (a diverged copy at
+        // or past the log's end) from records it shipped itself (strait-primary's `history`)
+        start = start.min(self.last_version.max(Version(1)));
         if start <= self.earliest_version {
             return None;
         }
@@ -717,8 +720,8 @@ mod tests {
         let forget = |m: &str| Command::ForgetMirror { mirror: m.into() };
         assert_eq!(run(&mut s, &mut log, forget("gone")), Outcome::Done);
         assert!(!s.cursors.contains_key("gone"));
-        // the log may now start above the live mirror's cursor
-        assert_eq!(s.earliest_version, Version(6));
+        // the log may now start above the live mirror's cursor, but keeps its last record
+        assert_eq!(s.earliest_version, Version(5));
         // a name with no cursor: refused, nothing changes
         assert!(matches!(
             run(&mut s, &mut log, forget("never")),
@@ -744,7 +747,9 @@ mod tests {
         run(&mut s, &mut log, ack("m1", 5));
         assert_eq!(s.earliest_version, Version(5));
         run(&mut s, &mut log, ack(PRIMARY_CURSOR, 5));
-        assert_eq!(s.earliest_version, Version(6));
+        // every cursor at the end: the last record stays (a primary compares its own with it)
+        assert_eq!(s.earliest_version, Version(5));
+        assert_eq!(log.keys().copied().collect::<Vec<_>>(), vec![Version(5)]);
     }
 
     #[test]

@@ -625,25 +625,55 @@ fn a_primary_whose_metadata_went_back_catches_up_from_the_replicator_and_never_s
     assert!(metric(&primary, "strait_caught_up_versions_total").unwrap_or(0) >= 3);
 }
 
-/// A primary whose log does not continue the replicator's (it took changes the replicator
-/// never had, under versions the replicator holds with other contents) never splices and never
-/// applies the replicator's records on top of its own: it says why and answers EROFS.
-#[test]
-fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
-    let rt = strait_tests::runtime();
-    let region = RegionA::start(&rt);
+/// The replicator leader's status once `done` holds for it (at most 30 s).
+fn wait_status(
+    rt: &tokio::runtime::Runtime,
+    region: &RegionA,
+    done: impl Fn(&strait_proto::replicator::StatusReply) -> bool,
+) -> strait_proto::replicator::StatusReply {
+    let lc = {
+        let _in = rt.enter();
+        strait_replicator_client::LogClient::new(&region.addrs).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = rt.block_on(lc.status()).unwrap();
+        if st.leader == Some(st.id) && done(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "{st:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Make the region's primary diverge from the replicator's log: a primary in `replicated`
+/// durability writes `kept-1`, a copy of its metadata is saved, it writes `shipped`, then the
+/// copy is put back and takes the changes `own` with no replicator to ship them to. Returns
+/// the primary (stopped; `restart` starts it on the diverged copy, shipping again) and what
+/// `beside` made once it first ran (a mirror, ...).
+fn diverge<T>(
+    rt: &tokio::runtime::Runtime,
+    region: &RegionA,
+    shipped: &[&str],
+    own: &[&str],
+    beside: impl FnOnce(&Primary) -> T,
+) -> (Primary, T) {
     let meta_dir = region.fs.dir.path().join("meta");
     let saved = tempfile::tempdir().unwrap();
     let mut primary = region.primary(&["--durability", "replicated"]);
-    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
-    write(&primary, &["kept-1"]);
+    let made = beside(&primary);
+    rt.block_on(mkdirs(&primary, &["kept-1"]));
     assert!(primary.terminate());
     copy_tree(&meta_dir, saved.path());
     primary.restart();
-    write(&primary, &["lost-1", "lost-2", "lost-3"]);
+    rt.block_on(mkdirs(&primary, shipped));
+    // its durable mark at the log's end: only mirrors' cursors hold the log back
+    wait_status(rt, region, |st| {
+        st.cursors
+            .iter()
+            .any(|c| c.mirror == "@primary" && c.applied_version >= st.last_version)
+    });
     assert!(primary.terminate());
-    drop(primary);
-    // the older copy takes changes of its own, with no replicator to ship them to
     std::fs::remove_dir_all(&meta_dir).unwrap();
     copy_tree(saved.path(), &meta_dir);
     let mut alone = Primary::start(
@@ -651,9 +681,26 @@ fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
         &region.fs.env,
         &["--gc-interval-s", "0"],
     );
-    write(&alone, &["other-1"]);
+    rt.block_on(mkdirs(&alone, own));
     assert!(alone.terminate());
-    drop(alone);
+    (primary, made)
+}
+
+/// A primary whose log does not continue the replicator's (it took changes the replicator
+/// never had, under versions the replicator holds with other contents) never splices and never
+/// applies the replicator's records on top of its own: it says why and answers EROFS.
+#[test]
+fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let (primary, ()) = diverge(
+        &rt,
+        &region,
+        &["lost-1", "lost-2", "lost-3"],
+        &["other-1"],
+        |_| (),
+    );
+    drop(primary);
     let primary = region.primary(&["--durability", "local"]);
     rt.block_on(async {
         let mut c = connect(&primary.addr).await;
@@ -698,28 +745,15 @@ fn a_primary_whose_history_diverged_takes_no_changes_and_never_splices() {
 fn a_diverged_primary_at_or_past_the_replicators_end_takes_no_changes_and_never_splices() {
     let rt = strait_tests::runtime();
     let region = RegionA::start(&rt);
-    let meta_dir = region.fs.dir.path().join("meta");
-    let saved = tempfile::tempdir().unwrap();
-    let mut primary = region.primary(&["--durability", "replicated"]);
-    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
-    write(&primary, &["kept-1"]);
-    assert!(primary.terminate());
-    copy_tree(&meta_dir, saved.path());
-    primary.restart();
-    write(&primary, &["lost-1", "lost-2"]);
-    assert!(primary.terminate());
-    drop(primary);
-    std::fs::remove_dir_all(&meta_dir).unwrap();
-    copy_tree(saved.path(), &meta_dir);
-    let mut alone = Primary::start(
-        &region.fs.meta_url,
-        &region.fs.env,
-        &["--gc-interval-s", "0"],
-    );
     // one version past the replicator's end
-    write(&alone, &["other-1", "other-2", "other-3"]);
-    assert!(alone.terminate());
-    drop(alone);
+    let (primary, ()) = diverge(
+        &rt,
+        &region,
+        &["lost-1", "lost-2"],
+        &["other-1", "other-2", "other-3"],
+        |_| (),
+    );
+    drop(primary);
     let primary = region.primary(&["--durability", "local"]);
     rt.block_on(async {
         let mut c = connect(&primary.addr).await;
@@ -760,28 +794,15 @@ fn a_diverged_primary_at_or_past_the_replicators_end_takes_no_changes_and_never_
 fn a_diverged_primary_sets_its_own_changes_aside_and_follows_the_log_again() {
     let rt = strait_tests::runtime();
     let region = RegionA::start(&rt);
-    let meta_dir = region.fs.dir.path().join("meta");
     let saved = tempfile::tempdir().unwrap();
-    let mut primary = region.primary(&["--durability", "replicated"]);
-    let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &[]);
-    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
-    write(&primary, &["kept-1"]);
-    assert!(primary.terminate());
-    copy_tree(&meta_dir, saved.path());
-    primary.restart();
-    write(&primary, &["shipped-1", "shipped-2"]);
-    assert!(primary.terminate());
-    // the older copy takes changes of its own, with no replicator to ship them to
-    std::fs::remove_dir_all(&meta_dir).unwrap();
-    copy_tree(saved.path(), &meta_dir);
-    let mut alone = Primary::start(
-        &region.fs.meta_url,
-        &region.fs.env,
-        &["--gc-interval-s", "0"],
+    let (mut primary, mirror) = diverge(
+        &rt,
+        &region,
+        &["shipped-1", "shipped-2"],
+        &["only-here-1", "only-here-2"],
+        |p| Primary::mirror(p, "region-b", &region.addrs, &[]),
     );
-    write(&alone, &["only-here-1", "only-here-2"]);
-    assert!(alone.terminate());
-    drop(alone);
+    let write = |p: &Primary, names: &[&str]| rt.block_on(mkdirs(p, names));
     // the mirror has the replicator's history
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -823,8 +844,29 @@ fn a_diverged_primary_sets_its_own_changes_aside_and_follows_the_log_again() {
     let fails = |a: &[String]| {
         strait_tests::mount::strait_fails(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
-    // refused while the primary runs (it says diverged meanwhile)
+    // the mirror applied every record and the primary's durable mark passed them: the log is
+    // purged up to its last record
+    let st = wait_status(&rt, &region, |st| st.earliest_version >= st.last_version);
+    assert_eq!(
+        st.earliest_version, st.last_version,
+        "the last record stays"
+    );
+    // refused while the primary runs; the primary itself takes no change: its record of the
+    // log's last version differs from the replicator's
     primary.restart();
+    let err = rt
+        .block_on(async {
+            let mut c = connect(&primary.addr).await;
+            let sid = session(&mut c, &primary.token).await;
+            mkdir(&mut c, &primary.token, sid, "new-1").await
+        })
+        .expect_err("a primary whose history diverged must take no changes");
+    assert_eq!(
+        strait_proto::status_errno(&err),
+        Some(libc::EROFS),
+        "{err:?}"
+    );
+    assert!(err.message().contains("diverged"), "{err:?}");
     let (_, err) = fails(&args(&out_s));
     assert!(err.contains("still running"), "{err}");
     assert!(!out.exists());
@@ -853,13 +895,24 @@ fn a_diverged_primary_sets_its_own_changes_aside_and_follows_the_log_again() {
     assert!(!region.fs.dir.path().join("meta.loading").exists());
 
     let said = run(&args(&out_s));
-    assert!(said.contains("set aside 2 changes"), "{said}");
     let list = std::fs::read_to_string(&out).unwrap();
     let changes: Vec<&str> = list.lines().filter(|l| !l.starts_with('#')).collect();
-    assert_eq!(changes.len(), 2, "{list}");
-    assert!(changes[0].contains("\"only-here-1\""), "{list}");
-    assert!(changes[1].contains("\"only-here-2\""), "{list}");
+    assert!(
+        said.contains(&format!("set aside {} changes", changes.len())),
+        "{said}"
+    );
+    // the two changes only this primary made, last; before them, when the log no longer
+    // holds the versions to compare, the outbox's records that cannot be shown equal (the
+    // header says they may be in both histories)
+    let n = changes.len();
+    assert!(n >= 2, "{list}");
+    assert!(changes[n - 2].contains("\"only-here-1\""), "{list}");
+    assert!(changes[n - 1].contains("\"only-here-2\""), "{list}");
+    assert!(!list.contains("\"shipped-"), "{list}");
     assert!(list.contains("differs from the replicator's"), "{list}");
+    if n > 2 {
+        assert!(list.contains("or were in both"), "{list}");
+    }
     // the old engine is kept beside the new one
     let kept: Vec<_> = std::fs::read_dir(region.fs.dir.path())
         .unwrap()

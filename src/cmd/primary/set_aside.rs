@@ -67,7 +67,16 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
              Start the primary: it catches up or ships by itself",
             leader.last
         ),
-        Divergence::Differs { first } => (
+        Divergence::Differs { first, seen } if first < seen => (
+            first,
+            format!(
+                "version {seen} of this primary differs from the replicator's, whose log no \
+                 longer holds versions {first} to {} to compare: the changes below, from version \
+                 {first} on, are only in this primary's history, or were in both",
+                Version(seen.0 - 1)
+            ),
+        ),
+        Divergence::Differs { first, .. } => (
             first,
             format!(
                 "version {first} of this primary differs from the replicator's: the changes \
