@@ -41,6 +41,22 @@ pub struct Leader {
     /// The first version its log still holds, and the last.
     pub earliest: Version,
     pub last: Version,
+    /// The last version it purged and the digest of its record
+    /// ([`strait_replicator_client::record_digest`]).
+    pub purged_last: Option<(Version, Vec<u8>)>,
+}
+
+impl Leader {
+    /// From the leader's status, answered at `addr`.
+    pub fn from_status(addr: String, s: &pb::StatusReply) -> Leader {
+        Leader {
+            addr,
+            earliest: Version(s.earliest_version),
+            last: Version(s.last_version),
+            purged_last: (s.purged_last_version > 0)
+                .then(|| (Version(s.purged_last_version), s.purged_last_digest.clone())),
+        }
+    }
 }
 
 /// Where this primary's history and the replicator's part.
@@ -76,11 +92,7 @@ pub async fn leader(addrs: &[String]) -> Result<Leader, String> {
             Ok(Ok(r)) => {
                 let r = r.into_inner();
                 if r.leader == Some(r.id) {
-                    return Ok(Leader {
-                        addr: addr.clone(),
-                        earliest: Version(r.earliest_version),
-                        last: Version(r.last_version),
-                    });
+                    return Ok(Leader::from_status(addr.clone(), &r));
                 }
                 seen.push(format!("{addr}: node {} is not the leader", r.id));
             }
@@ -113,13 +125,31 @@ pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Dive
     // lower of the two ends
     let lo = outbox_first.unwrap_or(local.next()).max(leader.earliest);
     let hi = local.min(leader.last);
+    let mut compared = 0u64;
+    // the last version the log purged, by its record's digest, when the outbox holds it: the
+    // one comparison left when everything both hold was purged
+    if let (Some((pv, digest)), Some(f)) = (&leader.purged_last, outbox_first) {
+        let pv = *pv;
+        if pv >= f && pv <= local {
+            let k = kv.clone();
+            let mine = tokio::task::spawn_blocking(move || outbox(&k, Version(pv.0 - 1), 1))
+                .await
+                .map_err(|e| format!("a task failed: {e}"))??;
+            if let Some((_, m)) = mine.first().filter(|(v, _)| *v == pv) {
+                if strait_replicator_client::record_digest(m) != *digest {
+                    return Ok(Divergence::Differs { first: f, seen: pv });
+                }
+                compared += 1;
+            }
+        }
+    }
     if lo > hi {
         if leader.last > local && leader.earliest > local.next() {
             return Ok(Divergence::Purged {
                 earliest: leader.earliest,
             });
         }
-        return Ok(Divergence::None { compared: 0 });
+        return Ok(Divergence::None { compared });
     }
     let channel = strait_replicator_client::channel(&leader.addr)
         .map_err(|e| format!("replicator address {}: {e}", leader.addr))?;
@@ -132,7 +162,6 @@ pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Dive
         .await
         .map_err(|s| format!("subscribe at {}: {}", leader.addr, s.message()))?
         .into_inner();
-    let mut compared = 0u64;
     let mut at = Version(lo.0 - 1);
     while at < hi {
         let msg = match tokio::time::timeout(IDLE, stream.message()).await {

@@ -536,9 +536,7 @@ impl Shipper {
                 // taking changes now would write new records under versions the replicator
                 // (and the mirrors) already hold with other contents (a splice): apply them
                 // from the replicator first, if its log continues this primary's
-                return Err(self
-                    .catch_up(local, Version(status.last_version), why)
-                    .await);
+                return Err(self.catch_up(local, &status, why).await);
             }
         };
         // The replicator is not ahead, but the versions both hold may still differ: an
@@ -548,11 +546,7 @@ impl Shipper {
         // splice. So the records the outbox still holds at or below the replicator's end are
         // compared with its log once after the start, before anything is taken for shipped.
         if !self.overlap_compared.load(Ordering::Relaxed) {
-            let leader = crate::history::Leader {
-                addr: self.client.current_addr(),
-                earliest: Version(status.earliest_version),
-                last: Version(status.last_version),
-            };
+            let leader = crate::history::Leader::from_status(self.client.current_addr(), &status);
             match crate::history::compare(&self.kv, local, &leader).await {
                 Ok(crate::history::Divergence::Differs { seen, .. }) => {
                     let why = format!(
@@ -577,7 +571,28 @@ impl Shipper {
 
     /// This primary's log ends at `local`, before the replicator's `target`: apply what it
     /// lacks from the replicator, or fence it when the two histories diverged.
-    async fn catch_up(&self, local: Version, target: Version, why: String) -> Step {
+    async fn catch_up(&self, local: Version, status: &pb::StatusReply, why: String) -> Step {
+        let target = Version(status.last_version);
+        // the part both hold first, the purged part's last record included (by its digest):
+        // the catch-up below compares only what the log still holds, and would take a
+        // purged part for this primary's own
+        let leader = crate::history::Leader::from_status(self.client.current_addr(), status);
+        match crate::history::compare(&self.kv, local, &leader).await {
+            Ok(crate::history::Divergence::Differs { seen, .. }) => {
+                let why = format!(
+                    "{why}; diverged: version {seen} in this primary's outbox differs from the \
+                     replicator's: the two histories diverged"
+                );
+                self.fence(&why);
+                return Step::Stall(why);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Step::Unreachable(format!(
+                    "compare the outbox with the replicator's log: {e}"
+                ))
+            }
+        }
         let doing = format!(
             "catching up from version {local} to the replicator's {target} (this primary's \
              metadata went back)"

@@ -8,7 +8,8 @@
 //! - A subscription is served by any node: open one with
 //!   `ReplicatorClient::new(channel(addr)?)` and `subscribe` (the mirror's follower does).
 //!
-//! The messages are `strait_proto::replicator`'s.
+//! The messages are `strait_proto::replicator`'s; [`record_digest`] is how a record is
+//! summed in `StatusReply.purged_last_digest`.
 
 use std::time::Duration;
 
@@ -17,6 +18,13 @@ use tonic::transport::{Channel, Endpoint};
 mod log_client;
 
 pub use log_client::{refusal, transient, LogClient, ATTEMPTS_MAX, ATTEMPT_TIMEOUT};
+
+/// The SHA-256 of a change record, as the replicator keeps it for the last version it purged
+/// (`StatusReply.purged_last_digest`).
+pub fn record_digest(record: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(record).to_vec()
+}
 
 /// A lazily connected channel to `addr` (`host:port`).
 pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {

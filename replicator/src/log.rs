@@ -175,6 +175,11 @@ pub struct LogState {
     /// Points of the log by version, for the retention caps: the first one is at or before
     /// `earliest_version`.
     pub marks: BTreeMap<Version, Mark>,
+    /// The last version purged and the SHA-256 of its record: a primary whose metadata went
+    /// back compares its own record of that version with it when the log no longer holds the
+    /// versions both have (strait-primary's `history`). None until a purge.
+    #[serde(default)]
+    pub purged_last: Option<(Version, Vec<u8>)>,
 }
 
 impl LogState {
@@ -325,6 +330,24 @@ fn check_epoch(state: &LogState, epoch: Epoch) -> Result<(), AppendError> {
 /// Apply `cmd` to `state` (changed in place). `existing(v)` reads the record at version `v`
 /// when the log still holds it.
 pub fn apply(
+    state: &mut LogState,
+    cmd: Command,
+    mut existing: impl FnMut(Version) -> Option<Vec<u8>>,
+) -> Effect {
+    let effect = apply_command(state, cmd, &mut existing);
+    if let Some(start) = effect.purge_below {
+        // the last record purged (still held until the effect is stored)
+        let last = Version(start.0.saturating_sub(1));
+        if last > Version::ZERO {
+            if let Some(r) = existing(last) {
+                state.purged_last = Some((last, strait_replicator_client::record_digest(&r)));
+            }
+        }
+    }
+    effect
+}
+
+fn apply_command(
     state: &mut LogState,
     cmd: Command,
     existing: impl FnMut(Version) -> Option<Vec<u8>>,
@@ -601,8 +624,12 @@ mod tests {
             retention: Retention::default(),
             appended_bytes: 12345,
             marks: [(Version(7), mark)].into(),
+            purged_last: None,
         };
-        let bytes = postcard::to_stdvec(&old).unwrap();
+        // `purged_last` came later, as the last field: the old bytes and a None (one zero
+        // byte) are the new encoding (the store completes old states so when it reads them)
+        let mut bytes = postcard::to_stdvec(&old).unwrap();
+        bytes.push(0);
         assert_eq!(postcard::to_stdvec(&new).unwrap(), bytes);
         assert_eq!(postcard::from_bytes::<LogState>(&bytes).unwrap(), new);
 
@@ -750,6 +777,11 @@ mod tests {
         // every cursor at the end: the last record stays (a primary compares its own with it)
         assert_eq!(s.earliest_version, Version(5));
         assert_eq!(log.keys().copied().collect::<Vec<_>>(), vec![Version(5)]);
+        // the last record purged is kept by its digest
+        assert_eq!(
+            s.purged_last,
+            Some((Version(4), strait_replicator_client::record_digest(b"d")))
+        );
     }
 
     #[test]

@@ -301,6 +301,12 @@ impl pb::replicator_server::Replicator for ReplicatorService {
             }),
             held_bytes: log.held_bytes(),
             served_version: self.early.served().max(log.last_version).0,
+            purged_last_version: log.purged_last.as_ref().map_or(0, |(v, _)| v.0),
+            purged_last_digest: log
+                .purged_last
+                .as_ref()
+                .map(|(_, d)| d.clone())
+                .unwrap_or_default(),
         }))
     }
 

@@ -785,6 +785,82 @@ fn a_diverged_primary_at_or_past_the_replicators_end_takes_no_changes_and_never_
     assert!(text.contains("differs from the replicator's"), "{text}");
 }
 
+/// A copy behind the log whose part to compare was purged (every cursor passed it), while
+/// the log still holds the versions it lacks: the catch-up alone would take the purged part
+/// for its own and apply the rest on top of a history of its own. The replicator keeps the
+/// digest of the last record it purged, and the primary's record of that version differs.
+#[test]
+fn a_diverged_copy_whose_part_to_compare_was_purged_is_fenced_not_caught_up() {
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let meta_dir = region.fs.dir.path().join("meta");
+    let saved = tempfile::tempdir().unwrap();
+    let mut primary = region.primary(&["--durability", "replicated"]);
+    let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &[]);
+    rt.block_on(mkdirs(&primary, &["kept-1"]));
+    assert!(primary.terminate());
+    copy_tree(&meta_dir, saved.path());
+    primary.restart();
+    rt.block_on(mkdirs(&primary, &["lost-1"]));
+    let at = |st: &strait_proto::replicator::StatusReply, name: &str| {
+        st.cursors
+            .iter()
+            .find(|c| c.mirror == name)
+            .map_or(0, |c| c.applied_version)
+    };
+    // the mirror and the primary's durable mark at lost-1's version, then the mirror held there
+    let v = wait_status(&rt, &region, |st| {
+        at(st, "region-b") >= st.last_version && at(st, "@primary") >= st.last_version
+    })
+    .last_version;
+    strait_tests::mount::strait(&[
+        "mirror",
+        "pause",
+        "--addr",
+        &mirror.addr,
+        "--token",
+        &mirror.token,
+        "--seconds",
+        "600",
+    ]);
+    rt.block_on(mkdirs(&primary, &["lost-2", "lost-3"]));
+    let st = wait_status(&rt, &region, |st| {
+        at(st, "@primary") >= st.last_version && st.earliest_version > v
+    });
+    assert_eq!(st.earliest_version, v + 1, "{st:?}");
+    assert_eq!(st.purged_last_version, v, "{st:?}");
+    assert!(primary.terminate());
+    // the copy takes a change of its own under lost-1's version
+    std::fs::remove_dir_all(&meta_dir).unwrap();
+    copy_tree(saved.path(), &meta_dir);
+    let mut alone = Primary::start(
+        &region.fs.meta_url,
+        &region.fs.env,
+        &["--gc-interval-s", "0"],
+    );
+    rt.block_on(mkdirs(&alone, &["other-1"]));
+    assert!(alone.terminate());
+    let primary = region.primary(&["--durability", "local"]);
+    let err = rt
+        .block_on(async {
+            let mut c = connect(&primary.addr).await;
+            let sid = session(&mut c, &primary.token).await;
+            mkdir(&mut c, &primary.token, sid, "new-1").await
+        })
+        .expect_err("a primary whose history diverged must take no changes");
+    assert_eq!(
+        strait_proto::status_errno(&err),
+        Some(libc::EROFS),
+        "{err:?}"
+    );
+    assert!(err.message().contains("diverged"), "{err:?}");
+    let names = rt.block_on(root_names(&primary.addr, &primary.token));
+    assert!(
+        !names.contains("lost-2"),
+        "nothing applied on top: {names:?}"
+    );
+}
+
 /// `strait primary set-aside` on a diverged primary: the changes only it holds are listed in
 /// a file, its metadata becomes a mirror's (the replicator's history) with the old engine kept
 /// beside it, and started again it catches up from the log and takes changes, which the mirror

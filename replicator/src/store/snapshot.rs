@@ -63,7 +63,7 @@ impl StateMachine {
             .get_cf(sm, KEY_SM)
             .map_err(|e| StorageIOError::read_state_machine(any(e)))?
         {
-            Some(b) => decode("the state machine's state", &b)?,
+            Some(b) => super::state_machine::decode_state("the state machine's state", &b)?,
             None => SmState {
                 log: ChangeLogState::new(),
                 ..SmState::default()
@@ -101,7 +101,7 @@ impl StateMachine {
     pub(super) fn install_file(db: &DB, stored: &StoredSnapshot) -> Result<SmState, SErr> {
         let path = snap_dir(db).join(&stored.file);
         let (mut reader, state) = snapfile::Reader::open(&path, RECORD_MAX).map_err(io_snap)?;
-        let mut state: SmState = decode("a snapshot's state", &state)?;
+        let mut state = super::state_machine::decode_state("a snapshot's state", &state)?;
         state.applied = stored.meta.last_log_id;
         state.membership = stored.meta.last_membership.clone();
         let rc = cf(db, CF_RECORDS)?;

@@ -30,6 +30,20 @@ pub(super) struct SmState {
     pub(super) log: ChangeLogState,
 }
 
+/// Decode a stored [`SmState`]. A state written before [`ChangeLogState::purged_last`]
+/// existed ends one field short; that `Option` is the encoding's very last field, so a `None`
+/// (postcard: one zero byte) completes it.
+pub(super) fn decode_state(what: &str, b: &[u8]) -> Result<SmState, SErr> {
+    match decode(what, b) {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            let mut longer = b.to_vec();
+            longer.push(0);
+            postcard::from_bytes(&longer).map_err(|_| e)
+        }
+    }
+}
+
 /// The change log as a Raft state machine. Readers (subscriptions, status) use [`ChangeLog`].
 pub struct StateMachine {
     pub(super) db: Arc<DB>,
@@ -129,8 +143,9 @@ impl StateMachine {
         snapfile::remove_all_but(&snap_dir(&db), current.as_deref(), true)
             .map_err(|e| anyhow::anyhow!("clean {}: {e}", snap_dir(&db).display()))?;
         let state = match db.get_cf(cf, KEY_SM)? {
-            Some(b) => postcard::from_bytes(&b)
-                .map_err(|e| anyhow::anyhow!("decode the state machine's state: {e}"))?,
+            Some(b) => {
+                decode_state("the state machine's state", &b).map_err(|e| anyhow::anyhow!("{e}"))?
+            }
             None => SmState {
                 log: ChangeLogState::new(),
                 ..SmState::default()
@@ -302,5 +317,32 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 Ok(None)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state stored before `purged_last` existed (one field short) reads as one with none.
+    #[test]
+    fn a_state_stored_before_purged_last_reads_with_none() {
+        let mut state = SmState {
+            log: ChangeLogState::new(),
+            ..SmState::default()
+        };
+        state.log.earliest_version = Version(7);
+        let mut old = encode(&state).unwrap();
+        assert_eq!(
+            old.pop(),
+            Some(0),
+            "the None of purged_last ends the encoding"
+        );
+        let read = decode_state("an old state", &old).unwrap();
+        assert_eq!(read.log, state.log);
+        state.log.purged_last = Some((Version(6), vec![1; 32]));
+        let read = decode_state("a new state", &encode(&state).unwrap()).unwrap();
+        assert_eq!(read.log, state.log);
+        assert!(decode_state("garbage", &[0xff; 3]).is_err());
     }
 }
