@@ -625,6 +625,23 @@ fn a_primary_whose_metadata_went_back_catches_up_from_the_replicator_and_never_s
     assert!(metric(&primary, "strait_caught_up_versions_total").unwrap_or(0) >= 3);
 }
 
+/// A change at `primary` is refused: EROFS, `diverged`.
+fn refuses_as_diverged(rt: &tokio::runtime::Runtime, primary: &Primary) {
+    let err = rt
+        .block_on(async {
+            let mut c = connect(&primary.addr).await;
+            let sid = session(&mut c, &primary.token).await;
+            mkdir(&mut c, &primary.token, sid, "new-1").await
+        })
+        .expect_err("a primary whose history diverged must take no changes");
+    assert_eq!(
+        strait_proto::status_errno(&err),
+        Some(libc::EROFS),
+        "{err:?}"
+    );
+    assert!(err.message().contains("diverged"), "{err:?}");
+}
+
 /// The replicator leader's status once `done` holds for it (at most 30 s).
 fn wait_status(
     rt: &tokio::runtime::Runtime,
@@ -755,19 +772,7 @@ fn a_diverged_primary_at_or_past_the_replicators_end_takes_no_changes_and_never_
     );
     drop(primary);
     let primary = region.primary(&["--durability", "local"]);
-    rt.block_on(async {
-        let mut c = connect(&primary.addr).await;
-        let sid = session(&mut c, &primary.token).await;
-        let err = mkdir(&mut c, &primary.token, sid, "new-1")
-            .await
-            .expect_err("a primary whose history diverged must take no changes");
-        assert_eq!(
-            strait_proto::status_errno(&err),
-            Some(libc::EROFS),
-            "{err:?}"
-        );
-        assert!(err.message().contains("diverged"), "{err:?}");
-    });
+    refuses_as_diverged(&rt, &primary);
     // give a splicing shipper the time to append
     std::thread::sleep(Duration::from_secs(2));
     let log = rt.block_on(region.cluster.read_log(0, Duration::from_secs(30)));
@@ -841,19 +846,7 @@ fn a_diverged_copy_whose_part_to_compare_was_purged_is_fenced_not_caught_up() {
     rt.block_on(mkdirs(&alone, &["other-1"]));
     assert!(alone.terminate());
     let primary = region.primary(&["--durability", "local"]);
-    let err = rt
-        .block_on(async {
-            let mut c = connect(&primary.addr).await;
-            let sid = session(&mut c, &primary.token).await;
-            mkdir(&mut c, &primary.token, sid, "new-1").await
-        })
-        .expect_err("a primary whose history diverged must take no changes");
-    assert_eq!(
-        strait_proto::status_errno(&err),
-        Some(libc::EROFS),
-        "{err:?}"
-    );
-    assert!(err.message().contains("diverged"), "{err:?}");
+    refuses_as_diverged(&rt, &primary);
     let names = rt.block_on(root_names(&primary.addr, &primary.token));
     assert!(
         !names.contains("lost-2"),
@@ -930,19 +923,7 @@ fn a_diverged_primary_sets_its_own_changes_aside_and_follows_the_log_again() {
     // refused while the primary runs; the primary itself takes no change: its record of the
     // log's last version differs from the replicator's
     primary.restart();
-    let err = rt
-        .block_on(async {
-            let mut c = connect(&primary.addr).await;
-            let sid = session(&mut c, &primary.token).await;
-            mkdir(&mut c, &primary.token, sid, "new-1").await
-        })
-        .expect_err("a primary whose history diverged must take no changes");
-    assert_eq!(
-        strait_proto::status_errno(&err),
-        Some(libc::EROFS),
-        "{err:?}"
-    );
-    assert!(err.message().contains("diverged"), "{err:?}");
+    refuses_as_diverged(&rt, &primary);
     let (_, err) = fails(&args(&out_s));
     assert!(err.contains("still running"), "{err}");
     assert!(!out.exists());
