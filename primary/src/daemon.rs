@@ -306,12 +306,14 @@ async fn collect_garbage(
     stop: CancellationToken,
     metrics: Arc<Metrics>,
 ) {
+    let mut pause = period;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
         let r = gc.lock().await.pass(&engine, &store).await;
+        pause = period;
         match r {
             Ok(p) => {
                 metrics.slices_collected.inc_by(p.purged as u64);
@@ -319,6 +321,7 @@ async fn collect_garbage(
                 if p.purged > 0 {
                     tracing::info!("deleted the blocks of {} dead slices", p.purged);
                 }
+                pause = strait_fs_core::vfs::gc::next_pass_in(p.purged + p.held, p.purged, period);
             }
             Err(e) => tracing::warn!("delete dead slices: {e}"),
         }

@@ -370,12 +370,21 @@ fn run_foreground(a: Args) -> Result<()> {
     });
     if let (Some(engine), false) = (embedded, a.read_only) {
         let rt = rt.handle().clone();
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_secs(GC_INTERVAL_S));
-            match strait_fs_core::vfs::gc::gc_once(&engine, &store, &rt) {
-                Ok(0) => {}
-                Ok(n) => tracing::info!("deleted the blocks of {n} dead slices"),
-                Err(e) => tracing::warn!("delete dead slices: {e}"),
+        std::thread::spawn(move || {
+            let period = Duration::from_secs(GC_INTERVAL_S);
+            let mut pause = period;
+            loop {
+                std::thread::sleep(pause);
+                pause = period;
+                match strait_fs_core::vfs::gc::gc_once(&engine, &store, &rt) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!("deleted the blocks of {n} dead slices");
+                        // no mirror holds anything here: every slice listed was deleted
+                        pause = strait_fs_core::vfs::gc::next_pass_in(n, n, period);
+                    }
+                    Err(e) => tracing::warn!("delete dead slices: {e}"),
+                }
             }
         });
     }
