@@ -75,35 +75,16 @@ pub enum Divergence {
     Purged { earliest: Version },
 }
 
-/// Find the leader among `addrs` (each node's own status; none that says it leads is an
-/// error).
+/// The leader among the nodes at `addrs`, as its own status describes it.
 pub async fn leader(addrs: &[String]) -> Result<Leader, String> {
-    let mut seen = vec![];
-    for addr in addrs {
-        let channel = match strait_replicator_client::channel(addr) {
-            Ok(c) => c,
-            Err(e) => {
-                seen.push(format!("{addr}: {e}"));
-                continue;
-            }
-        };
-        let mut c = ReplicatorClient::new(channel);
-        match tokio::time::timeout(IDLE, c.status(pb::Empty {})).await {
-            Ok(Ok(r)) => {
-                let r = r.into_inner();
-                if r.leader == Some(r.id) {
-                    return Ok(Leader::from_status(addr.clone(), &r));
-                }
-                seen.push(format!("{addr}: node {} is not the leader", r.id));
-            }
-            Ok(Err(s)) => seen.push(format!("{addr}: {}", s.message())),
-            Err(_) => seen.push(format!("{addr}: no answer within {IDLE:?}")),
-        }
-    }
-    Err(format!(
-        "no replicator node answered as the leader ({})",
-        seen.join("; ")
-    ))
+    let client = strait_replicator_client::LogClient::new(addrs)
+        .map_err(|s| s.message().to_string())?
+        .with_attempts(2);
+    let st = client
+        .leader_status()
+        .await
+        .map_err(|s| s.message().to_string())?;
+    Ok(Leader::from_status(client.current_addr(), &st))
 }
 
 fn outbox(kv: &DynKv, after: Version, n: usize) -> Result<Vec<(Version, Vec<u8>)>, String> {

@@ -490,7 +490,7 @@ impl Shipper {
     async fn resync(&self) -> Result<Version, Step> {
         let status = self
             .client
-            .status()
+            .leader_status()
             .await
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
         // a follower's log may lag the leader's (during an election, the call can reach a node

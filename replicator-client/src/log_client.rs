@@ -176,6 +176,44 @@ impl LogClient {
         .await
     }
 
+    /// The leader's own status. [`Self::status`] takes any node's answer, and a node that
+    /// answers is not redirected, so a client that only asks for the status would stay with
+    /// a node that lost the leadership; here the nodes are asked in turn, from the current
+    /// one, until one answers as the leader, and calls go there from then on. Err when none
+    /// does (an election under way, no quorum).
+    pub async fn leader_status(&self) -> Result<pb::StatusReply, Status> {
+        let n = self.targets.lock().len();
+        let start = *self.current.lock();
+        let mut last = None;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let (addr, mut client) = {
+                let t = &self.targets.lock()[i];
+                (t.addr.clone(), t.client.clone())
+            };
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, client.status(pb::Empty {})).await {
+                Ok(Ok(r)) => {
+                    let st = r.into_inner();
+                    if st.leader == Some(st.id) {
+                        *self.current.lock() = i;
+                        return Ok(st);
+                    }
+                    last = Some(format!(
+                        "node {} at {addr} is not the leader (leader: {})",
+                        st.id,
+                        st.leader.map_or("none known".into(), |l| l.to_string())
+                    ));
+                }
+                Ok(Err(s)) => last = Some(format!("{addr}: {}", s.message())),
+                Err(_) => last = Some(format!("{addr}: no answer within {ATTEMPT_TIMEOUT:?}")),
+            }
+        }
+        Err(Status::unavailable(format!(
+            "no replicator node answered as the leader; last: {}",
+            last.unwrap_or_default()
+        )))
+    }
+
     pub async fn append(&self, req: pb::AppendRequest) -> Result<pb::AppendReply, Status> {
         self.leader_call("append", |mut c| {
             let req = req.clone();

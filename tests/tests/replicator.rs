@@ -587,3 +587,37 @@ fn an_impossible_heartbeat_clock_is_refused() {
         );
     });
 }
+
+/// A client that only asks for the status is never redirected: `leader_status` asks the nodes
+/// in turn until the leader answers, from a follower first (the primary's GC read a
+/// follower's cursors, refused them and deleted nothing for minutes after each election).
+#[test]
+fn leader_status_finds_the_leader_from_a_follower() {
+    let rt = strait_tests::runtime();
+    let region = strait_tests::replicator::RegionA::start(&rt);
+    let leader = region.leader;
+    let mut ordered: Vec<String> = region
+        .cluster
+        .nodes
+        .values()
+        .filter(|n| n.id != leader)
+        .map(|n| n.addr.to_string())
+        .collect();
+    ordered.push(region.cluster.nodes[&leader].addr.to_string());
+    rt.block_on(async {
+        let lc = strait_replicator_client::LogClient::new(&ordered).unwrap();
+        let any = lc.status().await.unwrap();
+        assert_ne!(
+            any.leader,
+            Some(any.id),
+            "the first node asked is a follower"
+        );
+        let st = lc.leader_status().await.unwrap();
+        assert_eq!(st.id, leader);
+        assert_eq!(st.leader, Some(leader));
+        // and calls go to the leader from then on
+        assert_eq!(lc.current_addr(), ordered[2]);
+        let st = lc.status().await.unwrap();
+        assert_eq!(st.id, leader);
+    });
+}
