@@ -57,6 +57,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Run the Jepsen-style harness: a two-region cluster under a seeded nemesis, checked.
     Chaos(cmd::chaos::Args),
+    /// Create a CA, issue certificates naming their holders' roles, make tokens.
+    Certs(cmd::certs::Args),
 }
 
 fn main() {
@@ -99,6 +101,7 @@ fn main() {
         Command::Gc(a) => cmd::gc::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Chaos(a) => cmd::chaos::run(a),
+        Command::Certs(a) => cmd::certs::run(a),
     };
     if let Err(e) = result {
         eprintln!("strait: {e:#}");

@@ -130,10 +130,10 @@ fn wait_visible(p: &Path, within: Duration) -> Result<()> {
 }
 
 /// Run the harness; `say` gets progress lines.
-/// `has_leader(node)`: whether the replicator node at that address knows a leader.
+/// `has_leader(node, admin_token)`: whether the replicator node at that address knows a leader.
 pub fn run(
     cfg: &RunConfig,
-    has_leader: &dyn Fn(std::net::SocketAddr) -> bool,
+    has_leader: &dyn Fn(std::net::SocketAddr, &str) -> bool,
     say: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     if cfg.clients == 0 {

@@ -106,10 +106,18 @@ pub struct FaultHooks {
     pub daemon_env: Vec<(String, Vec<(String, String)>)>,
 }
 
+/// The roles whose tokens the replicator accepts in `dev up`, each in `DIR/tokens/ROLE.token`.
+pub const REPLICATOR_ROLES: [&str; 4] = ["primary", "mirror", "admin", "peer"];
+
 /// What `dev up` writes to DIR/dev.json once everything runs.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct Topology {
+    /// The site daemons' token (mounts, mirror to primary, operators).
     pub token: String,
+    /// The replicator's tokens by role (`primary`, `mirror`, `admin`, `peer`); also in
+    /// `DIR/tokens/ROLE.token`.
+    #[serde(default)]
+    pub replicator_tokens: std::collections::BTreeMap<String, String>,
     pub primary: String,
     pub mirror: String,
     pub primary_metrics: String,
@@ -414,14 +422,27 @@ pub fn detach(point: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Write `text` to `path`, readable by its owner only.
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    writeln!(f, "{text}").with_context(|| format!("write {}", path.display()))
+}
+
 impl Cluster {
-    /// Start both regions and write DIR/dev.json. `has_leader(node)`: whether the replicator
-    /// node at that address knows a leader (the caller asks it over gRPC); `progress`: a line
-    /// to show for each step that may take a while.
+    /// Start both regions and write DIR/dev.json. `has_leader(node, admin_token)`: whether
+    /// the replicator node at that address knows a leader (the caller asks it over gRPC);
+    /// `progress`: a line to show for each step that may take a while.
     pub fn start(
         cfg: &ClusterConfig,
         rt: &tokio::runtime::Runtime,
-        has_leader: &dyn Fn(SocketAddr) -> bool,
+        has_leader: &dyn Fn(SocketAddr, &str) -> bool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster> {
         let a = cfg;
@@ -435,6 +456,22 @@ impl Cluster {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
         }
         let token = format!("dev-{:016x}", rand::random::<u64>());
+        // the replicator's tokens, one per role, in files the daemons read
+        let tokens_dir = a.dir.join("tokens");
+        std::fs::create_dir_all(&tokens_dir).context("create the tokens directory")?;
+        let mut replicator_tokens = std::collections::BTreeMap::new();
+        for role in REPLICATOR_ROLES {
+            let t = format!("{role}-{}", hex::encode(rand::random::<[u8; 16]>()));
+            write_private(&tokens_dir.join(format!("{role}.token")), &t)?;
+            replicator_tokens.insert(role.to_string(), t);
+        }
+        let token_file = |role: &str| {
+            tokens_dir
+                .join(format!("{role}.token"))
+                .to_string_lossy()
+                .into_owned()
+        };
+        let admin_token = replicator_tokens["admin"].clone();
         let mut delay = Faults::delay(Duration::from_millis(a.delay_ms));
         let cap = (a.link_mb_s > 0.0).then_some((a.link_mb_s * 1e6) as u64);
         delay.up.bandwidth = cap;
@@ -530,6 +567,9 @@ impl Cluster {
                     .to_string_lossy()
                     .into_owned(),
             ];
+            for role in REPLICATOR_ROLES {
+                args.extend([s("--token-file"), format!("{role}={}", token_file(role))]);
+            }
             if i == 2 {
                 args.extend([
                     s("--peer"),
@@ -553,6 +593,8 @@ impl Cluster {
                 &[
                     "replicator",
                     "init",
+                    "--token-file",
+                    &token_file("admin"),
                     "--addr",
                     &nodes[0].to_string(),
                     "--member",
@@ -570,7 +612,7 @@ impl Cluster {
             }
         }
         let start = Instant::now();
-        while !has_leader(nodes[0]) {
+        while !has_leader(nodes[0], &admin_token) {
             if start.elapsed() > Duration::from_secs(30) {
                 bail!("the replicator elected no leader within 30 s");
             }
@@ -606,6 +648,8 @@ impl Cluster {
                 s(primary_metrics),
                 s("--token"),
                 token.clone(),
+                s("--replicator-token-file"),
+                token_file("primary"),
                 s("--replicator"),
                 shipping_to.join(","),
             ]
@@ -654,6 +698,8 @@ impl Cluster {
                 s(mirror_metrics),
                 s("--token"),
                 token.clone(),
+                s("--replicator-token-file"),
+                token_file("mirror"),
                 s("--primary"),
                 s(to_primary.addr()),
                 s("--replicator"),
@@ -695,6 +741,7 @@ impl Cluster {
 
         let mut topo = Topology {
             token: token.clone(),
+            replicator_tokens: replicator_tokens.clone(),
             primary: s(primary),
             mirror: s(mirror),
             primary_metrics: s(primary_metrics),

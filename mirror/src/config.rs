@@ -257,6 +257,7 @@ impl MirrorConfig {
         if self.replicator.is_empty() {
             bail!("replicator (the replicator nodes' addresses) is required");
         }
+        self.site.replicator_credentials()?;
         for a in &self.replicator {
             host_port("replicator", a)?;
         }
@@ -331,6 +332,9 @@ primary = ""
 primary_token = ""
 # Replicator nodes, this region's first.
 replicator = []
+# Token presented to the replicator (one it accepts for the role "mirror"); required.
+replicator_token = ""
+# replicator_token_file = "/etc/strait/replicator-mirror.token"
 # Prometheus /metrics and /health; "" disables.
 metrics_listen = "127.0.0.1:7441"
 # Staleness window W (ms) and what a read does when the lag exceeds it:
@@ -384,7 +388,8 @@ mod tests {
         let ok = MirrorConfig {
             id: "b".into(),
             site: SiteConfig {
-                token: "t".into(),
+                token: "site-token-0123456789".into(),
+                replicator_token: "mirror-token-0123456789".into(),
                 ..Default::default()
             },
             primary: "127.0.0.1:7420".into(),

@@ -73,6 +73,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let blocks = crate::blocks::Blocks::open(&cfg, kv.clone()).await?;
     let mirror = Mirror::new(
         cfg.clone(),
+        cfg.site.replicator_credentials()?,
         kv.clone(),
         metrics.clone(),
         blocks.clone(),

@@ -240,9 +240,10 @@ async fn load_snapshot(
 pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
     let mut pauses = RETRY_BACKOFF.build();
     // sets the mirror's cursor at a snapshot's version before it loads (see `bootstrap`)
-    let registrar = strait_replicator_client::LogClient::new(&mirror.cfg.replicator)
-        .ok()
-        .map(|c| c.with_attempts(2));
+    let registrar =
+        strait_replicator_client::LogClient::new(&mirror.cfg.replicator, &mirror.replicator_creds)
+            .ok()
+            .map(|c| c.with_attempts(2));
     let mut source = 0usize;
     // The follower's worker loop, run until `stop`: its two retries (a bootstrap, a
     // subscription) are steps of it, pausing as `pauses` says, begun again after a success.
@@ -382,7 +383,7 @@ async fn follow(
     applied: Version,
     stop: &CancellationToken,
 ) -> Stop {
-    let channel = match strait_replicator_client::channel(addr) {
+    let channel = match strait_replicator_client::channel(addr, &mirror.replicator_creds) {
         Ok(c) => c,
         Err(e) => return Stop::Retry(format!("replicator address {addr}: {e}")),
     };
@@ -576,7 +577,10 @@ async fn wait_for_hold<'a>(
 
 /// Acknowledge the applied version to the replicator every `ack_interval_ms`.
 pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
-    let client = match strait_replicator_client::LogClient::new(&mirror.cfg.replicator) {
+    let client = match strait_replicator_client::LogClient::new(
+        &mirror.cfg.replicator,
+        &mirror.replicator_creds,
+    ) {
         Ok(c) => c.with_attempts(2),
         Err(e) => {
             tracing::error!("no acknowledgements to the replicator: {}", e.message());

@@ -188,6 +188,9 @@ impl PrimaryConfig {
                 5 * self.heartbeat_ms
             );
         }
+        if !self.replicator.is_empty() {
+            self.site.replicator_credentials()?;
+        }
         if self.read_only && !self.replicator.is_empty() {
             bail!("a read-only primary writes no change records: leave `replicator` empty");
         }
@@ -222,6 +225,10 @@ meta_url = "rocksdb:///var/lib/strait/meta"
 # Token every client must send. Required (or token_file).
 token = ""
 # token_file = "/etc/strait/token"
+# Token presented to the replicator (one it accepts for the role "primary"); required with
+# `replicator`.
+replicator_token = ""
+# replicator_token_file = "/etc/strait/replicator-primary.token"
 # TLS certificate chain and key (PEM); without them the service is plain-text gRPC.
 # tls_cert_file = "/etc/strait/daemon.pem"
 # tls_key_file = "/etc/strait/daemon.key"
@@ -272,7 +279,7 @@ mod tests {
     fn bad_settings_are_refused() {
         let c = PrimaryConfig {
             site: SiteConfig {
-                token: "t".into(),
+                token: "site-token-0123456789".into(),
                 ..Default::default()
             },
             ..Default::default()
@@ -299,6 +306,9 @@ mod tests {
             replicator: vec!["127.0.0.1:7430".into(), "node-b.example:7430".into()],
             ..c4.clone()
         };
+        assert!(c5.validate().is_err(), "no replicator token");
+        let mut c5 = c5;
+        c5.site.replicator_token = "primary-token-0123456789".into();
         assert!(c5.validate().is_ok());
         let c6 = PrimaryConfig {
             replicator: vec!["nowhere".into()],

@@ -35,6 +35,11 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let meta_url = cfg.meta_url.clone();
     let read_only = cfg.read_only;
     let ship = !cfg.replicator.is_empty();
+    let replicator_creds = if ship {
+        cfg.site.replicator_credentials()?
+    } else {
+        strait_replicator_client::Credentials::default()
+    };
     let (engine, signal) = tokio::task::spawn_blocking(move || -> Result<_> {
         let kv = strait_fs_core::kv::open(&meta_url)?;
         let (kv, signal) = if ship {
@@ -69,6 +74,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             signal,
             ShipperConfig {
                 replicator: cfg.replicator.clone(),
+                creds: replicator_creds.clone(),
                 epoch: cfg.epoch,
                 heartbeat: Duration::from_millis(cfg.heartbeat_ms),
             },
@@ -106,6 +112,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             Ok(store) => {
                 let horizon = crate::gc::MirrorHorizon::new(
                     &cfg.replicator,
+                    &replicator_creds,
                     Duration::from_millis(cfg.gc_mirror_grace_ms),
                 )?;
                 let gc = Arc::new(tokio::sync::Mutex::new(horizon));

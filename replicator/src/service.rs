@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
+use strait_auth::{Caller, Role};
 use strait_ids::{Epoch, Version};
+use strait_proto::replicator::PRIMARY_CURSOR;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -105,6 +107,28 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Response<pb::RaftReply>, Status>
         .map_err(|e| Status::internal(format!("encode the Raft reply: {e}")))
 }
 
+/// Whether `caller` may move the cursor named `cursor`: the primary's own (`@primary`) only
+/// the primary, and a mirror whose certificate names it only its own. (A mirror that proves
+/// its role with a token alone has no name to check: give each mirror a certificate to hold it
+/// to its own cursor.)
+pub fn check_ack(caller: Option<&Caller>, cursor: &str) -> Result<(), Status> {
+    let Some(c) = caller else { return Ok(()) };
+    if c.roles.contains(Role::Primary) {
+        return Ok(());
+    }
+    if cursor == PRIMARY_CURSOR {
+        return Err(Status::permission_denied(format!(
+            "only the primary may move the cursor {PRIMARY_CURSOR}"
+        )));
+    }
+    match &c.name {
+        Some(name) if name != cursor => Err(Status::permission_denied(format!(
+            "the mirror {name:?} may move only its own cursor, not {cursor:?}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<pb::SubscribeReply, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -181,6 +205,7 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::Empty>, Status> {
+        check_ack(strait_auth::caller(&req), &req.get_ref().mirror)?;
         let r = req.into_inner();
         if r.mirror.is_empty() || r.mirror.len() > MIRROR_NAME_MAX {
             return Err(Status::invalid_argument(format!(
@@ -517,5 +542,28 @@ mod tests {
         assert!(check_heartbeat_clock(now + 10 * 365 * 86_400_000, now).is_err());
         assert!(check_heartbeat_clock(0, now).is_err());
         assert!(check_heartbeat_clock(u64::MAX, now).is_err());
+    }
+
+    #[test]
+    fn a_caller_moves_only_the_cursors_it_owns() {
+        use strait_auth::Roles;
+        let primary = Caller {
+            roles: Roles::of(&[Role::Primary]),
+            name: None,
+        };
+        let named = Caller {
+            roles: Roles::of(&[Role::Mirror]),
+            name: Some("b".into()),
+        };
+        let token_only = Caller {
+            roles: Roles::of(&[Role::Mirror]),
+            name: None,
+        };
+        assert!(check_ack(Some(&primary), PRIMARY_CURSOR).is_ok());
+        assert!(check_ack(Some(&named), "b").is_ok());
+        assert!(check_ack(Some(&named), "c").is_err());
+        assert!(check_ack(Some(&named), PRIMARY_CURSOR).is_err());
+        assert!(check_ack(Some(&token_only), "c").is_ok());
+        assert!(check_ack(Some(&token_only), PRIMARY_CURSOR).is_err());
     }
 }

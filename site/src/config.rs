@@ -21,6 +21,11 @@ pub struct SiteConfig {
     /// A mount whose last heartbeat is older than this is considered dead: its session is
     /// closed, its locks are released and the unlinked files it kept open are deleted.
     pub session_timeout_ms: u64,
+    /// The token this daemon presents to the replicator: one the replicator accepts for the
+    /// role `primary` (at the primary) or `mirror` (at a mirror).
+    pub replicator_token: String,
+    /// A file whose first line is `replicator_token` (takes precedence over it).
+    pub replicator_token_file: Option<PathBuf>,
 }
 
 impl Default for SiteConfig {
@@ -29,6 +34,8 @@ impl Default for SiteConfig {
             token: String::new(),
             token_file: None,
             session_timeout_ms: 60_000,
+            replicator_token: String::new(),
+            replicator_token_file: None,
         }
     }
 }
@@ -37,6 +44,21 @@ impl SiteConfig {
     /// The token mounts must present, from `token_file` or `token`.
     pub fn resolved_token(&self) -> Result<String> {
         resolve_token(&self.token, self.token_file.as_deref())
+    }
+
+    /// What this daemon presents to the replicator (its token; TLS none yet).
+    pub fn replicator_credentials(&self) -> Result<strait_auth::Credentials> {
+        let token = match &self.replicator_token_file {
+            Some(f) => strait_auth::read_token_file(f)?,
+            None => self.replicator_token.clone(),
+        };
+        if token.is_empty() {
+            bail!(
+                "no replicator token: set `replicator_token` or `replicator_token_file` (a token \
+                 the replicator accepts for this daemon's role)"
+            );
+        }
+        strait_auth::Credentials::token(&token).context("the replicator token")
     }
 
     /// Check the session timeout (the token is checked by [`SiteConfig::resolved_token`]).
@@ -67,9 +89,7 @@ pub fn resolve_token(token: &str, token_file: Option<&Path>) -> Result<String> {
     if token.is_empty() {
         bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
     }
-    if token.chars().any(|c| !c.is_ascii_graphic()) {
-        bail!("the token must be printable ASCII without spaces");
-    }
+    strait_auth::check_token(&token)?;
     Ok(token)
 }
 
@@ -92,12 +112,22 @@ mod tests {
 
     #[test]
     fn tokens_are_resolved_and_checked() {
-        assert_eq!(resolve_token("abc", None).unwrap(), "abc");
+        assert_eq!(
+            resolve_token("abcdefghijklmnop", None).unwrap(),
+            "abcdefghijklmnop"
+        );
         assert!(resolve_token("", None).is_err(), "no token");
-        assert!(resolve_token("a b", None).is_err(), "a space");
+        assert!(resolve_token("abc", None).is_err(), "too short");
+        assert!(
+            resolve_token("a b c d e f g h i j", None).is_err(),
+            "a space"
+        );
         let dir = std::env::temp_dir().join(format!("strait-site-token-{}", std::process::id()));
-        std::fs::write(&dir, "from-file\nsecond line\n").unwrap();
-        assert_eq!(resolve_token("ignored", Some(&dir)).unwrap(), "from-file");
+        std::fs::write(&dir, "from-file-0123456789\nsecond line\n").unwrap();
+        assert_eq!(
+            resolve_token("ignored", Some(&dir)).unwrap(),
+            "from-file-0123456789"
+        );
         std::fs::remove_file(&dir).unwrap();
         assert!(resolve_token("t", Some(&dir)).is_err(), "a missing file");
     }

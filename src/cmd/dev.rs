@@ -121,7 +121,7 @@ fn up(a: UpArgs) -> Result<()> {
     let cluster = Cluster::start(
         &cfg,
         &rt,
-        &|node| rt.block_on(has_leader(node)),
+        &|node, token| rt.block_on(has_leader(node, token)),
         &mut |step| println!("strait dev: {step}"),
     )?;
     let topo = cluster.topology();
@@ -188,8 +188,12 @@ fn up(a: UpArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) async fn has_leader(node: SocketAddr) -> bool {
-    let Ok(ch) = strait_replicator_client::channel(&node.to_string()) else {
+/// Whether the replicator node at `node` knows a leader (asked with the admin token `token`).
+pub(crate) async fn has_leader(node: SocketAddr, token: &str) -> bool {
+    let Ok(creds) = strait_replicator_client::Credentials::token(token) else {
+        return false;
+    };
+    let Ok(ch) = strait_replicator_client::channel(&node.to_string(), &creds) else {
         return false;
     };
     let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);

@@ -119,9 +119,17 @@ pub struct StatusArgs {
     /// a replicator or a primary lists every mirror with a cursor.
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons (not needed for a replicator).
+    /// Token of the site daemons.
     #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
     pub token: String,
+    /// Token for the replicator's nodes (any role's; default: --token).
+    #[arg(
+        long,
+        env = "STRAIT_REPLICATOR_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub replicator_token: String,
     /// Mirrors' addresses to query for details when --addr is a replicator or primary
     /// (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -399,8 +407,18 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut cursors = vec![];
     let mut retention_age_ms = 0;
     let mut heard = None;
+    let replicator_token = if a.replicator_token.is_empty() {
+        &a.token
+    } else {
+        &a.replicator_token
+    };
+    let creds = strait_replicator_client::Credentials::token(replicator_token).ok();
     for r in &replicators {
-        let Ok(ch) = strait_replicator_client::channel(r) else {
+        let Some(creds) = &creds else {
+            tracing::warn!("no valid token for the replicator: give --replicator-token");
+            break;
+        };
+        let Ok(ch) = strait_replicator_client::channel(r, creds) else {
             continue;
         };
         let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);

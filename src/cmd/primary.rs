@@ -98,6 +98,9 @@ pub struct SetAsideArgs {
     /// Token of the site daemons.
     #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
     pub token: String,
+    /// Token to present to the replicator: one it accepts for the role admin.
+    #[arg(long, env = "STRAIT_REPLICATOR_TOKEN", hide_env_values = true)]
+    pub replicator_token: String,
     /// Where to write the list of the changes set aside (must not exist).
     #[arg(long)]
     pub out: PathBuf,

@@ -16,6 +16,13 @@ pub struct SiteArgs {
     /// Close a mount's session after this long without a heartbeat.
     #[arg(long, env = "STRAIT_SESSION_TIMEOUT_MS")]
     pub session_timeout_ms: Option<u64>,
+    /// Token to present to the replicator (one it accepts for this daemon's role: primary at
+    /// the primary, mirror at a mirror).
+    #[arg(long, env = "STRAIT_REPLICATOR_TOKEN", hide_env_values = true)]
+    pub replicator_token: Option<String>,
+    /// File whose first line is the replicator token.
+    #[arg(long, env = "STRAIT_REPLICATOR_TOKEN_FILE")]
+    pub replicator_token_file: Option<PathBuf>,
 }
 
 impl SiteArgs {
@@ -29,6 +36,12 @@ impl SiteArgs {
         }
         if let Some(v) = self.session_timeout_ms {
             c.session_timeout_ms = v;
+        }
+        if let Some(v) = &self.replicator_token {
+            c.replicator_token = v.clone();
+        }
+        if let Some(v) = &self.replicator_token_file {
+            c.replicator_token_file = Some(v.clone());
         }
     }
 }

@@ -51,13 +51,17 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
         )
     })?;
     let local = kv.last_version()?;
-    let leader = core::leader(&a.replicator).await.map_err(|e| anyhow!(e))?;
+    let creds = strait_replicator_client::Credentials::token(&a.replicator_token)
+        .context("--replicator-token")?;
+    let leader = core::leader(&a.replicator, &creds)
+        .await
+        .map_err(|e| anyhow!(e))?;
     eprintln!(
         "comparing this primary's change log (version {local}) with the replicator's \
          (leader {}, versions {} to {})",
         leader.addr, leader.earliest, leader.last
     );
-    let (first, why) = match core::compare(&kv, local, &leader)
+    let (first, why) = match core::compare(&kv, local, &leader, &creds)
         .await
         .map_err(|e| anyhow!(e))?
     {
@@ -163,7 +167,11 @@ async fn load_beside(
     let loaded = strait_mirror::follower::bootstrap(&new_kv, &source, None)
         .await
         .with_context(|| format!("load the snapshot of the mirror at {}", a.from_mirror))?;
-    let now = core::leader(&a.replicator).await.map_err(|e| anyhow!(e))?;
+    let creds = strait_replicator_client::Credentials::token(&a.replicator_token)
+        .context("--replicator-token")?;
+    let now = core::leader(&a.replicator, &creds)
+        .await
+        .map_err(|e| anyhow!(e))?;
     if now.earliest > loaded.next() {
         bail!(
             "the mirror's snapshot is at version {loaded}, but the replicator's log starts at {}: \
