@@ -4,6 +4,7 @@
 //! of a TLS link (server and client authentication), so one per host is enough.
 
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -26,6 +27,47 @@ pub const DAYS_MAX: u32 = 36_500;
 pub struct Pem {
     pub cert: String,
     pub key: String,
+}
+
+impl Pem {
+    /// Write the certificate to `DIR/NAME.pem` (mode 0644) and the key to `DIR/NAME.key`
+    /// (0600, its owner's only); neither may exist yet. Returns the two paths.
+    pub fn write(&self, dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), Error> {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(Error::Config(format!(
+                "{name:?} cannot name a file: give a name without '/' that does not start with '.'"
+            )));
+        }
+        let (cert, key) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        for p in [&cert, &key] {
+            if p.exists() {
+                return Err(Error::Config(format!(
+                    "{} exists: remove it first",
+                    p.display()
+                )));
+            }
+        }
+        write_new(&cert, &self.cert, 0o644)?;
+        write_new(&key, &self.key, 0o600)?;
+        Ok((cert, key))
+    }
+}
+
+/// Write `text` to a new file `p` with `mode`.
+fn write_new(p: &Path, text: &str, mode: u32) -> Result<(), Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(p)
+        .map_err(|e| Error::Config(format!("create {}: {e}", p.display())))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| Error::Config(format!("write {}: {e}", p.display())))
 }
 
 fn validity(p: &mut CertificateParams, days: u32) -> Result<(), Error> {

@@ -1,6 +1,7 @@
 //! [`Guard`]: the tower layer in front of every strait gRPC server. It works out the caller's
 //! roles from its token and its client certificate, refuses a call whose method does not admit
-//! any of them, and hands the rest on with a [`Caller`] in the request's extensions.
+//! any of them, and hands the rest on with a [`Caller`] in the request's extensions and the
+//! request's body held to the method's size ([`crate::limit`]).
 //!
 //! - No credentials at all, or a token this daemon does not accept: UNAUTHENTICATED.
 //! - Known credentials whose roles the method does not admit: PERMISSION_DENIED, naming the
@@ -20,6 +21,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
 
 use crate::identity;
+use crate::limit::LimitedBody;
 use crate::policy;
 use crate::role::Roles;
 use crate::tokens::Tokens;
@@ -203,11 +205,15 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B, R> tower::Service<http::Request<B>> for Guarded<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<R>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     R: Default + Send + 'static,
-    B: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Response = http::Response<R>;
     type Error = S::Error;
@@ -217,12 +223,22 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
         match self
             .guard
             .admit(req.uri().path(), req.headers(), req.extensions())
         {
             Ok(caller) => {
+                // the method's size limit, counted as the request arrives
+                let path = req.uri().path().to_string();
+                let limit = strait_proto::limits::request_bytes_max(&path);
+                let mut req = req.map(|b| {
+                    tonic::body::Body::new(LimitedBody::new(
+                        tonic::body::Body::new(b),
+                        limit,
+                        &path,
+                    ))
+                });
                 req.extensions_mut().insert(caller);
                 // the clone that was made ready serves this call (tower's usual dance)
                 let clone = self.inner.clone();

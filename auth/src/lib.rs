@@ -7,9 +7,12 @@
 //!   a **client certificate** whose subject names them (`OU=<role>[,<role>...]`, `CN=<name>`;
 //!   [`identity`]), checked by rustls against the daemon's client CA.
 //! - [`Guard`]: the tower layer every gRPC server runs; it answers UNAUTHENTICATED or
-//!   PERMISSION_DENIED before a call reaches the service.
+//!   PERMISSION_DENIED before a call reaches the service, and holds each request to its
+//!   method's size ([`limit`]).
 //! - [`Security`]: the configuration keys every daemon shares (tokens per role, TLS files);
 //!   [`Credentials`]: what a client presents (token, CA, client certificate).
+//! - [`Slots`]: bounds on what one peer, and all of them, may make a daemon hold (sessions,
+//!   subscriptions).
 //! - [`certs`]: a CA and certificates for a topology (`strait certs`).
 
 pub mod certs;
@@ -17,14 +20,17 @@ mod client;
 mod config;
 mod guard;
 pub mod identity;
+pub mod limit;
 pub mod policy;
 mod role;
+mod slots;
 mod tokens;
 
 pub use client::{host_of, Bearer, ClientTls, Conn, Credentials};
 pub use config::{read_token_file, Security};
 pub use guard::{caller, Caller, Guard, Guarded, Refusal};
 pub use role::{Role, Roles};
+pub use slots::{Slot, Slots};
 pub use tokens::{check_token, new_token, Tokens, TOKEN_LEN_MAX, TOKEN_LEN_MIN};
 
 /// A setting that cannot be used (a token too short, a file that cannot be read, a bad

@@ -66,6 +66,9 @@ pub struct ClusterConfig {
     pub mount_args: Vec<String>,
     /// More arguments for `strait format` (`--gc-delay 60`, ...).
     pub format_args: Vec<String>,
+    /// Every link over mutual TLS: a CA and a certificate per daemon, mount and operator in
+    /// DIR/pki ([`crate::pki`]), on top of the tokens per role.
+    pub tls: bool,
     /// Where the chaos harness's faults reach in: proxies in front of the object stores,
     /// data directories on file systems of its own, daemons' environments. Default: none.
     pub hooks: FaultHooks,
@@ -106,14 +109,28 @@ pub struct FaultHooks {
     pub daemon_env: Vec<(String, Vec<(String, String)>)>,
 }
 
-/// The roles whose tokens the replicator accepts in `dev up`, each in `DIR/tokens/ROLE.token`.
+/// The roles of `dev up`'s tokens, each in `DIR/tokens/ROLE.token`: one token per role, which
+/// every daemon that serves the role accepts (the replicator: primary, mirror, admin, peer; the
+/// primary: mount, mirror, admin; the mirror: mount, admin).
+pub const TOKEN_ROLES: [&str; 5] = ["mount", "mirror", "primary", "admin", "peer"];
+/// The roles whose tokens the replicator accepts.
 pub const REPLICATOR_ROLES: [&str; 4] = ["primary", "mirror", "admin", "peer"];
+/// The mirror's id (its cursor at the replicator, its certificate's name).
+pub const MIRROR_ID: &str = "region-b";
 
 /// What `dev up` writes to DIR/dev.json once everything runs.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct Topology {
-    /// The site daemons' token (mounts, mirror to primary, operators).
+    /// The mounts' token (role mount, at the primary and the mirror).
     pub token: String,
+    /// The operators' token (role admin: `strait gc`, `fsck --compare`, `mirror pause`, the
+    /// replicator's membership and retention).
+    #[serde(default)]
+    pub admin_token: String,
+    /// With `--tls`: the directory of the CA (`ca.pem`) and of each holder's certificate and
+    /// key (`mount`, `admin`, `primary`, `region-b`, `replicatorN`).
+    #[serde(default)]
+    pub pki: Option<PathBuf>,
     /// The replicator's tokens by role (`primary`, `mirror`, `admin`, `peer`); also in
     /// `DIR/tokens/ROLE.token`.
     #[serde(default)]
@@ -436,13 +453,14 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 }
 
 impl Cluster {
-    /// Start both regions and write DIR/dev.json. `has_leader(node, admin_token)`: whether
-    /// the replicator node at that address knows a leader (the caller asks it over gRPC);
+    /// Start both regions and write DIR/dev.json. `has_leader(node, admin)`: whether the
+    /// replicator node at that address knows a leader (the caller asks it over gRPC with the
+    /// operators' credentials `admin`);
     /// `progress`: a line to show for each step that may take a while.
     pub fn start(
         cfg: &ClusterConfig,
         rt: &tokio::runtime::Runtime,
-        has_leader: &dyn Fn(SocketAddr, &str) -> bool,
+        has_leader: &dyn Fn(SocketAddr, &strait_auth::Credentials) -> bool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster> {
         let a = cfg;
@@ -455,23 +473,54 @@ impl Cluster {
         for d in [&ra, &rb] {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
         }
-        let token = format!("dev-{:016x}", rand::random::<u64>());
-        // the replicator's tokens, one per role, in files the daemons read
+        // one token per role, in files the daemons read
         let tokens_dir = a.dir.join("tokens");
         std::fs::create_dir_all(&tokens_dir).context("create the tokens directory")?;
-        let mut replicator_tokens = std::collections::BTreeMap::new();
-        for role in REPLICATOR_ROLES {
+        let mut tokens = std::collections::BTreeMap::new();
+        for role in TOKEN_ROLES {
             let t = format!("{role}-{}", hex::encode(rand::random::<[u8; 16]>()));
             write_private(&tokens_dir.join(format!("{role}.token")), &t)?;
-            replicator_tokens.insert(role.to_string(), t);
+            tokens.insert(role.to_string(), t);
         }
+        let replicator_tokens: std::collections::BTreeMap<String, String> = REPLICATOR_ROLES
+            .iter()
+            .map(|r| (r.to_string(), tokens[*r].clone()))
+            .collect();
+        let token = tokens["mount"].clone();
         let token_file = |role: &str| {
             tokens_dir
                 .join(format!("{role}.token"))
                 .to_string_lossy()
                 .into_owned()
         };
-        let admin_token = replicator_tokens["admin"].clone();
+        // with --tls, a certificate for each daemon, the mounts and the operators
+        let pki = if a.tls {
+            progress("creating a CA and certificates (mutual TLS on every link)");
+            let holders: Vec<(&str, &[strait_auth::Role])> = vec![
+                ("primary", &[strait_auth::Role::Primary]),
+                (MIRROR_ID, &[strait_auth::Role::Mirror]),
+                ("replicator1", &[strait_auth::Role::Peer]),
+                ("replicator2", &[strait_auth::Role::Peer]),
+                ("replicator3", &[strait_auth::Role::Peer]),
+                ("mount", &[strait_auth::Role::Mount]),
+                ("admin", &[strait_auth::Role::Admin]),
+            ];
+            Some(crate::pki::Pki::create(&a.dir.join("pki"), &holders)?)
+        } else {
+            None
+        };
+        let server_tls = |name: &str| {
+            pki.as_ref()
+                .map(|p| p.server_args(name))
+                .unwrap_or_default()
+        };
+        let client_tls = |name: &str| {
+            pki.as_ref()
+                .map(|p| p.client_args(name))
+                .unwrap_or_default()
+        };
+        let admin_creds = crate::pki::credentials(&tokens["admin"], pki.as_ref(), "admin")?;
+
         let mut delay = Faults::delay(Duration::from_millis(a.delay_ms));
         let cap = (a.link_mb_s > 0.0).then_some((a.link_mb_s * 1e6) as u64);
         delay.up.bandwidth = cap;
@@ -570,6 +619,7 @@ impl Cluster {
             for role in REPLICATOR_ROLES {
                 args.extend([s("--token-file"), format!("{role}={}", token_file(role))]);
             }
+            args.extend(server_tls(&name));
             if i == 2 {
                 args.extend([
                     s("--peer"),
@@ -587,24 +637,23 @@ impl Cluster {
         ];
         let start = Instant::now();
         loop {
-            let r = run_strait(
-                bin,
-                &env,
-                &[
-                    "replicator",
-                    "init",
-                    "--token-file",
-                    &token_file("admin"),
-                    "--addr",
-                    &nodes[0].to_string(),
-                    "--member",
-                    &members[0],
-                    "--member",
-                    &members[1],
-                    "--member",
-                    &members[2],
-                ],
-            );
+            let mut init = vec![
+                s("replicator"),
+                s("init"),
+                s("--token-file"),
+                token_file("admin"),
+                s("--addr"),
+                nodes[0].to_string(),
+                s("--member"),
+                members[0].clone(),
+                s("--member"),
+                members[1].clone(),
+                s("--member"),
+                members[2].clone(),
+            ];
+            init.extend(client_tls("admin"));
+            let init: Vec<&str> = init.iter().map(String::as_str).collect();
+            let r = run_strait(bin, &env, &init);
             match r {
                 Ok(_) => break,
                 Err(e) if start.elapsed() > Duration::from_secs(20) => return Err(e),
@@ -612,7 +661,7 @@ impl Cluster {
             }
         }
         let start = Instant::now();
-        while !has_leader(nodes[0], &admin_token) {
+        while !has_leader(nodes[0], &admin_creds) {
             if start.elapsed() > Duration::from_secs(30) {
                 bail!("the replicator elected no leader within 30 s");
             }
@@ -646,14 +695,19 @@ impl Cluster {
                 s(primary),
                 s("--metrics-listen"),
                 s(primary_metrics),
-                s("--token"),
-                token.clone(),
+                s("--role-token-file"),
+                format!("mount={}", token_file("mount")),
+                s("--role-token-file"),
+                format!("mirror={}", token_file("mirror")),
+                s("--role-token-file"),
+                format!("admin={}", token_file("admin")),
                 s("--replicator-token-file"),
                 token_file("primary"),
                 s("--replicator"),
                 shipping_to.join(","),
             ]
             .into_iter()
+            .chain(server_tls("primary"))
             .chain(a.primary_args.iter().cloned())
             .collect::<Vec<_>>(),
         )?;
@@ -689,15 +743,19 @@ impl Cluster {
             &[
                 s("mirror"),
                 s("--id"),
-                s("region-b"),
+                s(MIRROR_ID),
                 s("--meta-url"),
                 format!("rocksdb://{}", meta_dir(1, &rb).display()),
                 s("--listen"),
                 s(mirror),
                 s("--metrics-listen"),
                 s(mirror_metrics),
-                s("--token"),
-                token.clone(),
+                s("--role-token-file"),
+                format!("mount={}", token_file("mount")),
+                s("--role-token-file"),
+                format!("admin={}", token_file("admin")),
+                s("--primary-token-file"),
+                token_file("mirror"),
                 s("--replicator-token-file"),
                 token_file("mirror"),
                 s("--primary"),
@@ -716,6 +774,7 @@ impl Cluster {
                 a.sync.clone(),
             ]
             .into_iter()
+            .chain(server_tls(MIRROR_ID))
             .chain(a.mirror_args.iter().cloned())
             .collect::<Vec<_>>(),
         )?;
@@ -736,11 +795,14 @@ impl Cluster {
                 .filter(|(n, _)| !n.starts_with("primary-to-"))
                 .map(|(_, p)| p.clone())
                 .collect();
-            std::thread::spawn(move || serve_control(control, link));
+            let admin = tokens["admin"].clone();
+            std::thread::spawn(move || serve_control(control, link, admin));
         }
 
         let mut topo = Topology {
             token: token.clone(),
+            admin_token: tokens["admin"].clone(),
+            pki: pki.as_ref().map(|p| p.dir.clone()),
             replicator_tokens: replicator_tokens.clone(),
             primary: s(primary),
             mirror: s(mirror),
@@ -769,14 +831,15 @@ impl Cluster {
                     s("mount"),
                     format!("strait://{addr}"),
                     mnt.to_string_lossy().into_owned(),
-                    s("--token"),
-                    token.clone(),
+                    s("--token-file"),
+                    token_file("mount"),
                     s("--background"),
                     s("--cache-dir"),
                     cache.to_string_lossy().into_owned(),
                     s("--log-file"),
                     region.join("mount.log").to_string_lossy().into_owned(),
                 ];
+                args.extend(client_tls("mount"));
                 args.extend(a.mount_args.iter().cloned());
                 let pid = mount_with(bin, &env, &args)
                     .with_context(|| format!("mount region {which}"))?;
@@ -978,10 +1041,15 @@ impl Cluster {
     }
 }
 
-fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>) {
+/// Longest line the control socket reads.
+const CONTROL_LINE_BYTES_MAX: u64 = 1024;
+
+fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>, admin_token: String) {
+    use std::io::Read;
     for conn in l.incoming().flatten() {
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
         let mut r = BufReader::new(match conn.try_clone() {
-            Ok(c) => c,
+            Ok(c) => c.take(CONTROL_LINE_BYTES_MAX),
             Err(_) => continue,
         });
         let mut w = conn;
@@ -989,7 +1057,15 @@ fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>) {
         if r.read_line(&mut line).is_err() {
             continue;
         }
-        let cmd = line.trim();
+        // `ADMIN_TOKEN FAULT`: only an operator changes the link
+        let (token, cmd) = line.trim().split_once(' ').unwrap_or(("", ""));
+        if !strait_auth::Tokens::equal(token, &admin_token) {
+            let _ = writeln!(
+                w,
+                "error: the control socket takes `ADMIN_TOKEN FAULT` with dev up's admin token"
+            );
+            continue;
+        }
         let reply = match cmd {
             "partition" => {
                 for p in &proxies {

@@ -10,9 +10,8 @@ use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_site::metrics::{self, Metrics, StatusCode};
 use strait_site::requests::sweep::sweep_request_records;
 use strait_site::sessions::expire_sessions;
-use strait_site::{wait_for_signal, Auth, MetaServer, MESSAGE_BYTES_MAX};
+use strait_site::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::{Durability, PrimaryConfig};
 use crate::shipper::{EpochFence, ShippedWait, Shipper, ShipperConfig, TappedKv};
@@ -24,14 +23,9 @@ const SHIP_DRAIN: Duration = Duration::from_secs(5);
 /// Most calls served at once on one connection.
 const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
-fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("read the {what} {}", path.display()))
-}
-
 /// Run the daemon until a signal asks it to stop.
 pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     cfg.validate()?;
-    let token = cfg.resolved_token()?;
     let meta_url = cfg.meta_url.clone();
     let read_only = cfg.read_only;
     let ship = !cfg.replicator.is_empty();
@@ -152,49 +146,19 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let addr = listener.local_addr().context("the listening address")?;
 
-    // TCP keepalive finds dead peers; HTTP/2 pings would close the idle connections of
-    // mounts, whose connection tasks run only while a call is made
-    let mut builder = Server::builder()
-        .tcp_keepalive(Some(Duration::from_secs(60)))
-        .max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX))
-        .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
-        .tcp_nodelay(true);
-    let tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            let mut t = ServerTlsConfig::new().identity(Identity::from_pem(
-                read(cert, "TLS certificate")?,
-                read(key, "TLS key")?,
-            ));
-            if let Some(ca) = &cfg.tls_client_ca_file {
-                t = t.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
-            }
-            builder = builder.tls_config(t).context("TLS settings")?;
-            if cfg.tls_client_ca_file.is_some() {
-                "TLS, client certificates required"
-            } else {
-                "TLS"
-            }
-        }
-        _ => "plain text",
-    };
-
-    let svc = tonic::service::interceptor::InterceptedService::new(
-        MetaServiceServer::from_arc(server.clone())
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        Auth::new(&token, metrics.clone()),
-    );
-
-    let site = tonic::service::interceptor::InterceptedService::new(
+    let (builder, tls) = strait_site::serve::server(&cfg.site, "the primary", metrics.clone())?;
+    let builder = builder.max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX));
+    let svc = MetaServiceServer::from_arc(server.clone())
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+    let site =
         strait_proto::site::site_service_server::SiteServiceServer::new(crate::site::PrimarySite {
             engine: engine.clone(),
             replicator: cfg.replicator.clone(),
             gc: gc_handle,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        Auth::new(&token, metrics.clone()),
-    );
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
 
     // request records past the retry horizon
     if !cfg.read_only {

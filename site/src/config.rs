@@ -1,32 +1,46 @@
 //! The settings both site daemons share, flattened into the primary's and the mirror's
 //! configuration: the same TOML keys, defaults and checks in both.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use strait_auth::{Role, Security, Tokens};
 
 /// Shortest session timeout accepted: heartbeats must fit several times into it.
 pub const SESSION_TIMEOUT_MS_MIN: u64 = 500;
 
-/// How the mounts of a site daemon's region authenticate, and when their sessions die.
+/// Who may call a site daemon and how (tokens per role, TLS), what it presents to the
+/// replicator, and when its mounts' sessions die.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct SiteConfig {
-    /// The token every mount must send (`authorization: Bearer <token>`). Required, unless
-    /// `token_file` is set.
+    /// The shared token: accepted for every role (mount, mirror, admin) that has no token of
+    /// its own in `[tokens]`. With a token per role it is simply the mounts' token. Required,
+    /// unless `token_file`, `[tokens]` or mutual TLS (`tls_client_ca_file`) is set.
     pub token: String,
-    /// A file whose first line is the token (read at start; takes precedence over `token`).
+    /// A file whose first line is the shared token (read at start; takes precedence over
+    /// `token`).
     pub token_file: Option<PathBuf>,
     /// A mount whose last heartbeat is older than this is considered dead: its session is
     /// closed, its locks are released and the unlinked files it kept open are deleted.
     pub session_timeout_ms: u64,
     /// The token this daemon presents to the replicator: one the replicator accepts for the
-    /// role `primary` (at the primary) or `mirror` (at a mirror).
+    /// role `primary` (at the primary) or `mirror` (at a mirror). May be left empty when this
+    /// daemon's certificate names that role and the replicator requires client certificates.
     pub replicator_token: String,
     /// A file whose first line is `replicator_token` (takes precedence over it).
     pub replicator_token_file: Option<PathBuf>,
+    /// `[tokens]` and `[token_files]` per role, `tls_cert_file`, `tls_key_file`,
+    /// `tls_client_ca_file` and `tls_ca_file`: the keys every strait daemon has
+    /// (docs/security.md).
+    #[serde(flatten)]
+    pub security: Security,
 }
+
+/// The roles a site daemon serves: its region's mounts, mirrors forwarding their region's
+/// calls (at the primary), operators' tools.
+pub const SITE_ROLES: [Role; 3] = [Role::Mount, Role::Mirror, Role::Admin];
 
 impl Default for SiteConfig {
     fn default() -> Self {
@@ -36,61 +50,93 @@ impl Default for SiteConfig {
             session_timeout_ms: 60_000,
             replicator_token: String::new(),
             replicator_token_file: None,
+            security: Security::default(),
         }
     }
 }
 
 impl SiteConfig {
-    /// The token mounts must present, from `token_file` or `token`.
-    pub fn resolved_token(&self) -> Result<String> {
-        resolve_token(&self.token, self.token_file.as_deref())
+    /// The shared token, from `token_file` or `token` (None when neither is set).
+    pub fn shared_token(&self) -> Result<Option<String>> {
+        let token = match &self.token_file {
+            Some(f) => strait_auth::read_token_file(f)?,
+            None => self.token.clone(),
+        };
+        if token.is_empty() {
+            return Ok(None);
+        }
+        strait_auth::check_token(&token).context("the token")?;
+        Ok(Some(token))
     }
 
-    /// What this daemon presents to the replicator (its token; TLS none yet).
+    /// The tokens this daemon accepts, each with its roles; fails when callers would have no
+    /// way to authenticate (no token at all and no client CA).
+    pub fn accepted_tokens(&self) -> Result<Tokens> {
+        if let Some(r) = self
+            .security
+            .tokens
+            .keys()
+            .chain(self.security.token_files.keys())
+            .find(|r| !SITE_ROLES.contains(r))
+        {
+            bail!(
+                "a site daemon has no calls for the role {r}: give tokens for mount, mirror and \
+                 admin"
+            );
+        }
+        let tokens = self
+            .security
+            .accepted(self.shared_token()?.as_deref(), &SITE_ROLES)?;
+        if tokens.is_empty() && !self.security.mutual_tls() {
+            bail!(
+                "no token configured: set `token` or `token_file` (or a token per role in \
+                 [tokens], or a client CA for mutual TLS): every RPC must carry credentials"
+            );
+        }
+        Ok(tokens)
+    }
+
+    /// Whether one token serves every role: a mount could then also pause a mirror, stream
+    /// a snapshot or run GC. Worth a warning at start.
+    pub fn one_token_for_every_role(&self) -> bool {
+        self.security.tokens.is_empty()
+            && self.security.token_files.is_empty()
+            && (!self.token.is_empty() || self.token_file.is_some())
+    }
+
+    /// What this daemon presents to the replicator: its token and, with `tls_ca_file`, TLS
+    /// (its own certificate as the client's).
     pub fn replicator_credentials(&self) -> Result<strait_auth::Credentials> {
         let token = match &self.replicator_token_file {
             Some(f) => strait_auth::read_token_file(f)?,
             None => self.replicator_token.clone(),
         };
-        if token.is_empty() {
+        let certified =
+            self.security.tls_ca_file.is_some() && self.security.tls_cert_file.is_some();
+        if token.is_empty() && !certified {
             bail!(
                 "no replicator token: set `replicator_token` or `replicator_token_file` (a token \
-                 the replicator accepts for this daemon's role)"
+                 the replicator accepts for this daemon's role), or give this daemon a \
+                 certificate naming its role and `tls_ca_file`"
             );
         }
-        strait_auth::Credentials::token(&token).context("the replicator token")
+        self.security
+            .credentials(Some(token.as_str()))
+            .context("the replicator credentials")
     }
 
-    /// Check the session timeout (the token is checked by [`SiteConfig::resolved_token`]).
-    pub fn validate_sessions(&self) -> Result<()> {
+    /// Check the session timeout and the security settings.
+    pub fn validate(&self) -> Result<()> {
         if self.session_timeout_ms < SESSION_TIMEOUT_MS_MIN {
             bail!(
                 "session_timeout_ms is {}; it must be at least {SESSION_TIMEOUT_MS_MIN}",
                 self.session_timeout_ms
             );
         }
+        self.security.validate()?;
+        self.accepted_tokens()?;
         Ok(())
     }
-}
-
-/// A site daemon's token: the first line of `token_file` when given, else `token`; it must be
-/// non-empty printable ASCII without spaces.
-pub fn resolve_token(token: &str, token_file: Option<&Path>) -> Result<String> {
-    let token = match token_file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("read the token file {}", f.display()))?
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string(),
-        None => token.to_string(),
-    };
-    if token.is_empty() {
-        bail!("no token configured: set `token` or `token_file` (every RPC must carry one)");
-    }
-    strait_auth::check_token(&token)?;
-    Ok(token)
 }
 
 /// Check a daemon's service address and its metrics address (empty: no metrics listener).
@@ -109,37 +155,90 @@ pub fn validate_listen(listen: &str, metrics_listen: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strait_auth::Roles;
+
+    fn with_token(token: &str) -> SiteConfig {
+        SiteConfig {
+            token: token.into(),
+            ..Default::default()
+        }
+    }
 
     #[test]
-    fn tokens_are_resolved_and_checked() {
+    fn the_shared_token_is_resolved_and_checked() {
+        let c = with_token("abcdefghijklmnop");
         assert_eq!(
-            resolve_token("abcdefghijklmnop", None).unwrap(),
-            "abcdefghijklmnop"
+            c.shared_token().unwrap().as_deref(),
+            Some("abcdefghijklmnop")
         );
-        assert!(resolve_token("", None).is_err(), "no token");
-        assert!(resolve_token("abc", None).is_err(), "too short");
+        assert!(c.one_token_for_every_role());
+        let t = c.accepted_tokens().unwrap();
+        assert_eq!(
+            t.roles_of(b"Bearer abcdefghijklmnop"),
+            Roles::of(&SITE_ROLES)
+        );
+        assert!(SiteConfig::default().validate().is_err(), "no token");
+        assert!(with_token("abc").validate().is_err(), "too short");
         assert!(
-            resolve_token("a b c d e f g h i j", None).is_err(),
+            with_token("a b c d e f g h i j").validate().is_err(),
             "a space"
         );
-        let dir = std::env::temp_dir().join(format!("strait-site-token-{}", std::process::id()));
-        std::fs::write(&dir, "from-file-0123456789\nsecond line\n").unwrap();
+        let f = std::env::temp_dir().join(format!("strait-site-token-{}", std::process::id()));
+        std::fs::write(&f, "from-file-0123456789\nsecond line\n").unwrap();
+        let c = SiteConfig {
+            token: "ignored".into(),
+            token_file: Some(f.clone()),
+            ..Default::default()
+        };
         assert_eq!(
-            resolve_token("ignored", Some(&dir)).unwrap(),
-            "from-file-0123456789"
+            c.shared_token().unwrap().as_deref(),
+            Some("from-file-0123456789")
         );
-        std::fs::remove_file(&dir).unwrap();
-        assert!(resolve_token("t", Some(&dir)).is_err(), "a missing file");
+        std::fs::remove_file(&f).unwrap();
+        assert!(c.validate().is_err(), "a missing file");
+    }
+
+    #[test]
+    fn role_tokens_narrow_the_shared_token_to_the_roles_left() {
+        let c: SiteConfig = toml::from_str(
+            "token = \"mount-token-0123456789\"\n[tokens]\nadmin = \"admin-token-0123456789\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(!c.one_token_for_every_role());
+        let t = c.accepted_tokens().unwrap();
+        assert_eq!(
+            t.roles_of(b"Bearer mount-token-0123456789"),
+            Roles::of(&[Role::Mount, Role::Mirror])
+        );
+        assert_eq!(
+            t.roles_of(b"Bearer admin-token-0123456789"),
+            Roles::of(&[Role::Admin])
+        );
+        // a role a site daemon has no calls for is refused
+        let c: SiteConfig = toml::from_str("[tokens]\npeer = \"peer-token-0123456789\"\n").unwrap();
+        assert!(c.validate().is_err());
+        // mutual TLS alone is a way to authenticate
+        let c = SiteConfig {
+            security: Security {
+                tls_cert_file: Some("c.pem".into()),
+                tls_key_file: Some("c.key".into()),
+                tls_client_ca_file: Some("ca.pem".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(c.validate().is_ok());
     }
 
     #[test]
     fn a_short_session_timeout_is_refused() {
         let c = SiteConfig {
             session_timeout_ms: SESSION_TIMEOUT_MS_MIN - 1,
-            ..Default::default()
+            ..with_token("abcdefghijklmnop")
         };
-        assert!(c.validate_sessions().is_err());
-        assert!(SiteConfig::default().validate_sessions().is_ok());
+        assert!(c.validate().is_err());
+        assert!(with_token("abcdefghijklmnop").validate().is_ok());
     }
 
     #[test]

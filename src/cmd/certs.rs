@@ -1,8 +1,6 @@
 //! `strait certs`: a CA of one's own, certificates that name their holder's roles, and tokens,
 //! so that mutual TLS and role tokens take a few commands to set up.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -62,17 +60,14 @@ pub enum Action {
 pub fn run(a: Args) -> Result<()> {
     match a.action {
         Action::Ca { dir, name, days } => {
-            let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
-            if cert.exists() || key.exists() {
+            if dir.join("ca.pem").exists() || dir.join("ca.key").exists() {
                 bail!(
                     "{} already holds a CA: remove it first, or issue from it",
                     dir.display()
                 );
             }
             std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-            let ca = certs::new_ca(&name, days)?;
-            write(&cert, &ca.cert, 0o644)?;
-            write(&key, &ca.key, 0o600)?;
+            let (cert, key) = certs::new_ca(&name, days)?.write(&dir, "ca")?;
             println!(
                 "created the CA {name:?}, valid {days} days: {} (for every daemon and client) \
                  and {} (keep it private)",
@@ -92,25 +87,14 @@ pub fn run(a: Args) -> Result<()> {
                 .iter()
                 .map(|r| r.parse::<Role>().map_err(anyhow::Error::msg))
                 .collect::<Result<Vec<_>>>()?;
-            if name.contains('/') || name.starts_with('.') {
-                bail!("{name:?} cannot name a file: give a name without '/' that does not start with '.'");
-            }
             let ca = Pem {
                 cert: read(&dir.join("ca.pem"))?,
                 key: read(&dir.join("ca.key"))?,
             };
             let out = out.unwrap_or(dir);
             std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-            let (cert_path, key_path) = (
-                out.join(format!("{name}.pem")),
-                out.join(format!("{name}.key")),
-            );
-            if cert_path.exists() || key_path.exists() {
-                bail!("{} exists: remove it first", cert_path.display());
-            }
-            let issued = certs::issue(&ca, &name, &roles, &host, days)?;
-            write(&cert_path, &issued.cert, 0o644)?;
-            write(&key_path, &issued.key, 0o600)?;
+            let (cert_path, key_path) =
+                certs::issue(&ca, &name, &roles, &host, days)?.write(&out, &name)?;
             let roles: Vec<&str> = roles.iter().map(|r| r.name()).collect();
             println!(
                 "issued {} for {name:?} (roles {}; hosts {}), valid {days} days; key in {}",
@@ -131,16 +115,4 @@ pub fn run(a: Args) -> Result<()> {
 
 fn read(p: &Path) -> Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
-}
-
-/// Write `text` to a new file `p` with `mode`.
-fn write(p: &Path, text: &str, mode: u32) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(p)
-        .with_context(|| format!("create {}", p.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("write {}", p.display()))
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use strait_auth::Credentials;
 use strait_mirror::MirrorConfig;
 use strait_proto::site as s;
 
@@ -34,12 +35,18 @@ pub struct ServeArgs {
     /// The mirror's metadata engine (rocksdb:///path).
     #[arg(long, env = "STRAIT_META_URL")]
     pub meta_url: Option<String>,
-    // --token, --token-file, --session-timeout-ms
+    // --token, --token-file, --role-token, --session-timeout-ms, --tls-*
     #[command(flatten)]
     pub site: super::site::SiteArgs,
     /// The primary's address (host:port).
     #[arg(long, env = "STRAIT_PRIMARY")]
     pub primary: Option<String>,
+    /// Token to present to the primary: one it accepts for the role mirror (default: --token).
+    #[arg(long, env = "STRAIT_PRIMARY_TOKEN", hide_env_values = true)]
+    pub primary_token: Option<String>,
+    /// File whose first line is the primary token.
+    #[arg(long, env = "STRAIT_PRIMARY_TOKEN_FILE")]
+    pub primary_token_file: Option<PathBuf>,
     /// Replicator nodes (host:port, comma-separated, this region's first).
     #[arg(long, env = "STRAIT_REPLICATOR", value_delimiter = ',')]
     pub replicator: Option<Vec<String>>,
@@ -95,9 +102,9 @@ pub struct PauseArgs {
     /// The mirror's address (its metadata service).
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// A token of the role admin (or a client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
     /// How long the pause lasts unless resumed earlier, in seconds (at most 3600).
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
@@ -108,9 +115,9 @@ pub struct ResumeArgs {
     /// The mirror's address (its metadata service).
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// A token of the role admin (or a client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -119,9 +126,10 @@ pub struct StatusArgs {
     /// a replicator or a primary lists every mirror with a cursor.
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// Credentials for the site daemons (a token of any role, or a client certificate), and
+    /// TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
     /// Token for the replicator's nodes (any role's; default: --token).
     #[arg(
         long,
@@ -157,9 +165,15 @@ impl ServeArgs {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        self.site.apply(&mut c.site);
+        self.site.apply(&mut c.site)?;
         if let Some(v) = &self.primary {
             c.primary = v.clone();
+        }
+        if let Some(v) = &self.primary_token {
+            c.primary_token = v.clone();
+        }
+        if let Some(v) = &self.primary_token_file {
+            c.primary_token_file = Some(v.clone());
         }
         if let Some(v) = &self.replicator {
             c.replicator = v.iter().filter(|a| !a.is_empty()).cloned().collect();
@@ -212,7 +226,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(Action::Bench(b)) => super::bench::mirror::run(b),
         Some(Action::Pause(p)) => {
             let ms = pause_ms(p.seconds)?;
-            let v = super::runtime()?.block_on(pause(&p.addr, &p.token, ms))?;
+            let v = super::runtime()?.block_on(pause(&p.addr, &p.client.credentials()?, ms))?;
             println!(
                 "mirror {} paused at version {v} for {} s (strait mirror resume lifts it)",
                 p.addr, p.seconds
@@ -220,7 +234,7 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
         Some(Action::Resume(r)) => {
-            let v = super::runtime()?.block_on(pause(&r.addr, &r.token, 0))?;
+            let v = super::runtime()?.block_on(pause(&r.addr, &r.client.credentials()?, 0))?;
             println!("mirror {} resumed from version {v}", r.addr);
             Ok(())
         }
@@ -340,8 +354,8 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
 }
 
 /// Ask a site daemon for its status.
-pub async fn site_status(addr: &str, token: &str) -> Result<s::SiteStatus> {
-    let primary = strait_mirror::follower::Primary::new(addr, token)?;
+pub async fn site_status(addr: &str, creds: &Credentials) -> Result<s::SiteStatus> {
+    let primary = strait_mirror::follower::Primary::new(addr, creds)?;
     let mut c = primary.site();
     let r = tokio::time::timeout(Duration::from_secs(3), c.status(s::Empty {}))
         .await
@@ -362,8 +376,8 @@ fn pause_ms(seconds: u64) -> Result<u64> {
 }
 
 /// Hold the mirror at `addr` where it is for `hold_ms` (0: lift a hold); its applied version.
-async fn pause(addr: &str, token: &str, hold_ms: u64) -> Result<u64> {
-    let primary = strait_mirror::follower::Primary::new(addr, token)?;
+async fn pause(addr: &str, creds: &Credentials, hold_ms: u64) -> Result<u64> {
+    let primary = strait_mirror::follower::Primary::new(addr, creds)?;
     let mut c = primary.site();
     let r = tokio::time::timeout(
         Duration::from_secs(10),
@@ -384,7 +398,8 @@ async fn pause(addr: &str, token: &str, hold_ms: u64) -> Result<u64> {
 pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut report = Report::default();
     let mut replicators: Vec<String> = vec![];
-    match site_status(&a.addr, &a.token).await {
+    let site_creds = a.client.credentials()?;
+    match site_status(&a.addr, &site_creds).await {
         Ok(st) if st.role == "mirror" => {
             if let Some(m) = st.mirror {
                 report.primary_version = m.latest_version;
@@ -399,26 +414,20 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         Err(site_err) => {
             // not a site daemon: a replicator node?
             replicators.push(a.addr.clone());
-            if a.token.is_empty() {
-                tracing::debug!("{}: {site_err:#}", a.addr);
-            }
+            tracing::debug!("{}: {site_err:#}", a.addr);
         }
     }
     let mut cursors = vec![];
     let mut retention_age_ms = 0;
     let mut heard = None;
-    let replicator_token = if a.replicator_token.is_empty() {
-        &a.token
+    let creds = if a.replicator_token.is_empty() {
+        site_creds.clone()
     } else {
-        &a.replicator_token
+        Credentials::new(Some(&a.replicator_token), site_creds.tls().cloned())
+            .context("--replicator-token")?
     };
-    let creds = strait_replicator_client::Credentials::token(replicator_token).ok();
     for r in &replicators {
-        let Some(creds) = &creds else {
-            tracing::warn!("no valid token for the replicator: give --replicator-token");
-            break;
-        };
-        let Ok(ch) = strait_replicator_client::channel(r, creds) else {
+        let Ok(ch) = strait_replicator_client::channel(r, &creds) else {
             continue;
         };
         let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
@@ -469,7 +478,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
     }
     // details from the mirrors themselves, where we know their addresses
     for addr in &a.mirror {
-        match site_status(addr, &a.token).await {
+        match site_status(addr, &site_creds).await {
             Ok(st) => {
                 if let Some(m) = st.mirror {
                     let row = row_of(addr, m);

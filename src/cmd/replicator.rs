@@ -191,34 +191,14 @@ struct FileConfig {
     security: Security,
 }
 
-/// `ROLE=VALUE`.
-fn parse_role_pair(s: &str) -> Result<(Role, String)> {
-    let (r, v) = s.split_once('=').context("expected ROLE=VALUE")?;
-    let role = r.parse::<Role>().map_err(anyhow::Error::msg)?;
-    Ok((role, v.to_string()))
-}
-
 /// The node's security settings from its file and flags (flags win).
 fn merged_security(mut sec: Security, a: &ServeArgs) -> Result<Security> {
-    for t in &a.tokens {
-        // the token itself stays out of the message
-        let (r, v) = parse_role_pair(t).context("--token expects ROLE=TOKEN")?;
-        sec.tokens.insert(r, v);
-    }
-    for t in &a.token_files {
-        let (r, v) = parse_role_pair(t).with_context(|| format!("--token-file {t:?}"))?;
-        sec.token_files.insert(r, v.into());
-    }
-    for (flag, field) in [
-        (&a.tls_cert, &mut sec.tls_cert_file),
-        (&a.tls_key, &mut sec.tls_key_file),
-        (&a.tls_client_ca, &mut sec.tls_client_ca_file),
-        (&a.tls_ca, &mut sec.tls_ca_file),
-    ] {
-        if flag.is_some() {
-            field.clone_from(flag);
-        }
-    }
+    super::site::lay_over(
+        &mut sec,
+        ("--token", &a.tokens),
+        ("--token-file", &a.token_files),
+        [&a.tls_cert, &a.tls_key, &a.tls_client_ca, &a.tls_ca],
+    )?;
     sec.validate()?;
     Ok(sec)
 }

@@ -69,7 +69,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     };
     let rt = crate::cmd::runtime()?;
-    let status = |addr: &str| rt.block_on(crate::cmd::mirror::site_status(addr, &token));
+    let creds = strait_auth::Credentials::token(&token).context("the token")?;
+    let status = |addr: &str| rt.block_on(crate::cmd::mirror::site_status(addr, &creds));
     let before = status(&mirror)?;
     if before.role != "mirror" {
         bail!("{mirror} is not a mirror (it says it is a {})", before.role);
@@ -87,7 +88,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let client = strait_site_client::RemoteMeta::connect(
             &format!("strait://{primary}"),
             strait_site_client::ConnectOptions {
-                token: token.clone(),
+                creds: creds.clone(),
                 ..Default::default()
             },
         )?;
