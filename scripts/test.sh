@@ -173,7 +173,8 @@ failed_before=$N_FAILED
 stage build cargo build --workspace --all-targets
 BUILD_OK=$((N_FAILED == failed_before))
 stage clippy cargo clippy --workspace --all-targets -- -D warnings
-stage test cargo test --workspace
+# --no-fail-fast: one crate's failure does not hide the others' results
+stage test cargo test --workspace --no-fail-fast
 export STRAIT=$CARGO_TARGET_DIR/debug/strait
 # Without a fresh build the binary may be stale: the pjdfstest stages then fail unrun.
 stage pjdfstest-rocksdb-file require_build pjdfstest_rocksdb

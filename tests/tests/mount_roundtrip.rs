@@ -199,9 +199,12 @@ fn a_name_replaced_by_rename_is_never_missing() {
         missing.len(),
         missing.first()
     );
-    // the kernel's one retry wins all but a lost race in a row
+    // the kernel's one retry wins all but a race lost twice in a row. How often that happens
+    // depends on the machine's scheduling (5 in 24,045 reads on one machine, 176 in 15,257 on a
+    // fresh one): the bound only catches a retry that is not made at all, which would leave
+    // about every other read ESTALE
     assert!(
-        stale * 100 <= reads,
+        stale * 20 <= reads,
         "{stale} of {reads} reads got ESTALE: the kernel's retry should win nearly always"
     );
 }
