@@ -22,6 +22,8 @@ struct Cli {
     command: Command,
 }
 
+// parsed once per run: the size of the largest command's flags costs nothing worth a box
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Create a file system: write its settings and root directory into a metadata engine.
@@ -65,7 +67,7 @@ fn main() {
     let cli = Cli::parse();
     // two TLS crypto back ends are linked (ring for gRPC, aws-lc-rs through the S3 SDK):
     // name the one rustls uses by default
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    strait_auth::use_ring_for_tls();
     let service = match &cli.command {
         Command::Primary(_) => "strait-primary",
         Command::Replicator(_) => "strait-replicator",

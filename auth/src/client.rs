@@ -121,6 +121,7 @@ impl Credentials {
         let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| Error::Config(format!("address {addr:?}: {e}")))?;
         if let Some(tls) = &self.tls {
+            crate::use_ring_for_tls();
             let mut cfg = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&tls.ca_pem))
                 .domain_name(tls.domain.clone().unwrap_or_else(|| host.to_string()));

@@ -17,9 +17,10 @@ use crate::Error;
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct Security {
-    /// The token of each role this daemon accepts: `[tokens]` with `mount = "..."`,
-    /// `admin = "..."`, ... (see `strait certs token`).
-    pub tokens: BTreeMap<Role, String>,
+    /// The tokens of each role this daemon accepts: `[tokens]` with `mount = "..."`,
+    /// `admin = ["...", "..."]` (a list while a token is being replaced), ... (see
+    /// `strait certs token`).
+    pub tokens: BTreeMap<Role, TokenList>,
     /// Files whose first line is a role's token; they take precedence over `tokens`.
     pub token_files: BTreeMap<Role, PathBuf>,
     /// This daemon's certificate chain and key (PEM): served to its clients, and presented as
@@ -32,6 +33,34 @@ pub struct Security {
     /// The CA that the certificates of the daemons this one calls must chain to; set it to
     /// call them over TLS.
     pub tls_ca_file: Option<PathBuf>,
+}
+
+/// The tokens of one role: one (`admin = "..."`) or several (`admin = ["...", "..."]`, while
+/// one replaces another).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct TokenList(pub Vec<String>);
+
+impl TokenList {
+    /// The first token: what a daemon presents when it calls with this role.
+    pub fn first(&self) -> Option<&str> {
+        self.0.first().map(String::as_str)
+    }
+}
+
+impl<'de> Deserialize<'de> for TokenList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(t) => TokenList(vec![t]),
+            OneOrMany::Many(v) => TokenList(v),
+        })
+    }
 }
 
 /// The first line of `path`, a token file.
@@ -62,7 +91,7 @@ impl Security {
             }
             _ => {}
         }
-        for t in self.tokens.values() {
+        for t in self.tokens.values().flat_map(|l| l.0.iter()) {
             check_token(t)?;
         }
         Ok(())
@@ -71,15 +100,18 @@ impl Security {
     /// The tokens this daemon accepts: each role's own, and `shared` (the single `token` of
     /// older configurations) for every role in `shared_roles` that has none of its own.
     pub fn accepted(&self, shared: Option<&str>, shared_roles: &[Role]) -> Result<Tokens, Error> {
-        let mut own: BTreeMap<Role, String> = self.tokens.clone();
+        let mut own: BTreeMap<Role, Vec<String>> =
+            self.tokens.iter().map(|(r, l)| (*r, l.0.clone())).collect();
         for (r, f) in &self.token_files {
-            own.insert(*r, read_token_file(f)?);
+            own.entry(*r).or_default().push(read_token_file(f)?);
         }
         let mut tokens = Tokens::new();
-        for (r, t) in &own {
-            tokens
-                .add(*r, t)
-                .map_err(|e| Error::Config(format!("the {r} token: {e}")))?;
+        for (r, list) in &own {
+            for t in list {
+                tokens
+                    .add(*r, t)
+                    .map_err(|e| Error::Config(format!("the {r} token: {e}")))?;
+            }
         }
         if let Some(s) = shared.filter(|s| !s.is_empty()) {
             for r in shared_roles.iter().filter(|r| !own.contains_key(r)) {
@@ -101,6 +133,7 @@ impl Security {
         let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
             return Ok(None);
         };
+        crate::use_ring_for_tls();
         let mut t = ServerTlsConfig::new().identity(Identity::from_pem(
             read(cert, "TLS certificate")?,
             read(key, "TLS key")?,
@@ -158,6 +191,7 @@ mod tests {
             r#"
             [tokens]
             mount = "mount-token-0123456789"
+            peer = ["peer-old-token-0123456", "peer-new-token-0123456"]
             [token_files]
             admin = "ADMIN"
             "#
@@ -177,9 +211,16 @@ mod tests {
             t.roles_of(b"Bearer admin-from-file-0123456789"),
             Roles::of(&[Role::Admin])
         );
+        // a list: each token is accepted (one replacing another)
+        for p in [
+            &b"Bearer peer-old-token-0123456"[..],
+            b"Bearer peer-new-token-0123456",
+        ] {
+            assert_eq!(t.roles_of(p), Roles::of(&[Role::Peer]));
+        }
         assert_eq!(
             t.roles_of(b"Bearer shared-token-0123456789"),
-            Roles::of(&[Role::Mirror, Role::Primary, Role::Peer])
+            Roles::of(&[Role::Mirror, Role::Primary])
         );
         // a role that is not a role, and a short token, are refused
         assert!(toml::from_str::<Security>("[tokens]\nroot = \"x\"").is_err());

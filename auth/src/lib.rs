@@ -27,11 +27,19 @@ mod slots;
 mod tokens;
 
 pub use client::{host_of, Bearer, ClientTls, Conn, Credentials};
-pub use config::{read_token_file, Security};
+pub use config::{read_token_file, Security, TokenList};
 pub use guard::{caller, Caller, Guard, Guarded, Refusal};
 pub use role::{Role, Roles};
 pub use slots::{Slot, Slots};
 pub use tokens::{check_token, new_token, Tokens, TOKEN_LEN_MAX, TOKEN_LEN_MIN};
+
+/// Make ring the process's TLS provider, unless one is set already. rustls cannot pick one
+/// by itself when more than one is built in (the AWS SDK brings aws-lc-rs, strait's TLS uses
+/// ring), and tonic's TLS server asks for the process's; every TLS setting of this crate calls
+/// this first, so a library user needs no set-up of its own.
+pub fn use_ring_for_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 
 /// A setting that cannot be used (a token too short, a file that cannot be read, a bad
 /// certificate request).

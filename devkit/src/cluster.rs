@@ -152,6 +152,20 @@ pub struct Topology {
     pub mirror_data_a: String,
 }
 
+impl Topology {
+    /// What a client of role `mount` or `admin` presents to these regions: the role's token,
+    /// and its certificate when they run TLS.
+    pub fn credentials(&self, role: &str) -> Result<strait_auth::Credentials> {
+        let token = match role {
+            "mount" => &self.token,
+            "admin" => &self.admin_token,
+            other => bail!("dev.json holds no token for the role {other:?}"),
+        };
+        let pki = self.pki.clone().map(|dir| crate::pki::Pki { dir });
+        crate::pki::credentials(token, pki.as_ref(), role)
+    }
+}
+
 /// The running regions. Dropping it stops the daemons (SIGTERM, then SIGKILL after 10 s),
 /// then the Garages; [`Cluster::unmount`] first unmounts the regions.
 pub struct Cluster {

@@ -22,6 +22,9 @@ pub struct MirrorConfig {
     /// the primary's certificate chains to.
     #[serde(flatten)]
     pub site: SiteConfig,
+    /// `[tokens]`, `[token_files]` and the TLS files, as every strait daemon has them.
+    #[serde(flatten)]
+    pub security: strait_auth::Security,
     /// The primary's metadata service (`host:port`): snapshots to bootstrap from, and reads
     /// under the `forward` policy.
     pub primary: String,
@@ -197,6 +200,7 @@ impl Default for MirrorConfig {
             listen: "127.0.0.1:7440".into(),
             meta_url: "rocksdb:///var/lib/strait/mirror".into(),
             site: SiteConfig::default(),
+            security: Default::default(),
             primary: String::new(),
             primary_token: String::new(),
             primary_token_file: None,
@@ -246,15 +250,14 @@ impl MirrorConfig {
             None => self.site.shared_token()?,
         };
         let certified =
-            self.site.security.tls_ca_file.is_some() && self.site.security.tls_cert_file.is_some();
+            self.security.tls_ca_file.is_some() && self.security.tls_cert_file.is_some();
         if token.is_none() && !certified {
             bail!(
                 "nothing to present to the primary: set `primary_token` (a token it accepts for \
                  the role mirror) or give this mirror a certificate and `tls_ca_file`"
             );
         }
-        self.site
-            .security
+        self.security
             .credentials(token.as_deref())
             .context("the credentials for the primary")
     }
@@ -274,7 +277,7 @@ impl MirrorConfig {
         if self.replicator.is_empty() {
             bail!("replicator (the replicator nodes' addresses) is required");
         }
-        self.site.replicator_credentials()?;
+        self.site.replicator_credentials(&self.security)?;
         for a in &self.replicator {
             host_port("replicator", a)?;
         }
@@ -295,7 +298,7 @@ impl MirrorConfig {
                 bail!("{name} must be positive");
             }
         }
-        self.site.validate()?;
+        self.site.validate(&self.security)?;
         self.primary_credentials()?;
         for (name, url) in [
             ("data_url", &self.data_url),

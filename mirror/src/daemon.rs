@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
 use strait_fs_core::Version;
-use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::site::site_service_server::SiteServiceServer;
 use strait_site::sessions::expire_sessions;
 use strait_site::{wait_for_signal, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
@@ -71,7 +70,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let blocks = crate::blocks::Blocks::open(&cfg, kv.clone()).await?;
     let mirror = Mirror::new(
         cfg.clone(),
-        cfg.site.replicator_credentials()?,
+        cfg.site.replicator_credentials(&cfg.security)?,
         kv.clone(),
         metrics.clone(),
         blocks.clone(),
@@ -155,9 +154,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     tokio::spawn(blocks.clone().run_deleter(stop.clone()));
     let forward = ForwardSession::new(primary.clone(), &cfg.id, engine.clone());
     let router = Router::new(
-        MetaServiceServer::from_arc(server.clone())
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        server.clone(),
         mirror.clone(),
         forward.clone(),
         format.block_size,
@@ -165,8 +162,9 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let site = SiteServiceServer::new(MirrorSite::new(mirror.clone()))
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
-    let (builder, tls) = strait_site::serve::server(
+    let (mut builder, tls) = strait_site::serve::server(
         &cfg.site,
+        &cfg.security,
         &format!("mirror {}", cfg.id),
         metrics.base.clone(),
     )?;

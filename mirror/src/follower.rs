@@ -774,7 +774,11 @@ mod tests {
                 .add_service(svc)
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let primary = Primary::new(&addr.to_string(), "t").expect("primary");
+        let primary = Primary::new(
+            &addr.to_string(),
+            &Credentials::token("test-token-0123456789").expect("token"),
+        )
+        .expect("primary");
         let mirror_kv = memory();
         let e = bootstrap(&mirror_kv, &primary, None)
             .await

@@ -87,6 +87,8 @@ type Local = MetaServiceServer<MetaServer>;
 #[derive(Clone)]
 pub struct Router {
     local: Local,
+    /// The service behind `local`: the region's sessions, checked before a call is forwarded.
+    server: Arc<MetaServer>,
     mirror: Arc<Mirror>,
     forward: Arc<ForwardSession>,
     block_size: u32,
@@ -94,13 +96,17 @@ pub struct Router {
 
 impl Router {
     pub fn new(
-        local: Local,
+        server: Arc<MetaServer>,
         mirror: Arc<Mirror>,
         forward: Arc<ForwardSession>,
         block_size: u32,
     ) -> Self {
+        let local = MetaServiceServer::from_arc(server.clone())
+            .max_decoding_message_size(strait_site::MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(strait_site::MESSAGE_BYTES_MAX);
         Router {
             local,
+            server,
             mirror,
             forward,
             block_size,
@@ -518,6 +524,14 @@ impl Router {
     }
 
     async fn answer(self, method: &str, class: Class, req: http::Request<Body>) -> Reply {
+        // a call of a session this mirror does not hold is refused as the primary refuses
+        // it (the local service asks for itself); it is never forwarded under the mirror's
+        if class != Class::Local {
+            let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
+            if let Err(s) = self.server.held_session(&md) {
+                return status_reply(s);
+            }
+        }
         if class == Class::Mutation && self.mirror.cfg.writes == Writes::Forward {
             return self.forward_write(method, req).await;
         }
@@ -648,11 +662,16 @@ async fn http_body_util_collect(body: Body) -> Result<bytes::Bytes, Status> {
         .map(|c| c.to_bytes())
         .map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
-                Status::resource_exhausted(format!(
+                return Status::resource_exhausted(format!(
                     "a request of more than {FORWARDED_BODY_BYTES_MAX} bytes; nothing was forwarded"
-                ))
-            } else {
-                Status::internal(format!("read the request: {e}"))
+                ));
+            }
+            // the guard's size limit ends the body with its status: pass that on
+            match Status::from_error(e) {
+                s if s.code() == tonic::Code::Unknown => {
+                    Status::internal(format!("read the request: {}", s.message()))
+                }
+                s => s,
             }
         })
 }

@@ -21,6 +21,9 @@ pub struct PrimaryConfig {
     /// `tls_ca_file`): the settings every site daemon has.
     #[serde(flatten)]
     pub site: SiteConfig,
+    /// `[tokens]`, `[token_files]` and the TLS files, as every strait daemon has them.
+    #[serde(flatten)]
+    pub security: strait_auth::Security,
     /// Address of the HTTP endpoint serving `/metrics` (Prometheus) and `/health`; empty
     /// disables it.
     pub metrics_listen: String,
@@ -94,6 +97,7 @@ impl Default for PrimaryConfig {
             listen: "127.0.0.1:7420".into(),
             meta_url: "rocksdb:///var/lib/strait/meta".into(),
             site: SiteConfig::default(),
+            security: Default::default(),
             metrics_listen: "127.0.0.1:7421".into(),
             gc_interval_s: 30,
             gc_mirror_grace_ms: 60_000,
@@ -134,7 +138,7 @@ impl PrimaryConfig {
                 self.serve_threads
             );
         }
-        self.site.validate()?;
+        self.site.validate(&self.security)?;
         for a in &self.replicator {
             a.parse::<std::net::SocketAddr>()
                 .map(|_| ())
@@ -167,7 +171,7 @@ impl PrimaryConfig {
             );
         }
         if !self.replicator.is_empty() {
-            self.site.replicator_credentials()?;
+            self.site.replicator_credentials(&self.security)?;
         }
         if self.read_only && !self.replicator.is_empty() {
             bail!("a read-only primary writes no change records: leave `replicator` empty");
@@ -284,7 +288,7 @@ mod tests {
         };
         assert!(c2.validate().is_err());
         let mut c3 = c.clone();
-        c3.site.security.tls_cert_file = Some("x".into());
+        c3.security.tls_cert_file = Some("x".into());
         assert!(c3.validate().is_err());
         assert!(toml::from_str::<PrimaryConfig>("no_such_field = 1").is_err());
         let c4 = PrimaryConfig {
@@ -330,15 +334,14 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(
-            c.site.security.tls_cert_file.as_deref(),
+            c.security.tls_cert_file.as_deref(),
             Some(Path::new("/c.pem"))
         );
         assert_eq!(
-            c.site
-                .security
+            c.security
                 .tokens
                 .get(&strait_auth::Role::Admin)
-                .map(String::as_str),
+                .and_then(|l| l.first()),
             Some("a")
         );
     }

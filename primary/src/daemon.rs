@@ -30,7 +30,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let read_only = cfg.read_only;
     let ship = !cfg.replicator.is_empty();
     let replicator_creds = if ship {
-        cfg.site.replicator_credentials()?
+        cfg.site.replicator_credentials(&cfg.security)?
     } else {
         strait_replicator_client::Credentials::default()
     };
@@ -146,8 +146,9 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let addr = listener.local_addr().context("the listening address")?;
 
-    let (builder, tls) = strait_site::serve::server(&cfg.site, "the primary", metrics.clone())?;
-    let builder = builder.max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX));
+    let (builder, tls) =
+        strait_site::serve::server(&cfg.site, &cfg.security, "the primary", metrics.clone())?;
+    let mut builder = builder.max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX));
     let svc = MetaServiceServer::from_arc(server.clone())
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);

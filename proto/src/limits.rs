@@ -104,7 +104,9 @@ mod tests {
         );
         assert_eq!(m("garbage"), CONTROL_REQUEST_BYTES_MAX);
         // an append of the largest batch fits, with its envelope
-        assert!(APPEND_REQUEST_BYTES_MAX < REPLICATOR_MESSAGE_BYTES_MAX);
-        assert!(APPEND_REQUEST_BYTES_MAX > APPEND_BYTES_MAX + 5 * APPEND_RECORDS_MAX);
+        const {
+            assert!(APPEND_REQUEST_BYTES_MAX < REPLICATOR_MESSAGE_BYTES_MAX);
+            assert!(APPEND_REQUEST_BYTES_MAX > APPEND_BYTES_MAX + 5 * APPEND_RECORDS_MAX);
+        }
     }
 }

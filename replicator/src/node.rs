@@ -181,6 +181,7 @@ impl Node {
             .http2_keepalive_interval(Some(Duration::from_secs(2)))
             .http2_keepalive_timeout(Some(Duration::from_secs(4)));
         if let Some(tls) = cfg.auth.tls.clone() {
+            strait_auth::use_ring_for_tls();
             builder = builder.tls_config(tls).context("TLS settings")?;
         }
         let guard = Guard::new(

@@ -170,14 +170,24 @@ async fn appends_follow_the_log_rules_through_raft() {
         .unwrap()
         .into_inner();
     assert_eq!((r.last_version, r.duplicate), (3, true));
-    for (req, kind) in [
-        (append(0, 5, &["e"]), "gap"),
-        (append(0, 2, &["b", "X"]), "overlap"),
-        (append(7, 4, &["d"]), "future-epoch"),
-        (append(0, 4, &[]), "malformed"),
+    // refused by the log as it applies them: FAILED_PRECONDITION; a malformed batch is
+    // refused before it is proposed to Raft: INVALID_ARGUMENT; each names why
+    for (req, kind, code) in [
+        (append(0, 5, &["e"]), "gap", tonic::Code::FailedPrecondition),
+        (
+            append(0, 2, &["b", "X"]),
+            "overlap",
+            tonic::Code::FailedPrecondition,
+        ),
+        (
+            append(7, 4, &["d"]),
+            "future-epoch",
+            tonic::Code::FailedPrecondition,
+        ),
+        (append(0, 4, &[]), "malformed", tonic::Code::InvalidArgument),
     ] {
         let s = lc.append(req).await.unwrap_err();
-        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+        assert_eq!(s.code(), code, "{s:?}");
         assert_eq!(refusal(&s), kind, "{s:?}");
     }
     let e = lc

@@ -10,8 +10,10 @@ use strait_auth::{Role, Security, Tokens};
 /// Shortest session timeout accepted: heartbeats must fit several times into it.
 pub const SESSION_TIMEOUT_MS_MIN: u64 = 500;
 
-/// Who may call a site daemon and how (tokens per role, TLS), what it presents to the
-/// replicator, and when its mounts' sessions die.
+/// Who may call a site daemon (the shared token), what it presents to the replicator, and
+/// when its mounts' sessions die. Tokens per role and TLS are the [`Security`] every strait
+/// daemon has, which each daemon's configuration flattens beside this (the methods here take
+/// it): serde cannot refuse unknown keys through a flattened struct that flattens another.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct SiteConfig {
@@ -31,11 +33,6 @@ pub struct SiteConfig {
     pub replicator_token: String,
     /// A file whose first line is `replicator_token` (takes precedence over it).
     pub replicator_token_file: Option<PathBuf>,
-    /// `[tokens]` and `[token_files]` per role, `tls_cert_file`, `tls_key_file`,
-    /// `tls_client_ca_file` and `tls_ca_file`: the keys every strait daemon has
-    /// (docs/security.md).
-    #[serde(flatten)]
-    pub security: Security,
 }
 
 /// The roles a site daemon serves: its region's mounts, mirrors forwarding their region's
@@ -50,7 +47,6 @@ impl Default for SiteConfig {
             session_timeout_ms: 60_000,
             replicator_token: String::new(),
             replicator_token_file: None,
-            security: Security::default(),
         }
     }
 }
@@ -71,12 +67,11 @@ impl SiteConfig {
 
     /// The tokens this daemon accepts, each with its roles; fails when callers would have no
     /// way to authenticate (no token at all and no client CA).
-    pub fn accepted_tokens(&self) -> Result<Tokens> {
-        if let Some(r) = self
-            .security
+    pub fn accepted_tokens(&self, sec: &Security) -> Result<Tokens> {
+        if let Some(r) = sec
             .tokens
             .keys()
-            .chain(self.security.token_files.keys())
+            .chain(sec.token_files.keys())
             .find(|r| !SITE_ROLES.contains(r))
         {
             bail!(
@@ -84,10 +79,8 @@ impl SiteConfig {
                  admin"
             );
         }
-        let tokens = self
-            .security
-            .accepted(self.shared_token()?.as_deref(), &SITE_ROLES)?;
-        if tokens.is_empty() && !self.security.mutual_tls() {
+        let tokens = sec.accepted(self.shared_token()?.as_deref(), &SITE_ROLES)?;
+        if tokens.is_empty() && !sec.mutual_tls() {
             bail!(
                 "no token configured: set `token` or `token_file` (or a token per role in \
                  [tokens], or a client CA for mutual TLS): every RPC must carry credentials"
@@ -98,21 +91,20 @@ impl SiteConfig {
 
     /// Whether one token serves every role: a mount could then also pause a mirror, stream
     /// a snapshot or run GC. Worth a warning at start.
-    pub fn one_token_for_every_role(&self) -> bool {
-        self.security.tokens.is_empty()
-            && self.security.token_files.is_empty()
+    pub fn one_token_for_every_role(&self, sec: &Security) -> bool {
+        sec.tokens.is_empty()
+            && sec.token_files.is_empty()
             && (!self.token.is_empty() || self.token_file.is_some())
     }
 
     /// What this daemon presents to the replicator: its token and, with `tls_ca_file`, TLS
     /// (its own certificate as the client's).
-    pub fn replicator_credentials(&self) -> Result<strait_auth::Credentials> {
+    pub fn replicator_credentials(&self, sec: &Security) -> Result<strait_auth::Credentials> {
         let token = match &self.replicator_token_file {
             Some(f) => strait_auth::read_token_file(f)?,
             None => self.replicator_token.clone(),
         };
-        let certified =
-            self.security.tls_ca_file.is_some() && self.security.tls_cert_file.is_some();
+        let certified = sec.tls_ca_file.is_some() && sec.tls_cert_file.is_some();
         if token.is_empty() && !certified {
             bail!(
                 "no replicator token: set `replicator_token` or `replicator_token_file` (a token \
@@ -120,21 +112,20 @@ impl SiteConfig {
                  certificate naming its role and `tls_ca_file`"
             );
         }
-        self.security
-            .credentials(Some(token.as_str()))
+        sec.credentials(Some(token.as_str()))
             .context("the replicator credentials")
     }
 
     /// Check the session timeout and the security settings.
-    pub fn validate(&self) -> Result<()> {
+    pub fn validate(&self, sec: &Security) -> Result<()> {
         if self.session_timeout_ms < SESSION_TIMEOUT_MS_MIN {
             bail!(
                 "session_timeout_ms is {}; it must be at least {SESSION_TIMEOUT_MS_MIN}",
                 self.session_timeout_ms
             );
         }
-        self.security.validate()?;
-        self.accepted_tokens()?;
+        sec.validate()?;
+        self.accepted_tokens(sec)?;
         Ok(())
     }
 }
@@ -171,16 +162,26 @@ mod tests {
             c.shared_token().unwrap().as_deref(),
             Some("abcdefghijklmnop")
         );
-        assert!(c.one_token_for_every_role());
-        let t = c.accepted_tokens().unwrap();
+        assert!(c.one_token_for_every_role(&Security::default()));
+        let t = c.accepted_tokens(&Security::default()).unwrap();
         assert_eq!(
             t.roles_of(b"Bearer abcdefghijklmnop"),
             Roles::of(&SITE_ROLES)
         );
-        assert!(SiteConfig::default().validate().is_err(), "no token");
-        assert!(with_token("abc").validate().is_err(), "too short");
         assert!(
-            with_token("a b c d e f g h i j").validate().is_err(),
+            SiteConfig::default()
+                .validate(&Security::default())
+                .is_err(),
+            "no token"
+        );
+        assert!(
+            with_token("abc").validate(&Security::default()).is_err(),
+            "too short"
+        );
+        assert!(
+            with_token("a b c d e f g h i j")
+                .validate(&Security::default())
+                .is_err(),
             "a space"
         );
         let f = std::env::temp_dir().join(format!("strait-site-token-{}", std::process::id()));
@@ -195,18 +196,17 @@ mod tests {
             Some("from-file-0123456789")
         );
         std::fs::remove_file(&f).unwrap();
-        assert!(c.validate().is_err(), "a missing file");
+        assert!(c.validate(&Security::default()).is_err(), "a missing file");
     }
 
     #[test]
     fn role_tokens_narrow_the_shared_token_to_the_roles_left() {
-        let c: SiteConfig = toml::from_str(
-            "token = \"mount-token-0123456789\"\n[tokens]\nadmin = \"admin-token-0123456789\"\n",
-        )
-        .unwrap();
-        c.validate().unwrap();
-        assert!(!c.one_token_for_every_role());
-        let t = c.accepted_tokens().unwrap();
+        let c = with_token("mount-token-0123456789");
+        let sec: Security =
+            toml::from_str("[tokens]\nadmin = \"admin-token-0123456789\"\n").unwrap();
+        c.validate(&sec).unwrap();
+        assert!(!c.one_token_for_every_role(&sec));
+        let t = c.accepted_tokens(&sec).unwrap();
         assert_eq!(
             t.roles_of(b"Bearer mount-token-0123456789"),
             Roles::of(&[Role::Mount, Role::Mirror])
@@ -216,19 +216,17 @@ mod tests {
             Roles::of(&[Role::Admin])
         );
         // a role a site daemon has no calls for is refused
-        let c: SiteConfig = toml::from_str("[tokens]\npeer = \"peer-token-0123456789\"\n").unwrap();
-        assert!(c.validate().is_err());
+        let peer: Security =
+            toml::from_str("[tokens]\npeer = \"peer-token-0123456789\"\n").unwrap();
+        assert!(SiteConfig::default().validate(&peer).is_err());
         // mutual TLS alone is a way to authenticate
-        let c = SiteConfig {
-            security: Security {
-                tls_cert_file: Some("c.pem".into()),
-                tls_key_file: Some("c.key".into()),
-                tls_client_ca_file: Some("ca.pem".into()),
-                ..Default::default()
-            },
+        let mtls = Security {
+            tls_cert_file: Some("c.pem".into()),
+            tls_key_file: Some("c.key".into()),
+            tls_client_ca_file: Some("ca.pem".into()),
             ..Default::default()
         };
-        assert!(c.validate().is_ok());
+        assert!(SiteConfig::default().validate(&mtls).is_ok());
     }
 
     #[test]
@@ -237,8 +235,10 @@ mod tests {
             session_timeout_ms: SESSION_TIMEOUT_MS_MIN - 1,
             ..with_token("abcdefghijklmnop")
         };
-        assert!(c.validate().is_err());
-        assert!(with_token("abcdefghijklmnop").validate().is_ok());
+        assert!(c.validate(&Security::default()).is_err());
+        assert!(with_token("abcdefghijklmnop")
+            .validate(&Security::default())
+            .is_ok());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use strait_auth::{Guard, Refusal};
+use strait_auth::{Guard, Refusal, Security};
 use tonic::transport::Server;
 use tower::layer::util::{Identity, Stack};
 
@@ -21,11 +21,12 @@ pub type Guarded = Server<Stack<Guard, Identity>>;
 /// link reads in a log line (`TLS, client certificates required`, `plain text`).
 pub fn server(
     cfg: &SiteConfig,
+    sec: &Security,
     daemon: &str,
     metrics: Arc<Metrics>,
 ) -> Result<(Guarded, &'static str)> {
-    let tokens = cfg.accepted_tokens()?;
-    if cfg.one_token_for_every_role() {
+    let tokens = cfg.accepted_tokens(sec)?;
+    if cfg.one_token_for_every_role(sec) {
         tracing::warn!(
             "one token serves every role here: a mount's token can also pause a mirror, stream \
              a snapshot or run GC; give [tokens] mount, mirror and admin of their own \
@@ -42,8 +43,8 @@ pub fn server(
         .tcp_keepalive(Some(Duration::from_secs(60)))
         .tcp_nodelay(true)
         .max_frame_size(strait_proto::HTTP2_FRAME_BYTES);
-    if let Some(tls) = cfg.security.server_tls()? {
+    if let Some(tls) = sec.server_tls()? {
         builder = builder.tls_config(tls).context("TLS settings")?;
     }
-    Ok((builder.layer(guard), cfg.security.describe()))
+    Ok((builder.layer(guard), sec.describe()))
 }

@@ -165,7 +165,7 @@ impl ServeArgs {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        self.site.apply(&mut c.site)?;
+        self.site.apply(&mut c.site, &mut c.security)?;
         if let Some(v) = &self.primary {
             c.primary = v.clone();
         }
@@ -398,6 +398,7 @@ async fn pause(addr: &str, creds: &Credentials, hold_ms: u64) -> Result<u64> {
 pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut report = Report::default();
     let mut replicators: Vec<String> = vec![];
+    let mut is_primary = false;
     let site_creds = a.client.credentials()?;
     match site_status(&a.addr, &site_creds).await {
         Ok(st) if st.role == "mirror" => {
@@ -410,6 +411,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         Ok(st) => {
             report.primary_version = st.version;
             replicators = st.replicator;
+            is_primary = true;
         }
         Err(site_err) => {
             // not a site daemon: a replicator node?
@@ -426,17 +428,26 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         Credentials::new(Some(&a.replicator_token), site_creds.tls().cloned())
             .context("--replicator-token")?
     };
+    let mut refused = None;
     for r in &replicators {
         let Ok(ch) = strait_replicator_client::channel(r, &creds) else {
             continue;
         };
         let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
-        if let Ok(Ok(st)) = tokio::time::timeout(
+        let answer = tokio::time::timeout(
             Duration::from_secs(3),
             c.status(strait_proto::replicator::Empty {}),
         )
-        .await
-        {
+        .await;
+        if let Ok(Err(s)) = &answer {
+            if matches!(
+                s.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ) {
+                refused = Some(format!("{r}: {}", s.message()));
+            }
+        }
+        if let Ok(Ok(st)) = answer {
             let st = st.into_inner();
             // the primary's durable mark is a cursor too, but no mirror's
             cursors = st
@@ -449,7 +460,15 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
             break;
         }
     }
-    if replicators.is_empty() || (cursors.is_empty() && heard.is_none() && a.mirror.is_empty()) {
+    if let (Some(why), true) = (&refused, heard.is_none()) {
+        // what the primary said stands; the mirrors' cursors are the replicator's to tell
+        eprintln!(
+            "strait: the replicator refused these credentials ({why}): mirrors' cursors are not \
+             listed; give --replicator-token"
+        );
+    }
+    let nothing = cursors.is_empty() && heard.is_none() && a.mirror.is_empty();
+    if !is_primary && (replicators.is_empty() || nothing) {
         bail!(
             "{} is neither a mirror nor a primary with a replicator, nor a replicator node that answers",
             a.addr

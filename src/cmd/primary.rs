@@ -127,7 +127,7 @@ impl Args {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        self.site.apply(&mut c.site)?;
+        self.site.apply(&mut c.site, &mut c.security)?;
         if let Some(v) = &self.metrics_listen {
             c.metrics_listen = v.clone();
         }

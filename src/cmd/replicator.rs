@@ -214,7 +214,7 @@ fn node_auth(id: u64, sec: &Security) -> Result<NodeAuth> {
         sec.tokens.get(&Role::Peer),
     ) {
         (Some(f), _) => Some(strait_auth::read_token_file(f)?),
-        (None, t) => t.cloned(),
+        (None, t) => t.and_then(|l| l.first()).map(str::to_string),
     };
     if tokens.is_empty() && !sec.mutual_tls() {
         bail!(

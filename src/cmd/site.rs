@@ -58,7 +58,7 @@ pub fn parse_role_pair(s: &str) -> Result<(Role, String)> {
 
 impl SiteArgs {
     /// Lay the flags and variables given over `c`.
-    pub fn apply(&self, c: &mut SiteConfig) -> Result<()> {
+    pub fn apply(&self, c: &mut SiteConfig, sec: &mut Security) -> Result<()> {
         if let Some(v) = &self.token {
             c.token = v.clone();
         }
@@ -75,7 +75,7 @@ impl SiteArgs {
             c.replicator_token_file = Some(v.clone());
         }
         lay_over(
-            &mut c.security,
+            sec,
             ("--role-token", &self.role_tokens),
             ("--role-token-file", &self.role_token_files),
             [
@@ -102,7 +102,7 @@ pub fn lay_over(
         // the token itself stays out of the message
         let (r, v) =
             parse_role_pair(t).with_context(|| format!("{} expects ROLE=TOKEN", tokens.0))?;
-        sec.tokens.insert(r, v);
+        sec.tokens.entry(r).or_default().0.push(v);
     }
     for t in token_files.1 {
         let (r, v) = parse_role_pair(t).with_context(|| format!("{} {t:?}", token_files.0))?;

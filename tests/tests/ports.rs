@@ -34,17 +34,13 @@ impl Got {
             Err(s) => match s.code() {
                 Code::Unauthenticated => Got::Unauthenticated,
                 Code::PermissionDenied => Got::PermissionDenied,
-                // the transport failed before any gRPC answer (tonic reports it as
-                // UNAVAILABLE or UNKNOWN with a transport error)
-                Code::Unavailable | Code::Unknown
-                    if s.message().contains("transport")
-                        || s.message().contains("connect")
-                        || s.message().contains("tls")
-                        || s.message().contains("h2") =>
-                {
-                    Got::Refused(s.message().chars().take(60).collect())
-                }
-                _ => Got::Served,
+                // the services' own answers to the probes (no session, no such cursor, a
+                // follower naming its leader)
+                Code::FailedPrecondition | Code::InvalidArgument | Code::NotFound => Got::Served,
+                Code::Unavailable if s.message().contains("not the leader") => Got::Served,
+                // no gRPC answer: the connection or the TLS handshake failed, which tonic
+                // reports as UNAVAILABLE, UNKNOWN or INTERNAL with the transport's error
+                _ => Got::Refused(format!("{:?}: {}", s.code(), s.message())),
             },
         }
     }

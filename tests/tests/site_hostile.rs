@@ -77,8 +77,9 @@ fn sites(rt: &tokio::runtime::Runtime) -> Sites {
     let primary = region.primary(&roles);
     let mount = primary.mount(&[]);
     std::fs::write(mount.path("f"), strait_tests::random_bytes(7, 300_000)).unwrap();
+    // the mirror takes the same role tokens: its shared token is then the mounts' alone
     let mut extra = vec!["--primary-token", MIRROR_T];
-    extra.extend(["--role-token", roles[3]]);
+    extra.extend(&roles);
     let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &extra);
     wait_applied(&mirror, primary_version(&primary), Duration::from_secs(60));
     let blocks = block_files(&region.fs.data_dir());

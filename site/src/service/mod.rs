@@ -267,6 +267,13 @@ impl MetaServer {
         self.metrics.sessions.set(s.len() as i64);
     }
 
+    /// The session `md` names, when this daemon holds it; else the status a call without
+    /// one gets (FAILED_PRECONDITION, asking the mount to open or resume its session). A
+    /// mirror asks before it forwards a mount's call, as the primary would ask.
+    pub fn held_session(&self, md: &MetadataMap) -> Result<u64, Status> {
+        self.session(md).map(|m| m.session_id())
+    }
+
     /// The caller's session view, or a status asking it to open (or resume) its session.
     fn session(&self, md: &MetadataMap) -> Result<Arc<Meta>, Status> {
         let sid = md
