@@ -188,7 +188,8 @@ grep -q "strait dev: ready" "$DEMO/dev-up.log" || {
     exit 1
 }
 cat "$DEMO/dev-up.log"
-TOKEN=$(sed -n 's/.*"token": "\(.*\)".*/\1/p' "$DEV/dev.json")
+# the operators' token (role admin): every daemon accepts it (docs/security.md)
+ADMIN_TOKEN_FILE=$DEV/tokens/admin.token
 PRIMARY=$(sed -n 's/.*"primary": "\(.*\)".*/\1/p' "$DEV/dev.json")
 MIRROR=$(sed -n 's/.*"mirror": "\(.*\)".*/\1/p' "$DEV/dev.json")
 MNT_A=$DEV/region-a/mnt
@@ -200,9 +201,9 @@ sync
 checksums "$SRC/tree" >"$DEMO/expected-tree.sha256"
 
 step "wait for the mirror to apply the primary's latest version"
-want=$("$STRAIT" mirror status --addr "$PRIMARY" --token "$TOKEN" --json | sed -n 's/.*"primary_version": \([0-9]*\).*/\1/p' | head -n 1)
+want=$("$STRAIT" mirror status --addr "$PRIMARY" --token-file "$ADMIN_TOKEN_FILE" --json | sed -n 's/.*"primary_version": \([0-9]*\).*/\1/p' | head -n 1)
 for _ in $(seq 1 300); do
-    got=$("$STRAIT" mirror status --addr "$MIRROR" --token "$TOKEN" --json | sed -n 's/.*"applied_version": \([0-9]*\).*/\1/p' | head -n 1)
+    got=$("$STRAIT" mirror status --addr "$MIRROR" --token-file "$ADMIN_TOKEN_FILE" --json | sed -n 's/.*"applied_version": \([0-9]*\).*/\1/p' | head -n 1)
     ((got >= want)) && break
     sleep 0.1
 done
@@ -223,7 +224,7 @@ echo "region A reads the file written at region B: $(cat "$MNT_A/tree/written-at
 
 step "wait for region B's background copy of the blocks"
 for _ in $(seq 1 600); do
-    pending=$("$STRAIT" mirror status --addr "$MIRROR" --token "$TOKEN" --json |
+    pending=$("$STRAIT" mirror status --addr "$MIRROR" --token-file "$ADMIN_TOKEN_FILE" --json |
         sed -n 's/.*"pending_blocks": \([0-9]*\).*/\1/p' | head -1)
     [[ "$pending" == 0 ]] && break
     sleep 0.1
@@ -232,10 +233,10 @@ done
 echo "region B's object store holds $(find "$DEV/region-b/data/chunks" -type f | wc -l) blocks; region A's $(find "$DEV/region-a/data/chunks" -type f | wc -l)"
 
 step "strait mirror status --addr $MIRROR"
-"$STRAIT" mirror status --addr "$MIRROR" --token "$TOKEN"
+"$STRAIT" mirror status --addr "$MIRROR" --token-file "$ADMIN_TOKEN_FILE"
 
 step "strait fsck --compare $PRIMARY $MIRROR"
-"$STRAIT" fsck --compare "$PRIMARY" "$MIRROR" --token "$TOKEN"
+"$STRAIT" fsck --compare "$PRIMARY" "$MIRROR" --token-file "$ADMIN_TOKEN_FILE"
 
 step "stop both regions"
 stop_dev

@@ -26,6 +26,9 @@
 #   PJ_MOUNT_ARGS    extra arguments for `strait mount` (e.g. "--attr-ttl 0")
 #   PJ_DAEMON=1      serve the metadata with `strait primary` and mount through it over gRPC
 #   PJ_MIRROR=1      run the suite at a mirror's mount (`strait dev up --delay-ms 1`)
+#   PJ_TLS=1         with PJ_MIRROR=1: `strait dev up --tls` (mutual TLS on every link), the
+#                    mount presenting the mount's certificate as well as its token
+#   PJ_REGION=a      with PJ_MIRROR=1: mount region A (the primary) instead of B (the mirror)
 #   PJ_SUMMARY_FILE  write "PASSED FAILED SKIPPED" there at the end
 #   PJ_MAX_SKIPPED   fail when more cases than this were skipped
 #   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY  for s3:// data URLs
@@ -185,7 +188,9 @@ fi
 MOUNT_URL=$META_URL
 if [[ "${PJ_MIRROR:-0}" == 1 ]]; then
     DEV_LOG=$PJ_LOG_DIR/dev-up-$stamp.log
-    "$STRAIT" dev up --dir "$WORK/dev" --delay-ms 1 --no-mount >"$DEV_LOG" 2>&1 &
+    DEV_ARGS=()
+    [[ "${PJ_TLS:-0}" == 1 ]] && DEV_ARGS+=(--tls)
+    "$STRAIT" dev up --dir "$WORK/dev" --delay-ms 1 --no-mount "${DEV_ARGS[@]}" >"$DEV_LOG" 2>&1 &
     DEV_PID=$!
     for _ in $(seq 1 600); do
         grep -q "strait dev: ready" "$DEV_LOG" && break
@@ -193,12 +198,20 @@ if [[ "${PJ_MIRROR:-0}" == 1 ]]; then
         sleep 0.1
     done
     grep -q "strait dev: ready" "$DEV_LOG" || die "strait dev up did not start (log $DEV_LOG)"
-    read -r mirror_addr mirror_token < <(python3 -c 'import json, sys
+    region=mirror
+    [[ "${PJ_REGION:-b}" == a ]] && region=primary
+    read -r site_addr mount_token < <(python3 -c 'import json, sys
 t = json.load(open(sys.argv[1]))
-print(t["mirror"], t["token"])' "$WORK/dev/dev.json") || die "cannot read $WORK/dev/dev.json"
-    MOUNT_URL=strait://$mirror_addr
-    MOUNT_EXTRA+=(--token "$mirror_token")
-    echo "== at the mirror's region of strait dev up, $MOUNT_URL (log $DEV_LOG, $WORK/dev)"
+print(t[sys.argv[2]], t["token"])' "$WORK/dev/dev.json" "$region") || die "cannot read $WORK/dev/dev.json"
+    MOUNT_URL=strait://$site_addr
+    MOUNT_EXTRA+=(--token "$mount_token")
+    tls=
+    if [[ "${PJ_TLS:-0}" == 1 ]]; then
+        pki=$WORK/dev/pki
+        MOUNT_EXTRA+=(--tls-ca "$pki/ca.pem" --tls-cert "$pki/mount.pem" --tls-key "$pki/mount.key")
+        tls=", mutual TLS"
+    fi
+    echo "== at the $region's region of strait dev up$tls, $MOUNT_URL (log $DEV_LOG, $WORK/dev)"
 elif [[ "${PJ_DAEMON:-0}" == 1 ]]; then
     DAEMON_LOG=$PJ_LOG_DIR/primary-$backend-$stamp.log
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -8,7 +8,8 @@
 # 2. runs the stages: rustfmt, build, clippy, cargo test, pjdfstest on five set-ups
 #    (RocksDB + local directory; Redis + Garage S3, both servers started here on 127.0.0.1;
 #    a mount served by `strait primary` over gRPC, on RocksDB and on Redis; and a mount at
-#    the mirror's region of `strait dev up`, whose changes go to the primary), and a short
+#    the mirror's region of `strait dev up`, whose changes go to the primary; and at both
+#    regions of `strait dev up --tls`, over mutual TLS), and a short
 #    `strait chaos run` schedule (fixed seeds, two regions under faults, checked);
 # 3. prints `N passed, M failed` over the stages and exits non-zero if any stage failed.
 #
@@ -117,6 +118,13 @@ pjdfstest_mirror() {
     PJ_MIRROR=1 PJ_MAX_SKIPPED="$max_skipped" "$ROOT/scripts/pjdfstest.sh"
 }
 
+# Over mutual TLS (`strait dev up --tls`): at the primary's mount and at the mirror's, with
+# the mount's certificate and token.
+pjdfstest_tls() {
+    PJ_MIRROR=1 PJ_TLS=1 PJ_REGION=a "$ROOT/scripts/pjdfstest.sh"
+    PJ_MIRROR=1 PJ_TLS=1 PJ_REGION=b "$ROOT/scripts/pjdfstest.sh"
+}
+
 # Runs in the stage's subshell: the servers it starts are stopped when the subshell exits.
 pjdfstest_daemon_redis() {
     trap stop_servers EXIT
@@ -174,6 +182,7 @@ stage pjdfstest-redis-garage require_build pjdfstest_redis_garage
 stage pjdfstest-daemon-rocksdb require_build pjdfstest_daemon_rocksdb
 stage pjdfstest-daemon-redis require_build pjdfstest_daemon_redis
 stage pjdfstest-mirror require_build pjdfstest_mirror
+stage pjdfstest-tls require_build pjdfstest_tls
 stage chaos require_build chaos_short
 
 echo

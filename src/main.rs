@@ -22,6 +22,8 @@ struct Cli {
     command: Command,
 }
 
+// parsed once per run: the size of the largest command's flags costs nothing worth a box
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Create a file system: write its settings and root directory into a metadata engine.
@@ -57,13 +59,15 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Run the Jepsen-style harness: a two-region cluster under a seeded nemesis, checked.
     Chaos(cmd::chaos::Args),
+    /// Create a CA, issue certificates naming their holders' roles, make tokens.
+    Certs(cmd::certs::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
     // two TLS crypto back ends are linked (ring for gRPC, aws-lc-rs through the S3 SDK):
     // name the one rustls uses by default
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    strait_auth::use_ring_for_tls();
     let service = match &cli.command {
         Command::Primary(_) => "strait-primary",
         Command::Replicator(_) => "strait-replicator",
@@ -99,6 +103,7 @@ fn main() {
         Command::Gc(a) => cmd::gc::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Chaos(a) => cmd::chaos::run(a),
+        Command::Certs(a) => cmd::certs::run(a),
     };
     if let Err(e) = result {
         eprintln!("strait: {e:#}");

@@ -130,10 +130,10 @@ fn wait_visible(p: &Path, within: Duration) -> Result<()> {
 }
 
 /// Run the harness; `say` gets progress lines.
-/// `has_leader(node)`: whether the replicator node at that address knows a leader.
+/// `has_leader(node, admin)`: whether the replicator node at that address knows a leader.
 pub fn run(
     cfg: &RunConfig,
-    has_leader: &dyn Fn(std::net::SocketAddr) -> bool,
+    has_leader: &dyn Fn(std::net::SocketAddr, &strait_auth::Credentials) -> bool,
     say: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     if cfg.clients == 0 {
@@ -242,6 +242,7 @@ pub fn run(
         mirror_args: vec![],
         mount_args,
         format_args: vec!["--gc-delay".into(), GC_DELAY_S.to_string()],
+        tls: false,
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");
@@ -477,7 +478,7 @@ fn drive(
     }
     // 6: the mirror converges, then reads as the primary does
     say("waiting for the mirror to agree with the primary (fsck --compare, 30 s)");
-    let agreed = converge(cfg, &topo.primary, &topo.mirror, &topo.token);
+    let agreed = converge(cfg, &topo.primary, &topo.mirror, &topo.admin_token);
     tally.checked[6] += 1;
     if let Err(e) = agreed {
         tally.violated(
@@ -509,7 +510,7 @@ fn drive(
     // 7: GC leaves no orphan object in either region's store, and takes no referenced one
     say("collecting garbage in both regions' stores (grace 0), then counting what is left");
     for (region, addr) in [("A", &topo.primary), ("B", &topo.mirror)] {
-        no_orphans_after_gc(cfg, region, addr, &topo.token, &mut tally, say);
+        no_orphans_after_gc(cfg, region, addr, &topo.admin_token, &mut tally, say);
     }
     std::thread::sleep(Duration::from_millis(1_500));
     for (region, id, name, before) in &before_gc {

@@ -66,6 +66,9 @@ pub struct ClusterConfig {
     pub mount_args: Vec<String>,
     /// More arguments for `strait format` (`--gc-delay 60`, ...).
     pub format_args: Vec<String>,
+    /// Every link over mutual TLS: a CA and a certificate per daemon, mount and operator in
+    /// DIR/pki ([`crate::pki`]), on top of the tokens per role.
+    pub tls: bool,
     /// Where the chaos harness's faults reach in: proxies in front of the object stores,
     /// data directories on file systems of its own, daemons' environments. Default: none.
     pub hooks: FaultHooks,
@@ -106,10 +109,32 @@ pub struct FaultHooks {
     pub daemon_env: Vec<(String, Vec<(String, String)>)>,
 }
 
+/// The roles of `dev up`'s tokens, each in `DIR/tokens/ROLE.token`: one token per role, which
+/// every daemon that serves the role accepts (the replicator: primary, mirror, admin, peer; the
+/// primary: mount, mirror, admin; the mirror: mount, admin).
+pub const TOKEN_ROLES: [&str; 5] = ["mount", "mirror", "primary", "admin", "peer"];
+/// The roles whose tokens the replicator accepts.
+pub const REPLICATOR_ROLES: [&str; 4] = ["primary", "mirror", "admin", "peer"];
+/// The mirror's id (its cursor at the replicator, its certificate's name).
+pub const MIRROR_ID: &str = "region-b";
+
 /// What `dev up` writes to DIR/dev.json once everything runs.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct Topology {
+    /// The mounts' token (role mount, at the primary and the mirror).
     pub token: String,
+    /// The operators' token (role admin: `strait gc`, `fsck --compare`, `mirror pause`, the
+    /// replicator's membership and retention).
+    #[serde(default)]
+    pub admin_token: String,
+    /// With `--tls`: the directory of the CA (`ca.pem`) and of each holder's certificate and
+    /// key (`mount`, `admin`, `primary`, `region-b`, `replicatorN`).
+    #[serde(default)]
+    pub pki: Option<PathBuf>,
+    /// The replicator's tokens by role (`primary`, `mirror`, `admin`, `peer`); also in
+    /// `DIR/tokens/ROLE.token`.
+    #[serde(default)]
+    pub replicator_tokens: std::collections::BTreeMap<String, String>,
     pub primary: String,
     pub mirror: String,
     pub primary_metrics: String,
@@ -125,6 +150,20 @@ pub struct Topology {
     pub data_b: String,
     #[serde(default)]
     pub mirror_data_a: String,
+}
+
+impl Topology {
+    /// What a client of role `mount` or `admin` presents to these regions: the role's token,
+    /// and its certificate when they run TLS.
+    pub fn credentials(&self, role: &str) -> Result<strait_auth::Credentials> {
+        let token = match role {
+            "mount" => &self.token,
+            "admin" => &self.admin_token,
+            other => bail!("dev.json holds no token for the role {other:?}"),
+        };
+        let pki = self.pki.clone().map(|dir| crate::pki::Pki { dir });
+        crate::pki::credentials(token, pki.as_ref(), role)
+    }
 }
 
 /// The running regions. Dropping it stops the daemons (SIGTERM, then SIGKILL after 10 s),
@@ -414,14 +453,28 @@ pub fn detach(point: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Write `text` to `path`, readable by its owner only.
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    writeln!(f, "{text}").with_context(|| format!("write {}", path.display()))
+}
+
 impl Cluster {
-    /// Start both regions and write DIR/dev.json. `has_leader(node)`: whether the replicator
-    /// node at that address knows a leader (the caller asks it over gRPC); `progress`: a line
-    /// to show for each step that may take a while.
+    /// Start both regions and write DIR/dev.json. `has_leader(node, admin)`: whether the
+    /// replicator node at that address knows a leader (the caller asks it over gRPC with the
+    /// operators' credentials `admin`);
+    /// `progress`: a line to show for each step that may take a while.
     pub fn start(
         cfg: &ClusterConfig,
         rt: &tokio::runtime::Runtime,
-        has_leader: &dyn Fn(SocketAddr) -> bool,
+        has_leader: &dyn Fn(SocketAddr, &strait_auth::Credentials) -> bool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Cluster> {
         let a = cfg;
@@ -434,7 +487,54 @@ impl Cluster {
         for d in [&ra, &rb] {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
         }
-        let token = format!("dev-{:016x}", rand::random::<u64>());
+        // one token per role, in files the daemons read
+        let tokens_dir = a.dir.join("tokens");
+        std::fs::create_dir_all(&tokens_dir).context("create the tokens directory")?;
+        let mut tokens = std::collections::BTreeMap::new();
+        for role in TOKEN_ROLES {
+            let t = format!("{role}-{}", hex::encode(rand::random::<[u8; 16]>()));
+            write_private(&tokens_dir.join(format!("{role}.token")), &t)?;
+            tokens.insert(role.to_string(), t);
+        }
+        let replicator_tokens: std::collections::BTreeMap<String, String> = REPLICATOR_ROLES
+            .iter()
+            .map(|r| (r.to_string(), tokens[*r].clone()))
+            .collect();
+        let token = tokens["mount"].clone();
+        let token_file = |role: &str| {
+            tokens_dir
+                .join(format!("{role}.token"))
+                .to_string_lossy()
+                .into_owned()
+        };
+        // with --tls, a certificate for each daemon, the mounts and the operators
+        let pki = if a.tls {
+            progress("creating a CA and certificates (mutual TLS on every link)");
+            let holders: Vec<(&str, &[strait_auth::Role])> = vec![
+                ("primary", &[strait_auth::Role::Primary]),
+                (MIRROR_ID, &[strait_auth::Role::Mirror]),
+                ("replicator1", &[strait_auth::Role::Peer]),
+                ("replicator2", &[strait_auth::Role::Peer]),
+                ("replicator3", &[strait_auth::Role::Peer]),
+                ("mount", &[strait_auth::Role::Mount]),
+                ("admin", &[strait_auth::Role::Admin]),
+            ];
+            Some(crate::pki::Pki::create(&a.dir.join("pki"), &holders)?)
+        } else {
+            None
+        };
+        let server_tls = |name: &str| {
+            pki.as_ref()
+                .map(|p| p.server_args(name))
+                .unwrap_or_default()
+        };
+        let client_tls = |name: &str| {
+            pki.as_ref()
+                .map(|p| p.client_args(name))
+                .unwrap_or_default()
+        };
+        let admin_creds = crate::pki::credentials(&tokens["admin"], pki.as_ref(), "admin")?;
+
         let mut delay = Faults::delay(Duration::from_millis(a.delay_ms));
         let cap = (a.link_mb_s > 0.0).then_some((a.link_mb_s * 1e6) as u64);
         delay.up.bandwidth = cap;
@@ -530,6 +630,10 @@ impl Cluster {
                     .to_string_lossy()
                     .into_owned(),
             ];
+            for role in REPLICATOR_ROLES {
+                args.extend([s("--token-file"), format!("{role}={}", token_file(role))]);
+            }
+            args.extend(server_tls(&name));
             if i == 2 {
                 args.extend([
                     s("--peer"),
@@ -547,22 +651,23 @@ impl Cluster {
         ];
         let start = Instant::now();
         loop {
-            let r = run_strait(
-                bin,
-                &env,
-                &[
-                    "replicator",
-                    "init",
-                    "--addr",
-                    &nodes[0].to_string(),
-                    "--member",
-                    &members[0],
-                    "--member",
-                    &members[1],
-                    "--member",
-                    &members[2],
-                ],
-            );
+            let mut init = vec![
+                s("replicator"),
+                s("init"),
+                s("--token-file"),
+                token_file("admin"),
+                s("--addr"),
+                nodes[0].to_string(),
+                s("--member"),
+                members[0].clone(),
+                s("--member"),
+                members[1].clone(),
+                s("--member"),
+                members[2].clone(),
+            ];
+            init.extend(client_tls("admin"));
+            let init: Vec<&str> = init.iter().map(String::as_str).collect();
+            let r = run_strait(bin, &env, &init);
             match r {
                 Ok(_) => break,
                 Err(e) if start.elapsed() > Duration::from_secs(20) => return Err(e),
@@ -570,7 +675,7 @@ impl Cluster {
             }
         }
         let start = Instant::now();
-        while !has_leader(nodes[0]) {
+        while !has_leader(nodes[0], &admin_creds) {
             if start.elapsed() > Duration::from_secs(30) {
                 bail!("the replicator elected no leader within 30 s");
             }
@@ -604,12 +709,19 @@ impl Cluster {
                 s(primary),
                 s("--metrics-listen"),
                 s(primary_metrics),
-                s("--token"),
-                token.clone(),
+                s("--role-token-file"),
+                format!("mount={}", token_file("mount")),
+                s("--role-token-file"),
+                format!("mirror={}", token_file("mirror")),
+                s("--role-token-file"),
+                format!("admin={}", token_file("admin")),
+                s("--replicator-token-file"),
+                token_file("primary"),
                 s("--replicator"),
                 shipping_to.join(","),
             ]
             .into_iter()
+            .chain(server_tls("primary"))
             .chain(a.primary_args.iter().cloned())
             .collect::<Vec<_>>(),
         )?;
@@ -645,15 +757,21 @@ impl Cluster {
             &[
                 s("mirror"),
                 s("--id"),
-                s("region-b"),
+                s(MIRROR_ID),
                 s("--meta-url"),
                 format!("rocksdb://{}", meta_dir(1, &rb).display()),
                 s("--listen"),
                 s(mirror),
                 s("--metrics-listen"),
                 s(mirror_metrics),
-                s("--token"),
-                token.clone(),
+                s("--role-token-file"),
+                format!("mount={}", token_file("mount")),
+                s("--role-token-file"),
+                format!("admin={}", token_file("admin")),
+                s("--primary-token-file"),
+                token_file("mirror"),
+                s("--replicator-token-file"),
+                token_file("mirror"),
                 s("--primary"),
                 s(to_primary.addr()),
                 s("--replicator"),
@@ -670,6 +788,7 @@ impl Cluster {
                 a.sync.clone(),
             ]
             .into_iter()
+            .chain(server_tls(MIRROR_ID))
             .chain(a.mirror_args.iter().cloned())
             .collect::<Vec<_>>(),
         )?;
@@ -690,11 +809,15 @@ impl Cluster {
                 .filter(|(n, _)| !n.starts_with("primary-to-"))
                 .map(|(_, p)| p.clone())
                 .collect();
-            std::thread::spawn(move || serve_control(control, link));
+            let admin = tokens["admin"].clone();
+            std::thread::spawn(move || serve_control(control, link, admin));
         }
 
         let mut topo = Topology {
             token: token.clone(),
+            admin_token: tokens["admin"].clone(),
+            pki: pki.as_ref().map(|p| p.dir.clone()),
+            replicator_tokens: replicator_tokens.clone(),
             primary: s(primary),
             mirror: s(mirror),
             primary_metrics: s(primary_metrics),
@@ -722,14 +845,15 @@ impl Cluster {
                     s("mount"),
                     format!("strait://{addr}"),
                     mnt.to_string_lossy().into_owned(),
-                    s("--token"),
-                    token.clone(),
+                    s("--token-file"),
+                    token_file("mount"),
                     s("--background"),
                     s("--cache-dir"),
                     cache.to_string_lossy().into_owned(),
                     s("--log-file"),
                     region.join("mount.log").to_string_lossy().into_owned(),
                 ];
+                args.extend(client_tls("mount"));
                 args.extend(a.mount_args.iter().cloned());
                 let pid = mount_with(bin, &env, &args)
                     .with_context(|| format!("mount region {which}"))?;
@@ -931,10 +1055,15 @@ impl Cluster {
     }
 }
 
-fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>) {
+/// Longest line the control socket reads.
+const CONTROL_LINE_BYTES_MAX: u64 = 1024;
+
+fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>, admin_token: String) {
+    use std::io::Read;
     for conn in l.incoming().flatten() {
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
         let mut r = BufReader::new(match conn.try_clone() {
-            Ok(c) => c,
+            Ok(c) => c.take(CONTROL_LINE_BYTES_MAX),
             Err(_) => continue,
         });
         let mut w = conn;
@@ -942,7 +1071,15 @@ fn serve_control(l: std::net::TcpListener, proxies: Vec<Arc<Proxy>>) {
         if r.read_line(&mut line).is_err() {
             continue;
         }
-        let cmd = line.trim();
+        // `ADMIN_TOKEN FAULT`: only an operator changes the link
+        let (token, cmd) = line.trim().split_once(' ').unwrap_or(("", ""));
+        if !strait_auth::Tokens::equal(token, &admin_token) {
+            let _ = writeln!(
+                w,
+                "error: the control socket takes `ADMIN_TOKEN FAULT` with dev up's admin token"
+            );
+            continue;
+        }
         let reply = match cmd {
             "partition" => {
                 for p in &proxies {

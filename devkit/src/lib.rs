@@ -8,6 +8,7 @@
 //!   that an outgoing connection cannot take first ([`free_port`]);
 //! - [`garage`]: a single-node Garage S3 server, ready to use ([`Garage`]);
 //! - [`redis`]: a throwaway Redis server ([`redis::RedisServer`]);
+//! - [`pki`]: a CA and certificates naming their holders' roles, for TLS on this machine;
 //! - [`proxy`]: a TCP fault proxy (delay, bandwidth cap, blackhole, resets) to put between
 //!   processes, as between regions ([`Proxy`]);
 //! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
@@ -17,6 +18,7 @@
 
 pub mod cluster;
 pub mod garage;
+pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod proxy;

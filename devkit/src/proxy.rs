@@ -5,9 +5,11 @@
 //!   (set both directions for a symmetric one-way delay, as between two regions);
 //! - **bandwidth**: a byte rate per direction, shared by all connections through the proxy;
 //! - **blackhole**: bytes going one way (or both) are read and dropped, so the connection
-//!   stays open and silent, as in a network partition; healing delivers new bytes again (the
-//!   dropped ones are gone, as after a real partition TCP would have given up on them, so the
-//!   application sees a broken stream and must reconnect);
+//!   stays open and silent, as in a network partition. A connection that lost bytes is reset
+//!   (both ways) once its link heals, as TCP would have given up on it: TCP never delivers the
+//!   bytes after a gap, and a stream with a hole in it, kept open, is a fault no real network
+//!   makes (an HTTP/2 connection that lost flow-control frames stays alive, answers pings, and
+//!   carries no data ever again). New connections work at once;
 //! - **reset**: every open connection is closed with a TCP reset, once;
 //! - **refuse**: new connections are closed with a reset as soon as they are accepted.
 //!
@@ -26,7 +28,7 @@
 //! interval `T` the bytes delivered stay below `rate × (T + PACER_SLACK)` plus one chunk.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -286,15 +288,18 @@ async fn connection(
     resets.mark_unchanged();
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
+    // set once a blackhole dropped bytes of this connection, either way
+    let lost = Arc::new(AtomicBool::new(false));
     let up = pipe(
         cr,
         uw,
         Direction::Up,
         shared.clone(),
+        lost.clone(),
         resets.clone(),
         stop.clone(),
     );
-    let down = pipe(ur, cw, Direction::Down, shared.clone(), resets, stop);
+    let down = pipe(ur, cw, Direction::Down, shared.clone(), lost, resets, stop);
     let (a, b) = tokio::join!(up, down);
     a.and(b)
 }
@@ -310,18 +315,24 @@ fn reset_error() -> std::io::Error {
 /// Forward one direction: a reader queues chunks stamped with their delivery time, a writer
 /// delivers them when due, paced by the direction's bandwidth. A reset closes the socket this
 /// direction writes to with a TCP reset (the other direction's pipe resets the other socket).
+/// `lost` (shared by both directions) is set when a blackhole drops bytes: the connection is
+/// reset when no blackhole is left on it.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     d: Direction,
     shared: Arc<Shared>,
+    lost: Arc<AtomicBool>,
     mut resets: watch::Receiver<u64>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    let mut faults = shared.faults.subscribe();
+    let healed = |f: &Faults| !f.up.blackhole && !f.down.blackhole;
     let (tx, mut rx) = mpsc::channel::<(Instant, Bytes)>(QUEUE);
     let window = Arc::new(Semaphore::new(WINDOW));
     let reader_window = window.clone();
     let reader_shared = shared.clone();
+    let reader_lost = lost.clone();
     let reader = async move {
         // chunks are cut from a shared buffer, not copied out of one
         let mut buf = BytesMut::new();
@@ -345,6 +356,7 @@ async fn pipe(
                     Direction::Up => s.dropped_up.fetch_add(n as u64, Ordering::Relaxed),
                     Direction::Down => s.dropped_down.fetch_add(n as u64, Ordering::Relaxed),
                 };
+                reader_lost.store(true, Ordering::Relaxed);
                 continue;
             }
             let due = Instant::now() + link.latency;
@@ -366,7 +378,13 @@ async fn pipe(
             if link.blackhole {
                 // partitioned while the chunk was in flight: it is lost
                 window.add_permits(chunk.len());
+                lost.store(true, Ordering::Relaxed);
                 continue;
+            }
+            if lost.load(Ordering::Relaxed) && healed(&writer_shared.faults.borrow()) {
+                // the partition is over and this stream has a hole: TCP would have given up
+                // on the connection (while one way is still cut, the other keeps flowing)
+                return Err(reset_error());
             }
             if let Some(rate) = link.bandwidth {
                 let done = writer_shared.pacers[d as usize].reserve(chunk.len(), rate);
@@ -403,6 +421,11 @@ async fn pipe(
                 }
                 w = &mut writer => break w,
                 _ = resets.changed() => break Err(reset_error()),
+                r = faults.changed() => {
+                    if r.is_ok() && lost.load(Ordering::Relaxed) && healed(&faults.borrow_and_update()) {
+                        break Err(reset_error());
+                    }
+                }
                 _ = stop.changed() => break Err(reset_error()),
             }
         }
@@ -417,4 +440,76 @@ async fn pipe(
         shared.stats.resets.fetch_add(1, Ordering::Relaxed);
     }
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A loopback echo server.
+    async fn echo() -> SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn roundtrip(s: &mut TcpStream, msg: &[u8]) {
+        s.write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back))
+            .await
+            .expect("an answer within 5 s")
+            .unwrap();
+        assert_eq!(back, msg);
+    }
+
+    fn partition(p: &Proxy, on: bool) {
+        p.update(|f| {
+            f.up.blackhole = on;
+            f.down.blackhole = on;
+        });
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_a_hole_is_reset_when_the_link_heals_and_others_go_on() {
+        let p = Proxy::start("127.0.0.1:0".parse().unwrap(), echo().await)
+            .await
+            .unwrap();
+        let mut intact = TcpStream::connect(p.addr()).await.unwrap();
+        let mut holed = TcpStream::connect(p.addr()).await.unwrap();
+        roundtrip(&mut intact, b"one").await;
+        roundtrip(&mut holed, b"two").await;
+
+        // only `holed` sends during the partition: its bytes are dropped
+        partition(&p, true);
+        holed.write_all(b"lost").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        partition(&p, false);
+
+        // the connection that lost nothing goes on; the one with a hole is reset, never
+        // carrying bytes from after the hole
+        roundtrip(&mut intact, b"three").await;
+        let _ = holed.write_all(b"after").await;
+        let mut buf = [0u8; 16];
+        let r = tokio::time::timeout(Duration::from_secs(5), holed.read(&mut buf))
+            .await
+            .expect("the holed connection ends within 5 s");
+        assert!(matches!(r, Err(_) | Ok(0)), "read {r:?}: {:?}", &buf[..4]);
+        // and a new connection works at once
+        let mut fresh = TcpStream::connect(p.addr()).await.unwrap();
+        roundtrip(&mut fresh, b"four").await;
+    }
 }

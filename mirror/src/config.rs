@@ -17,14 +17,23 @@ pub struct MirrorConfig {
     /// The mirror's own metadata engine (`rocksdb:///path`). Created and filled from the
     /// primary's snapshot at the first start.
     pub meta_url: String,
-    /// `token`, `token_file` and `session_timeout_ms`: the settings every site daemon has.
+    /// `token`, `token_file`, `[tokens]` per role, `session_timeout_ms`, the replicator token
+    /// and the TLS files: the settings every site daemon has. `tls_ca_file` is also the CA
+    /// the primary's certificate chains to.
     #[serde(flatten)]
     pub site: SiteConfig,
+    /// `[tokens]`, `[token_files]` and the TLS files, as every strait daemon has them.
+    #[serde(flatten)]
+    pub security: strait_auth::Security,
     /// The primary's metadata service (`host:port`): snapshots to bootstrap from, and reads
     /// under the `forward` policy.
     pub primary: String,
-    /// The token the primary expects; empty: the same as `token`.
+    /// The token presented to the primary: one it accepts for the role `mirror`. Empty: the
+    /// shared `token` (or none, when this mirror's certificate names the role `mirror` and the
+    /// primary requires client certificates).
     pub primary_token: String,
+    /// A file whose first line is `primary_token` (takes precedence over it).
+    pub primary_token_file: Option<std::path::PathBuf>,
     /// Replicator nodes (`host:port`), the one in this region first: the mirror subscribes
     /// to the first that answers and sends its acknowledgements to the leader.
     pub replicator: Vec<String>,
@@ -191,8 +200,10 @@ impl Default for MirrorConfig {
             listen: "127.0.0.1:7440".into(),
             meta_url: "rocksdb:///var/lib/strait/mirror".into(),
             site: SiteConfig::default(),
+            security: Default::default(),
             primary: String::new(),
             primary_token: String::new(),
+            primary_token_file: None,
             replicator: vec![],
             metrics_listen: "127.0.0.1:7441".into(),
             window_ms: 5_000,
@@ -230,16 +241,25 @@ impl MirrorConfig {
         toml::from_str(&text).with_context(|| format!("parse {}", path.display()))
     }
 
-    pub fn resolved_token(&self) -> Result<String> {
-        self.site.resolved_token()
-    }
-
-    pub fn resolved_primary_token(&self) -> Result<String> {
-        if self.primary_token.is_empty() {
-            self.resolved_token()
-        } else {
-            Ok(self.primary_token.clone())
+    /// What this mirror presents to the primary: `primary_token` (or the shared token) and,
+    /// with `tls_ca_file`, TLS with its own certificate as the client's.
+    pub fn primary_credentials(&self) -> Result<strait_auth::Credentials> {
+        let token = match &self.primary_token_file {
+            Some(f) => Some(strait_auth::read_token_file(f)?),
+            None if !self.primary_token.is_empty() => Some(self.primary_token.clone()),
+            None => self.site.shared_token()?,
+        };
+        let certified =
+            self.security.tls_ca_file.is_some() && self.security.tls_cert_file.is_some();
+        if token.is_none() && !certified {
+            bail!(
+                "nothing to present to the primary: set `primary_token` (a token it accepts for \
+                 the role mirror) or give this mirror a certificate and `tls_ca_file`"
+            );
         }
+        self.security
+            .credentials(token.as_deref())
+            .context("the credentials for the primary")
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -257,6 +277,7 @@ impl MirrorConfig {
         if self.replicator.is_empty() {
             bail!("replicator (the replicator nodes' addresses) is required");
         }
+        self.site.replicator_credentials(&self.security)?;
         for a in &self.replicator {
             host_port("replicator", a)?;
         }
@@ -277,7 +298,8 @@ impl MirrorConfig {
                 bail!("{name} must be positive");
             }
         }
-        self.site.validate_sessions()?;
+        self.site.validate(&self.security)?;
+        self.primary_credentials()?;
         for (name, url) in [
             ("data_url", &self.data_url),
             ("primary_data_url", &self.primary_data_url),
@@ -304,7 +326,6 @@ impl MirrorConfig {
         if self.write_timeout_ms == 0 {
             bail!("write_timeout_ms must be positive");
         }
-        self.resolved_token()?;
         Ok(())
     }
 
@@ -322,15 +343,28 @@ id = ""
 listen = "127.0.0.1:7440"
 # The mirror's own metadata engine; filled from the primary's snapshot at the first start.
 meta_url = "rocksdb:///var/lib/strait/mirror"
-# Token this region's mounts must send (or token_file).
+# The shared token: accepted for every role (mount, admin, ...) without a token of its own in
+# [tokens]; with a token per role, the mounts' token. Required, unless token_file, [tokens] or
+# tls_client_ca_file is set.
 token = ""
 # token_file = "/etc/strait/token"
 # The primary's metadata service: snapshots, and reads under the "forward" policy.
 primary = ""
-# The token the primary expects; "" = the same as token.
+# The token presented to the primary (one it accepts for the role "mirror"); "" = token.
 primary_token = ""
+# primary_token_file = "/etc/strait/primary-mirror.token"
+# TLS: this mirror's certificate and key (served to its mounts, presented to the primary and
+# the replicator), the CA client certificates must chain to (mutual TLS), and the CA the
+# primary's and the replicator's certificates chain to (its calls to them go over TLS).
+# tls_cert_file = "/etc/strait/pki/mirror-b.pem"
+# tls_key_file = "/etc/strait/pki/mirror-b.key"
+# tls_client_ca_file = "/etc/strait/pki/ca.pem"
+# tls_ca_file = "/etc/strait/pki/ca.pem"
 # Replicator nodes, this region's first.
 replicator = []
+# Token presented to the replicator (one it accepts for the role "mirror"); required.
+replicator_token = ""
+# replicator_token_file = "/etc/strait/replicator-mirror.token"
 # Prometheus /metrics and /health; "" disables.
 metrics_listen = "127.0.0.1:7441"
 # Staleness window W (ms) and what a read does when the lag exceeds it:
@@ -367,6 +401,14 @@ sync_bandwidth_mb_s = 0.0
 # mirror has applied it) or "refuse" (EROFS), and how long a forwarded one may take.
 writes = "forward"
 write_timeout_ms = 30000
+
+# A token per role (docs/security.md): mount (this region's mounts), admin (mirror pause,
+# fsck --compare, snapshots). Files whose first line is the token take precedence.
+[tokens]
+# mount = "..."
+# admin = "..."
+[token_files]
+# admin = "/etc/strait/admin.token"
 "#;
 
 #[cfg(test)]
@@ -384,7 +426,8 @@ mod tests {
         let ok = MirrorConfig {
             id: "b".into(),
             site: SiteConfig {
-                token: "t".into(),
+                token: "site-token-0123456789".into(),
+                replicator_token: "mirror-token-0123456789".into(),
                 ..Default::default()
             },
             primary: "127.0.0.1:7420".into(),

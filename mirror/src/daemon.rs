@@ -7,12 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
 use strait_fs_core::Version;
-use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::site::site_service_server::SiteServiceServer;
 use strait_site::sessions::expire_sessions;
-use strait_site::{wait_for_signal, Auth, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
+use strait_site::{wait_for_signal, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
 
 use crate::config::{MirrorConfig, Writes};
 use crate::follower::{self, Primary};
@@ -58,8 +56,7 @@ async fn pause(stop: &CancellationToken, changed: &mut tokio::sync::watch::Recei
 
 pub async fn run(cfg: MirrorConfig) -> Result<()> {
     cfg.validate()?;
-    let token = cfg.resolved_token()?;
-    let primary = Primary::new(&cfg.primary, &cfg.resolved_primary_token()?)?;
+    let primary = Primary::new(&cfg.primary, &cfg.primary_credentials()?)?;
     let meta_url = cfg.meta_url.clone();
     let kv = tokio::task::spawn_blocking(move || strait_fs_core::kv::open(&meta_url))
         .await
@@ -73,6 +70,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let blocks = crate::blocks::Blocks::open(&cfg, kv.clone()).await?;
     let mirror = Mirror::new(
         cfg.clone(),
+        cfg.site.replicator_credentials(&cfg.security)?,
         kv.clone(),
         metrics.clone(),
         blocks.clone(),
@@ -156,20 +154,20 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     tokio::spawn(blocks.clone().run_deleter(stop.clone()));
     let forward = ForwardSession::new(primary.clone(), &cfg.id, engine.clone());
     let router = Router::new(
-        MetaServiceServer::from_arc(server.clone())
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        Auth::new(&token, metrics.base.clone()),
+        server.clone(),
         mirror.clone(),
         forward.clone(),
         format.block_size,
     );
-    let site = tonic::service::interceptor::InterceptedService::new(
-        SiteServiceServer::new(MirrorSite::new(mirror.clone()))
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        Auth::new(&token, metrics.base.clone()),
-    );
+    let site = SiteServiceServer::new(MirrorSite::new(mirror.clone()))
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+    let (mut builder, tls) = strait_site::serve::server(
+        &cfg.site,
+        &cfg.security,
+        &format!("mirror {}", cfg.id),
+        metrics.base.clone(),
+    )?;
 
     tokio::spawn(expire_sessions(
         server.clone(),
@@ -221,7 +219,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let addr = listener.local_addr().context("the listening address")?;
     println!(
-        "strait mirror: serving {} ({}) on {addr}, following {} from version {}{}",
+        "strait mirror: serving {} ({}) on {addr} ({tls}), following {} from version {}{}",
         format.name,
         cfg.meta_url,
         cfg.replicator.join(", "),
@@ -239,10 +237,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     );
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let s2 = stop.clone();
-    let serve = Server::builder()
-        .tcp_keepalive(Some(Duration::from_secs(60)))
-        .tcp_nodelay(true)
-        .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
+    let serve = builder
         .add_service(router)
         .add_service(site)
         .serve_with_incoming_shutdown(incoming, async move { s2.cancelled().await });

@@ -20,10 +20,12 @@ use strait_fs_core::kv::DynKv;
 use strait_fs_core::snapshot::Loader;
 use strait_fs_core::Version;
 use strait_proto::limits::{META_MESSAGE_BYTES_MAX, REPLICATOR_MESSAGE_BYTES_MAX};
+use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
 use strait_proto::site as s;
 use strait_proto::site::site_service_client::SiteServiceClient;
+use strait_replicator_client::{Conn, Credentials};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
@@ -59,44 +61,51 @@ enum Stop {
     Cancelled,
 }
 
-/// An authorised channel to the primary.
+/// An authorised channel to the primary (or to any site daemon, for the CLI).
 #[derive(Clone)]
 pub struct Primary {
     pub channel: Channel,
-    pub token: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    /// What the mirror (or a command acting for an operator) presents to the daemon.
+    pub creds: Credentials,
+    /// `authorization: Bearer ...` of `creds`, for calls forwarded as raw HTTP/2 requests
+    /// (None when the certificate alone proves the role).
+    pub authorization: Option<http::HeaderValue>,
 }
 
 impl Primary {
-    pub fn new(addr: &str, token: &str) -> anyhow::Result<Self> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+    /// A lazily connected channel to the site daemon at `addr` (`host:port`) presenting
+    /// `creds` (a token, and TLS when they name a CA).
+    pub fn new(addr: &str, creds: &Credentials) -> anyhow::Result<Self> {
+        let channel = creds
+            .endpoint(addr)?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(10))
             .connect_lazy();
-        let token = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| anyhow::anyhow!("the primary token is not valid in a header"))?;
-        Ok(Primary { channel, token })
+        let authorization = match creds.token_str() {
+            Some(t) => Some(
+                http::HeaderValue::from_str(&format!("Bearer {t}"))
+                    .map_err(|_| anyhow::anyhow!("the token is not valid in a header"))?,
+            ),
+            None => None,
+        };
+        Ok(Primary {
+            channel,
+            creds: creds.clone(),
+            authorization,
+        })
     }
 
-    pub fn site(
-        &self,
-    ) -> SiteServiceClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>> {
-        SiteServiceClient::with_interceptor(self.channel.clone(), Bearer(self.token.clone()))
+    pub fn site(&self) -> SiteServiceClient<Conn> {
+        SiteServiceClient::with_interceptor(self.channel.clone(), self.creds.bearer())
             .max_decoding_message_size(META_MESSAGE_BYTES_MAX)
     }
-}
 
-/// Adds the token to every call.
-#[derive(Clone)]
-pub struct Bearer(pub tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut().insert("authorization", self.0.clone());
-        Ok(req)
+    pub fn meta(&self) -> MetaServiceClient<Conn> {
+        MetaServiceClient::with_interceptor(self.channel.clone(), self.creds.bearer())
+            .max_decoding_message_size(META_MESSAGE_BYTES_MAX)
     }
 }
 
@@ -240,9 +249,10 @@ async fn load_snapshot(
 pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
     let mut pauses = RETRY_BACKOFF.build();
     // sets the mirror's cursor at a snapshot's version before it loads (see `bootstrap`)
-    let registrar = strait_replicator_client::LogClient::new(&mirror.cfg.replicator)
-        .ok()
-        .map(|c| c.with_attempts(2));
+    let registrar =
+        strait_replicator_client::LogClient::new(&mirror.cfg.replicator, &mirror.replicator_creds)
+            .ok()
+            .map(|c| c.with_attempts(2));
     let mut source = 0usize;
     // The follower's worker loop, run until `stop`: its two retries (a bootstrap, a
     // subscription) are steps of it, pausing as `pauses` says, begun again after a success.
@@ -382,7 +392,7 @@ async fn follow(
     applied: Version,
     stop: &CancellationToken,
 ) -> Stop {
-    let channel = match strait_replicator_client::channel(addr) {
+    let channel = match strait_replicator_client::channel(addr, &mirror.replicator_creds) {
         Ok(c) => c,
         Err(e) => return Stop::Retry(format!("replicator address {addr}: {e}")),
     };
@@ -576,7 +586,10 @@ async fn wait_for_hold<'a>(
 
 /// Acknowledge the applied version to the replicator every `ack_interval_ms`.
 pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
-    let client = match strait_replicator_client::LogClient::new(&mirror.cfg.replicator) {
+    let client = match strait_replicator_client::LogClient::new(
+        &mirror.cfg.replicator,
+        &mirror.replicator_creds,
+    ) {
         Ok(c) => c.with_attempts(2),
         Err(e) => {
             tracing::error!("no acknowledgements to the replicator: {}", e.message());
@@ -761,7 +774,11 @@ mod tests {
                 .add_service(svc)
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let primary = Primary::new(&addr.to_string(), "t").expect("primary");
+        let primary = Primary::new(
+            &addr.to_string(),
+            &Credentials::token("test-token-0123456789").expect("token"),
+        )
+        .expect("primary");
         let mirror_kv = memory();
         let e = bootstrap(&mirror_kv, &primary, None)
             .await

@@ -35,7 +35,7 @@ use strait_proto::{ERRNO_HEADER, RESUME_HEADER, SESSION_HEADER};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::follower::{Bearer, Primary};
+use crate::follower::Primary;
 use strait_fs_core::SliceId;
 use strait_site::slice_ranges::SliceRanges;
 
@@ -110,15 +110,8 @@ impl ForwardSession {
         self.granted.lock().by_mount.first_foreign(mount, ids)
     }
 
-    fn client(
-        &self,
-    ) -> MetaServiceClient<
-        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
-    > {
-        MetaServiceClient::with_interceptor(
-            self.primary.channel.clone(),
-            Bearer(self.primary.token.clone()),
-        )
+    fn client(&self) -> MetaServiceClient<strait_replicator_client::Conn> {
+        self.primary.meta()
     }
 
     /// The session id, opening a session when there is none (or `stale` is the one refused:

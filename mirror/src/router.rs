@@ -1,6 +1,7 @@
 //! The metadata service of a mirror, with the staleness window (docs/consistency.md, "The staleness window and its policies").
 //!
-//! Every call is checked for the region's token, then:
+//! Every call has passed the guard (the caller's credentials name a role its method admits),
+//! then:
 //! - mutations (under `writes = "forward"`) are sent to the primary, under the mirror's own
 //!   session there. A written slice's blocks are first uploaded from this region's store to
 //!   the primary's, once the mirror has checked that the primary gave the slice's id to
@@ -37,10 +38,9 @@ use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{
     ERRNO_HEADER, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
 };
-use strait_site::{Auth, MetaServer};
+use strait_site::MetaServer;
 use tonic::body::Body;
 use tonic::server::NamedService;
-use tonic::service::Interceptor;
 use tonic::Status;
 use tower::Service;
 
@@ -87,7 +87,8 @@ type Local = MetaServiceServer<MetaServer>;
 #[derive(Clone)]
 pub struct Router {
     local: Local,
-    auth: Auth,
+    /// The service behind `local`: the region's sessions, checked before a call is forwarded.
+    server: Arc<MetaServer>,
     mirror: Arc<Mirror>,
     forward: Arc<ForwardSession>,
     block_size: u32,
@@ -95,15 +96,17 @@ pub struct Router {
 
 impl Router {
     pub fn new(
-        local: Local,
-        auth: Auth,
+        server: Arc<MetaServer>,
         mirror: Arc<Mirror>,
         forward: Arc<ForwardSession>,
         block_size: u32,
     ) -> Self {
+        let local = MetaServiceServer::from_arc(server.clone())
+            .max_decoding_message_size(strait_site::MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(strait_site::MESSAGE_BYTES_MAX);
         Router {
             local,
-            auth,
+            server,
             mirror,
             forward,
             block_size,
@@ -177,10 +180,10 @@ impl Router {
                 .sid(stale)
                 .await
                 .map_err(|s| format!("the primary cannot be reached: {}", s.message()))?;
-            if let Ok(v) =
-                http::HeaderValue::from_bytes(self.forward.primary.token.as_encoded_bytes())
-            {
-                headers.insert("authorization", v);
+            // the mirror's own credentials, never the mount's
+            headers.remove(http::header::AUTHORIZATION);
+            if let Some(v) = &self.forward.primary.authorization {
+                headers.insert(http::header::AUTHORIZATION, v.clone());
             }
             if let Ok(v) = sid.to_string().parse() {
                 headers.insert(SESSION_HEADER, v);
@@ -500,13 +503,7 @@ impl Router {
     }
 
     async fn route(self, req: http::Request<Body>) -> Reply {
-        // the region's token, checked as the primary checks it
-        let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
-        let probe = tonic::Request::from_parts(md, tonic::Extensions::default(), ());
-        let mut auth = self.auth.clone();
-        if let Err(s) = auth.call(probe) {
-            return status_reply(s);
-        }
+        // the caller's credentials were checked by the guard in front of every service
         let method = req
             .uri()
             .path()
@@ -527,6 +524,14 @@ impl Router {
     }
 
     async fn answer(self, method: &str, class: Class, req: http::Request<Body>) -> Reply {
+        // a call of a session this mirror does not hold is refused as the primary refuses
+        // it (the local service asks for itself); it is never forwarded under the mirror's
+        if class != Class::Local {
+            let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
+            if let Err(s) = self.server.held_session(&md) {
+                return status_reply(s);
+            }
+        }
         if class == Class::Mutation && self.mirror.cfg.writes == Writes::Forward {
             return self.forward_write(method, req).await;
         }
@@ -642,13 +647,33 @@ fn rebuild(
     http::Response::from_parts(parts, Body::new(body))
 }
 
-/// Read a whole request body (one gRPC message, bounded by the server's message limit).
+/// Most bytes of a request body the mirror reads whole to forward it: one gRPC message of the
+/// largest size the metadata service accepts, with its 5-byte frame header.
+const FORWARDED_BODY_BYTES_MAX: usize = strait_site::MESSAGE_BYTES_MAX + 5;
+
+/// Read a whole request body (one gRPC message), at most [`FORWARDED_BODY_BYTES_MAX`] bytes:
+/// a larger one is refused (RESOURCE_EXHAUSTED) once that much has arrived, and nothing is
+/// forwarded.
 async fn http_body_util_collect(body: Body) -> Result<bytes::Bytes, Status> {
     use http_body_util::BodyExt;
-    body.collect()
+    http_body_util::Limited::new(body, FORWARDED_BODY_BYTES_MAX)
+        .collect()
         .await
         .map(|c| c.to_bytes())
-        .map_err(|e| Status::internal(format!("read the request: {e}")))
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                return Status::resource_exhausted(format!(
+                    "a request of more than {FORWARDED_BODY_BYTES_MAX} bytes; nothing was forwarded"
+                ));
+            }
+            // the guard's size limit ends the body with its status: pass that on
+            match Status::from_error(e) {
+                s if s.code() == tonic::Code::Unknown => {
+                    Status::internal(format!("read the request: {}", s.message()))
+                }
+                s => s,
+            }
+        })
 }
 
 fn http_body_full(b: bytes::Bytes) -> http_body_util::Full<bytes::Bytes> {

@@ -64,6 +64,8 @@ struct Inner {
 /// Shared by every part of the mirror daemon.
 pub struct Mirror {
     pub cfg: MirrorConfig,
+    /// What the mirror presents to the replicator (a token for the role `mirror`).
+    pub replicator_creds: strait_replicator_client::Credentials,
     pub kv: DynKv,
     pub metrics: Arc<Metrics>,
     /// The region's data blocks: copy queue, fallback reads, deletions, uploads.
@@ -96,6 +98,7 @@ pub fn wall_us() -> u64 {
 impl Mirror {
     pub fn new(
         cfg: MirrorConfig,
+        replicator_creds: strait_replicator_client::Credentials,
         kv: DynKv,
         metrics: Arc<Metrics>,
         blocks: Arc<crate::blocks::Blocks>,
@@ -108,6 +111,7 @@ impl Mirror {
         };
         Arc::new(Mirror {
             cfg,
+            replicator_creds,
             kv,
             metrics,
             blocks,

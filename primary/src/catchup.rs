@@ -26,6 +26,7 @@ use strait_fs_core::{SliceId, Version};
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
+use strait_replicator_client::Credentials;
 
 /// Longest wait for the next message of the replicator's stream.
 const IDLE: Duration = Duration::from_secs(10);
@@ -61,10 +62,12 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Bring the engine `kv`, at version `local`, to the replicator's version `target` by
-/// applying the records in between, read from the replicator node at `addr`.
+/// applying the records in between, read from the replicator node at `addr` (reached with
+/// `creds`).
 pub async fn catch_up(
     kv: DynKv,
     addr: &str,
+    creds: &Credentials,
     local: Version,
     target: Version,
 ) -> Result<CaughtUp, CatchUpError> {
@@ -80,7 +83,7 @@ pub async fn catch_up(
         Some(f) if f <= local => Version(f.0.saturating_sub(1)),
         _ => local,
     };
-    let channel = strait_replicator_client::channel(addr)
+    let channel = strait_replicator_client::channel(addr, creds)
         .map_err(|e| CatchUpError::Failed(format!("replicator address {addr}: {e}")))?;
     let mut client =
         ReplicatorClient::new(channel).max_decoding_message_size(REPLICATOR_MESSAGE_BYTES_MAX);

@@ -1,7 +1,7 @@
 //! The primary daemon's settings: one serde struct, every field documented and defaulted.
 //! Loaded from a TOML file; the CLI overrides fields with flags and `STRAIT_*` variables.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -16,16 +16,14 @@ pub struct PrimaryConfig {
     /// The metadata engine this daemon owns: `rocksdb:///path` or `redis://host:port/db`.
     /// It must hold a formatted file system (`strait format`).
     pub meta_url: String,
-    /// `token`, `token_file` and `session_timeout_ms`: the settings every site daemon has.
+    /// `token`, `token_file`, `[tokens]` per role, `session_timeout_ms`, the replicator token
+    /// and the TLS files (`tls_cert_file`, `tls_key_file`, `tls_client_ca_file`,
+    /// `tls_ca_file`): the settings every site daemon has.
     #[serde(flatten)]
     pub site: SiteConfig,
-    /// TLS: the daemon's certificate chain and key (PEM). Without them the service is
-    /// plain-text gRPC, for loopback and trusted networks only.
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_key_file: Option<PathBuf>,
-    /// Mutual TLS: the CA that client certificates must chain to. When set, a client without
-    /// a valid certificate cannot connect.
-    pub tls_client_ca_file: Option<PathBuf>,
+    /// `[tokens]`, `[token_files]` and the TLS files, as every strait daemon has them.
+    #[serde(flatten)]
+    pub security: strait_auth::Security,
     /// Address of the HTTP endpoint serving `/metrics` (Prometheus) and `/health`; empty
     /// disables it.
     pub metrics_listen: String,
@@ -99,9 +97,7 @@ impl Default for PrimaryConfig {
             listen: "127.0.0.1:7420".into(),
             meta_url: "rocksdb:///var/lib/strait/meta".into(),
             site: SiteConfig::default(),
-            tls_cert_file: None,
-            tls_key_file: None,
-            tls_client_ca_file: None,
+            security: Default::default(),
             metrics_listen: "127.0.0.1:7421".into(),
             gc_interval_s: 30,
             gc_mirror_grace_ms: 60_000,
@@ -133,11 +129,6 @@ impl PrimaryConfig {
         toml::from_str(&text).with_context(|| format!("parse {}", path.display()))
     }
 
-    /// The token clients must present, from `token_file` or `token`.
-    pub fn resolved_token(&self) -> Result<String> {
-        self.site.resolved_token()
-    }
-
     /// Check the settings that can be checked without opening anything.
     pub fn validate(&self) -> Result<()> {
         validate_listen(&self.listen, &self.metrics_listen)?;
@@ -147,16 +138,7 @@ impl PrimaryConfig {
                 self.serve_threads
             );
         }
-        self.site.validate_sessions()?;
-        match (&self.tls_cert_file, &self.tls_key_file) {
-            (Some(_), None) | (None, Some(_)) => {
-                bail!("tls_cert_file and tls_key_file must be set together")
-            }
-            (None, None) if self.tls_client_ca_file.is_some() => {
-                bail!("tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
-            }
-            _ => {}
-        }
+        self.site.validate(&self.security)?;
         for a in &self.replicator {
             a.parse::<std::net::SocketAddr>()
                 .map(|_| ())
@@ -188,10 +170,12 @@ impl PrimaryConfig {
                 5 * self.heartbeat_ms
             );
         }
+        if !self.replicator.is_empty() {
+            self.site.replicator_credentials(&self.security)?;
+        }
         if self.read_only && !self.replicator.is_empty() {
             bail!("a read-only primary writes no change records: leave `replicator` empty");
         }
-        self.resolved_token()?;
         Ok(())
     }
 
@@ -219,14 +203,23 @@ const EXAMPLE: &str = r#"# strait primary daemon configuration. Every field is o
 listen = "127.0.0.1:7420"
 # The metadata engine this daemon owns (formatted with `strait format`).
 meta_url = "rocksdb:///var/lib/strait/meta"
-# Token every client must send. Required (or token_file).
+# The shared token: accepted for every role (mount, mirror, admin) without a token of its own
+# below; with a token per role, the mounts' token. Required, unless token_file, [tokens] or
+# tls_client_ca_file is set.
 token = ""
 # token_file = "/etc/strait/token"
-# TLS certificate chain and key (PEM); without them the service is plain-text gRPC.
-# tls_cert_file = "/etc/strait/daemon.pem"
-# tls_key_file = "/etc/strait/daemon.key"
-# Mutual TLS: CA that client certificates must chain to.
-# tls_client_ca_file = "/etc/strait/clients-ca.pem"
+# Token presented to the replicator (one it accepts for the role "primary"); required with
+# `replicator`.
+replicator_token = ""
+# replicator_token_file = "/etc/strait/replicator-primary.token"
+# TLS certificate chain and key (PEM), also presented to the replicator as this daemon's
+# client certificate; without them the service is plain-text gRPC.
+# tls_cert_file = "/etc/strait/pki/primary.pem"
+# tls_key_file = "/etc/strait/pki/primary.key"
+# Mutual TLS: the CA client certificates must chain to (their OU names the caller's roles).
+# tls_client_ca_file = "/etc/strait/pki/ca.pem"
+# The CA the replicator's certificates chain to: the calls to it go over TLS.
+# tls_ca_file = "/etc/strait/pki/ca.pem"
 # Prometheus /metrics and /health; "" disables.
 metrics_listen = "127.0.0.1:7421"
 # A mount silent for longer than this is dead: its locks and open unlinked files are freed.
@@ -256,6 +249,16 @@ replicated_timeout_ms = 30000
 # After this many ms without a word from the replicator, every change is refused (EROFS) until
 # it answers again: the bound on how long a cut-off primary goes on after a promotion. 0: none.
 lease_ms = 0
+
+# A token per role (docs/security.md): mount (this region's mounts), mirror (mirrors forwarding
+# their region's calls, taking snapshots), admin (strait gc, fsck --compare, pause).
+[tokens]
+# mount = "..."
+# mirror = "..."
+# admin = "..."
+# Or files whose first line is the token (they take precedence).
+[token_files]
+# admin = "/etc/strait/admin.token"
 "#;
 
 #[cfg(test)]
@@ -272,7 +275,7 @@ mod tests {
     fn bad_settings_are_refused() {
         let c = PrimaryConfig {
             site: SiteConfig {
-                token: "t".into(),
+                token: "site-token-0123456789".into(),
                 ..Default::default()
             },
             ..Default::default()
@@ -284,10 +287,8 @@ mod tests {
             ..c.clone()
         };
         assert!(c2.validate().is_err());
-        let c3 = PrimaryConfig {
-            tls_cert_file: Some("x".into()),
-            ..c.clone()
-        };
+        let mut c3 = c.clone();
+        c3.security.tls_cert_file = Some("x".into());
         assert!(c3.validate().is_err());
         assert!(toml::from_str::<PrimaryConfig>("no_such_field = 1").is_err());
         let c4 = PrimaryConfig {
@@ -299,6 +300,9 @@ mod tests {
             replicator: vec!["127.0.0.1:7430".into(), "node-b.example:7430".into()],
             ..c4.clone()
         };
+        assert!(c5.validate().is_err(), "no replicator token");
+        let mut c5 = c5;
+        c5.site.replicator_token = "primary-token-0123456789".into();
         assert!(c5.validate().is_ok());
         let c6 = PrimaryConfig {
             replicator: vec!["nowhere".into()],
@@ -324,5 +328,21 @@ mod tests {
         assert_eq!(c.site.session_timeout_ms, 900);
         assert_eq!(c.listen, "127.0.0.1:1");
         assert!(toml::from_str::<PrimaryConfig>("token = \"t\"\nno_such_field = 1").is_err());
+        // the TLS files keep their top-level keys; tokens per role are a table
+        let c: PrimaryConfig = toml::from_str(
+            "tls_cert_file = \"/c.pem\"\ntls_key_file = \"/c.key\"\n[tokens]\nadmin = \"a\"",
+        )
+        .expect("parses");
+        assert_eq!(
+            c.security.tls_cert_file.as_deref(),
+            Some(Path::new("/c.pem"))
+        );
+        assert_eq!(
+            c.security
+                .tokens
+                .get(&strait_auth::Role::Admin)
+                .and_then(|l| l.first()),
+            Some("a")
+        );
     }
 }

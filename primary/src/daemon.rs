@@ -10,9 +10,8 @@ use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_site::metrics::{self, Metrics, StatusCode};
 use strait_site::requests::sweep::sweep_request_records;
 use strait_site::sessions::expire_sessions;
-use strait_site::{wait_for_signal, Auth, MetaServer, MESSAGE_BYTES_MAX};
+use strait_site::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::{Durability, PrimaryConfig};
 use crate::shipper::{EpochFence, ShippedWait, Shipper, ShipperConfig, TappedKv};
@@ -24,17 +23,17 @@ const SHIP_DRAIN: Duration = Duration::from_secs(5);
 /// Most calls served at once on one connection.
 const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
-fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("read the {what} {}", path.display()))
-}
-
 /// Run the daemon until a signal asks it to stop.
 pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     cfg.validate()?;
-    let token = cfg.resolved_token()?;
     let meta_url = cfg.meta_url.clone();
     let read_only = cfg.read_only;
     let ship = !cfg.replicator.is_empty();
+    let replicator_creds = if ship {
+        cfg.site.replicator_credentials(&cfg.security)?
+    } else {
+        strait_replicator_client::Credentials::default()
+    };
     let (engine, signal) = tokio::task::spawn_blocking(move || -> Result<_> {
         let kv = strait_fs_core::kv::open(&meta_url)?;
         let (kv, signal) = if ship {
@@ -69,6 +68,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             signal,
             ShipperConfig {
                 replicator: cfg.replicator.clone(),
+                creds: replicator_creds.clone(),
                 epoch: cfg.epoch,
                 heartbeat: Duration::from_millis(cfg.heartbeat_ms),
             },
@@ -106,6 +106,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             Ok(store) => {
                 let horizon = crate::gc::MirrorHorizon::new(
                     &cfg.replicator,
+                    &replicator_creds,
                     Duration::from_millis(cfg.gc_mirror_grace_ms),
                 )?;
                 let gc = Arc::new(tokio::sync::Mutex::new(horizon));
@@ -145,49 +146,20 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let addr = listener.local_addr().context("the listening address")?;
 
-    // TCP keepalive finds dead peers; HTTP/2 pings would close the idle connections of
-    // mounts, whose connection tasks run only while a call is made
-    let mut builder = Server::builder()
-        .tcp_keepalive(Some(Duration::from_secs(60)))
-        .max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX))
-        .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
-        .tcp_nodelay(true);
-    let tls = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            let mut t = ServerTlsConfig::new().identity(Identity::from_pem(
-                read(cert, "TLS certificate")?,
-                read(key, "TLS key")?,
-            ));
-            if let Some(ca) = &cfg.tls_client_ca_file {
-                t = t.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
-            }
-            builder = builder.tls_config(t).context("TLS settings")?;
-            if cfg.tls_client_ca_file.is_some() {
-                "TLS, client certificates required"
-            } else {
-                "TLS"
-            }
-        }
-        _ => "plain text",
-    };
-
-    let svc = tonic::service::interceptor::InterceptedService::new(
-        MetaServiceServer::from_arc(server.clone())
-            .max_decoding_message_size(MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        Auth::new(&token, metrics.clone()),
-    );
-
-    let site = tonic::service::interceptor::InterceptedService::new(
+    let (builder, tls) =
+        strait_site::serve::server(&cfg.site, &cfg.security, "the primary", metrics.clone())?;
+    let mut builder = builder.max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX));
+    let svc = MetaServiceServer::from_arc(server.clone())
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+    let site =
         strait_proto::site::site_service_server::SiteServiceServer::new(crate::site::PrimarySite {
             engine: engine.clone(),
             replicator: cfg.replicator.clone(),
             gc: gc_handle,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        Auth::new(&token, metrics.clone()),
-    );
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
 
     // request records past the retry horizon
     if !cfg.read_only {

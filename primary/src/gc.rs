@@ -26,7 +26,7 @@ use strait_fs_core::meta::Meta;
 use strait_fs_core::object::DynStore;
 use strait_fs_core::{SliceId, Version};
 use strait_proto::replicator as pb;
-use strait_replicator_client::LogClient;
+use strait_replicator_client::{Credentials, LogClient};
 
 /// Dead slices whose bound is remembered; beyond it the memory starts again (safe: a slice
 /// seen again gets a newer bound).
@@ -123,12 +123,16 @@ pub struct MirrorHorizon {
 }
 
 impl MirrorHorizon {
-    pub fn new(replicator: &[String], grace: Duration) -> anyhow::Result<Self> {
+    pub fn new(
+        replicator: &[String],
+        creds: &Credentials,
+        grace: Duration,
+    ) -> anyhow::Result<Self> {
         let client = if replicator.is_empty() {
             None
         } else {
             Some(
-                LogClient::new(replicator)
+                LogClient::new(replicator, creds)
                     .map_err(|s| anyhow::anyhow!("{}", s.message()))?
                     .with_attempts(2),
             )

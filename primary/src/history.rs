@@ -28,6 +28,7 @@ use strait_fs_core::{SliceId, Version};
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
+use strait_replicator_client::Credentials;
 
 /// Longest wait for an answer or the next message of the replicator's stream.
 const IDLE: Duration = Duration::from_secs(10);
@@ -76,8 +77,8 @@ pub enum Divergence {
 }
 
 /// The leader among the nodes at `addrs`, as its own status describes it.
-pub async fn leader(addrs: &[String]) -> Result<Leader, String> {
-    let client = strait_replicator_client::LogClient::new(addrs)
+pub async fn leader(addrs: &[String], creds: &Credentials) -> Result<Leader, String> {
+    let client = strait_replicator_client::LogClient::new(addrs, creds)
         .map_err(|s| s.message().to_string())?
         .with_attempts(2);
     let st = client
@@ -91,9 +92,14 @@ fn outbox(kv: &DynKv, after: Version, n: usize) -> Result<Vec<(Version, Vec<u8>)
     read_log_raw(kv.as_ref(), after, n).map_err(|e| format!("read the outbox: {e}"))
 }
 
-/// Compare the outbox of the engine `kv`, at version `local`, with the log of the leader:
-/// every version both hold, byte for byte.
-pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Divergence, String> {
+/// Compare the outbox of the engine `kv`, at version `local`, with the log of the leader
+/// (reached with `creds`): every version both hold, byte for byte.
+pub async fn compare(
+    kv: &DynKv,
+    local: Version,
+    leader: &Leader,
+    creds: &Credentials,
+) -> Result<Divergence, String> {
     let outbox_first = {
         let k = kv.clone();
         tokio::task::spawn_blocking(move || outbox(&k, Version::ZERO, 1))
@@ -132,7 +138,7 @@ pub async fn compare(kv: &DynKv, local: Version, leader: &Leader) -> Result<Dive
         }
         return Ok(Divergence::None { compared });
     }
-    let channel = strait_replicator_client::channel(&leader.addr)
+    let channel = strait_replicator_client::channel(&leader.addr, creds)
         .map_err(|e| format!("replicator address {}: {e}", leader.addr))?;
     let mut client =
         ReplicatorClient::new(channel).max_decoding_message_size(REPLICATOR_MESSAGE_BYTES_MAX);

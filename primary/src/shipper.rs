@@ -25,7 +25,7 @@ use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
 use strait_fs_core::{Epoch, Version};
 use strait_proto::limits::APPEND_RECORDS_MAX;
 use strait_proto::replicator as pb;
-use strait_replicator_client::{refusal, LogClient};
+use strait_replicator_client::{refusal, Credentials, LogClient};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -142,6 +142,8 @@ pub struct Shipped {
 
 pub struct ShipperConfig {
     pub replicator: Vec<String>,
+    /// What the shipper presents to the replicator (a token for the role `primary`).
+    pub creds: Credentials,
     pub epoch: Epoch,
     pub heartbeat: Duration,
 }
@@ -278,8 +280,8 @@ impl Shipper {
         cfg: ShipperConfig,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
-        let client =
-            LogClient::new(&cfg.replicator).map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+        let client = LogClient::new(&cfg.replicator, &cfg.creds)
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
         Ok(Arc::new(Shipper {
             contact: Contact::new(),
             kv,
@@ -547,7 +549,7 @@ impl Shipper {
         // compared with its log once after the start, before anything is taken for shipped.
         if !self.overlap_compared.load(Ordering::Relaxed) {
             let leader = crate::history::Leader::from_status(self.client.current_addr(), &status);
-            match crate::history::compare(&self.kv, local, &leader).await {
+            match crate::history::compare(&self.kv, local, &leader, &self.cfg.creds).await {
                 Ok(crate::history::Divergence::Differs { seen, .. }) => {
                     let why = format!(
                         "diverged: version {seen} in this primary's outbox differs from the \
@@ -577,7 +579,7 @@ impl Shipper {
         // the catch-up below compares only what the log still holds, and would take a
         // purged part for this primary's own
         let leader = crate::history::Leader::from_status(self.client.current_addr(), status);
-        match crate::history::compare(&self.kv, local, &leader).await {
+        match crate::history::compare(&self.kv, local, &leader, &self.cfg.creds).await {
             Ok(crate::history::Divergence::Differs { seen, .. }) => {
                 let why = format!(
                     "{why}; diverged: version {seen} in this primary's outbox differs from the \
@@ -601,7 +603,8 @@ impl Shipper {
         self.shipped
             .send_modify(|s| s.catching_up = Some(doing.clone()));
         let addr = self.client.current_addr();
-        let done = crate::catchup::catch_up(self.kv.clone(), &addr, local, target).await;
+        let done =
+            crate::catchup::catch_up(self.kv.clone(), &addr, &self.cfg.creds, local, target).await;
         self.shipped.send_modify(|s| s.catching_up = None);
         match done {
             Ok(c) => {

@@ -38,3 +38,75 @@ pub const APPEND_RECORDS_MAX: usize = 65_536;
 /// one Raft entry, and each replication call must finish within the heartbeat interval (see
 /// the replicator's `node::PAYLOAD_ENTRIES_MAX`).
 pub const APPEND_BYTES_MAX: usize = 4 << 20;
+
+/// Largest request of a metadata call that names inodes, names or a lock (with the caller's
+/// supplementary groups, at most 65,536 of them): every metadata method but `OpenSession` (its
+/// list of open inodes) and `CompactChunk` (a chunk's slice lists), which take
+/// [`META_MESSAGE_BYTES_MAX`].
+pub const META_CALL_REQUEST_BYTES_MAX: usize = 1 << 20;
+
+/// Largest request of a control call: the site service's (snapshot, digest, status, pause,
+/// GC) and the replicator's other than `Raft` and `Append` (heartbeat, epoch, ack, subscribe,
+/// retention, membership, status).
+pub const CONTROL_REQUEST_BYTES_MAX: usize = 64 << 10;
+
+/// Largest `Append` request: [`APPEND_BYTES_MAX`] of records, with each record's field header
+/// (at most 8 bytes for [`APPEND_RECORDS_MAX`] records) and the epoch and first version.
+pub const APPEND_REQUEST_BYTES_MAX: usize = APPEND_BYTES_MAX + 8 * APPEND_RECORDS_MAX + 64;
+
+/// The largest request the gRPC method at `path` (`/package.Service/Method`) accepts, counted
+/// as its bytes arrive, before anything is decoded: the guard in front of every strait server
+/// refuses a request past it (RESOURCE_EXHAUSTED) without reading the rest.
+pub fn request_bytes_max(path: &str) -> usize {
+    let (service, method) = path
+        .strip_prefix('/')
+        .and_then(|p| p.split_once('/'))
+        .unwrap_or(("", ""));
+    match (service, method) {
+        ("strait.meta.v1.MetaService", "OpenSession" | "CompactChunk") => META_MESSAGE_BYTES_MAX,
+        ("strait.meta.v1.MetaService", _) => META_CALL_REQUEST_BYTES_MAX,
+        ("strait.replicator.v1.Replicator", "Raft") => RAFT_MESSAGE_BYTES_MAX,
+        ("strait.replicator.v1.Replicator", "Append") => APPEND_REQUEST_BYTES_MAX,
+        _ => CONTROL_REQUEST_BYTES_MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_has_its_request_limit() {
+        let m = |s: &str| request_bytes_max(s);
+        assert_eq!(
+            m("/strait.meta.v1.MetaService/Lookup"),
+            META_CALL_REQUEST_BYTES_MAX
+        );
+        assert_eq!(
+            m("/strait.meta.v1.MetaService/OpenSession"),
+            META_MESSAGE_BYTES_MAX
+        );
+        assert_eq!(
+            m("/strait.replicator.v1.Replicator/Append"),
+            APPEND_REQUEST_BYTES_MAX
+        );
+        assert_eq!(
+            m("/strait.replicator.v1.Replicator/Raft"),
+            RAFT_MESSAGE_BYTES_MAX
+        );
+        assert_eq!(
+            m("/strait.replicator.v1.Replicator/Ack"),
+            CONTROL_REQUEST_BYTES_MAX
+        );
+        assert_eq!(
+            m("/strait.site.v1.SiteService/Pause"),
+            CONTROL_REQUEST_BYTES_MAX
+        );
+        assert_eq!(m("garbage"), CONTROL_REQUEST_BYTES_MAX);
+        // an append of the largest batch fits, with its envelope
+        const {
+            assert!(APPEND_REQUEST_BYTES_MAX < REPLICATOR_MESSAGE_BYTES_MAX);
+            assert!(APPEND_REQUEST_BYTES_MAX > APPEND_BYTES_MAX + 5 * APPEND_RECORDS_MAX);
+        }
+    }
+}

@@ -1,19 +1,21 @@
 //! A light client of the replicator: what the primary, the mirrors and the CLI need to talk to
 //! the change log's Raft cluster, without linking openraft or RocksDB.
 //!
-//! - [`channel`]: a lazily connected gRPC channel to one node, tuned as every replicator
-//!   connection is (keep-alives, large HTTP/2 frames).
+//! - [`channel`]: a lazily connected gRPC channel to one node with the caller's
+//!   [`Credentials`] (token, TLS), tuned as every replicator connection is (keep-alives, large
+//!   HTTP/2 frames).
 //! - [`LogClient`]: the calls only the leader takes (append, heartbeat, bump epoch, ack,
 //!   retention, membership), following the leader by itself.
 //! - A subscription is served by any node: open one with
-//!   `ReplicatorClient::new(channel(addr)?)` and `subscribe` (the mirror's follower does).
+//!   `ReplicatorClient::new(channel(addr, creds)?)` and `subscribe` (the mirror's follower
+//!   does).
 //!
 //! The messages are `strait_proto::replicator`'s; [`record_digest`] is how a record is
 //! summed in `StatusReply.purged_last_digest`.
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+pub use strait_auth::{Conn, Credentials};
 
 mod log_client;
 
@@ -26,15 +28,16 @@ pub fn record_digest(record: &[u8]) -> Vec<u8> {
     sha2::Sha256::digest(record).to_vec()
 }
 
-/// A lazily connected channel to `addr` (`host:port`).
-pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+/// A lazily connected channel to `addr` (`host:port`) whose calls carry `creds`.
+pub fn channel(addr: &str, creds: &Credentials) -> Result<Conn, strait_auth::Error> {
+    let ep = creds
+        .endpoint(addr)?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .max_frame_size(strait_proto::limits::HTTP2_FRAME_BYTES)
         .tcp_keepalive(Some(Duration::from_secs(10)))
         .http2_keep_alive_interval(Duration::from_secs(2))
         .keep_alive_timeout(Duration::from_secs(4))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
+        .keep_alive_while_idle(true);
+    Ok(creds.connect_lazy(ep))
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use parking_lot::Mutex;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use strait_auth::{Conn, Credentials};
 use strait_ids::Epoch;
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;
@@ -28,18 +28,19 @@ pub const ATTEMPTS_MAX: usize = 8;
 
 struct Target {
     addr: String,
-    client: ReplicatorClient<Channel>,
+    client: ReplicatorClient<Conn>,
 }
 
 /// The cluster, as a list of node addresses and the one believed to lead.
 pub struct LogClient {
+    creds: Credentials,
     targets: Mutex<Vec<Target>>,
     current: Mutex<usize>,
     attempts: usize,
 }
 
-fn connect(addr: &str) -> Result<Target, Status> {
-    let ch = crate::channel(addr)
+fn connect(addr: &str, creds: &Credentials) -> Result<Target, Status> {
+    let ch = crate::channel(addr, creds)
         .map_err(|e| Status::invalid_argument(format!("replicator address {addr:?}: {e}")))?;
     Ok(Target {
         addr: addr.to_string(),
@@ -71,16 +72,18 @@ pub fn refusal(s: &Status) -> Option<&str> {
 }
 
 impl LogClient {
-    /// A client of the nodes at `addrs` (`host:port`). Connections are made on first use.
-    pub fn new(addrs: &[String]) -> Result<Self, Status> {
+    /// A client of the nodes at `addrs` (`host:port`) presenting `creds`. Connections are
+    /// made on first use.
+    pub fn new(addrs: &[String], creds: &Credentials) -> Result<Self, Status> {
         if addrs.is_empty() {
             return Err(Status::invalid_argument("no replicator address given"));
         }
         let targets = addrs
             .iter()
-            .map(|a| connect(a))
+            .map(|a| connect(a, creds))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(LogClient {
+            creds: creds.clone(),
             targets: Mutex::new(targets),
             current: Mutex::new(0),
             attempts: ATTEMPTS_MAX,
@@ -93,13 +96,18 @@ impl LogClient {
         self
     }
 
+    /// What this client presents to the nodes.
+    pub fn credentials(&self) -> &Credentials {
+        &self.creds
+    }
+
     /// The address of the node calls go to now.
     pub fn current_addr(&self) -> String {
         let i = *self.current.lock();
         self.targets.lock()[i].addr.clone()
     }
 
-    fn pick(&self) -> (usize, ReplicatorClient<Channel>) {
+    fn pick(&self) -> (usize, ReplicatorClient<Conn>) {
         let i = *self.current.lock();
         (i, self.targets.lock()[i].client.clone())
     }
@@ -123,7 +131,7 @@ impl LogClient {
                 return;
             }
             // a leader this client was not told about: it joined the cluster later
-            if let Ok(t) = connect(&addr) {
+            if let Ok(t) = connect(&addr, &self.creds) {
                 targets.push(t);
                 *cur = targets.len() - 1;
                 return;
@@ -136,7 +144,7 @@ impl LogClient {
     /// failures with backoff.
     pub async fn leader_call<T, F, Fut>(&self, what: &str, call: F) -> Result<T, Status>
     where
-        F: Fn(ReplicatorClient<Channel>) -> Fut,
+        F: Fn(ReplicatorClient<Conn>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let backoff = ExponentialBuilder::default()

@@ -24,6 +24,7 @@ use openraft::ServerState;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use strait_auth::Credentials;
 use strait_ids::{Epoch, Version};
 use strait_proto::limits::RELAY_MESSAGE_BYTES_MAX;
 
@@ -87,7 +88,13 @@ impl Buffer {
 
 impl Early {
     /// Start relaying for `raft`'s node (nothing is relayed while it leads).
-    pub fn start(raft: Raft, log: ChangeLog, peers: PeerAddrs, stop: CancellationToken) -> Early {
+    pub fn start(
+        raft: Raft,
+        log: ChangeLog,
+        peers: PeerAddrs,
+        creds: Credentials,
+        stop: CancellationToken,
+    ) -> Early {
         let (tx, rx) = watch::channel(0);
         let (readers, _) = watch::channel(0);
         let early = Early {
@@ -100,6 +107,7 @@ impl Early {
             raft,
             log,
             peers,
+            creds,
             buf: early.buf.clone(),
             changed: tx,
             readers: early.readers.subscribe(),
@@ -181,6 +189,7 @@ struct Relay {
     raft: Raft,
     log: ChangeLog,
     peers: PeerAddrs,
+    creds: Credentials,
     buf: Arc<Mutex<Buffer>>,
     changed: watch::Sender<u64>,
     readers: watch::Receiver<usize>,
@@ -192,6 +201,7 @@ impl Relay {
             raft,
             log,
             peers,
+            creds,
             buf,
             changed,
             mut readers,
@@ -227,7 +237,7 @@ impl Relay {
                 }
                 continue;
             };
-            let stream = match crate::network::channel(&addr) {
+            let stream = match crate::network::channel(&addr, &creds) {
                 Ok(ch) => {
                     let mut c = ReplicatorClient::new(ch)
                         .max_decoding_message_size(RELAY_MESSAGE_BYTES_MAX);

@@ -10,6 +10,9 @@ use strait_proto::replicator::PRIMARY_CURSOR;
 pub use strait_proto::limits::{APPEND_BYTES_MAX, APPEND_RECORDS_MAX};
 /// Longest mirror name.
 pub const MIRROR_NAME_MAX: usize = 256;
+/// Most cursors the log keeps (every mirror's, and the primary's durable mark): an ack under a
+/// new name past this is refused until a mirror is forgotten.
+pub const CURSORS_MAX: usize = 1024;
 /// Default retention caps: the log keeps at most this many bytes of records, and records at
 /// most this old (by the primary's clock), even when a mirror still needs them.
 pub const RETENTION_BYTES_DEFAULT: u64 = 64 << 30;
@@ -408,6 +411,11 @@ fn apply_command(
                     "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
                 )));
             }
+            if !state.cursors.contains_key(&mirror) && state.cursors.len() >= CURSORS_MAX {
+                return refused(AppendError::Malformed(format!(
+                    "the log keeps {CURSORS_MAX} cursors, its most: forget a mirror first"
+                )));
+            }
             let c = state.cursors.entry(mirror).or_default();
             // a cursor never moves back, nor past the log's end
             c.applied_version = c
@@ -458,13 +466,11 @@ fn refused(e: AppendError) -> Effect {
     }
 }
 
-fn append(
-    state: &mut LogState,
-    epoch: Epoch,
-    first_version: Version,
-    records: Vec<Vec<u8>>,
-    mut existing: impl FnMut(Version) -> Option<Vec<u8>>,
-) -> Result<Effect, AppendError> {
+/// What can be checked of a batch without the log: not empty, within
+/// [`APPEND_RECORDS_MAX`] and [`APPEND_BYTES_MAX`], versions from 1 that do not overflow.
+/// Returns the batch's last version. The service checks this before it proposes an append to
+/// Raft, and the state machine again when it applies one.
+pub fn check_batch(first_version: Version, records: &[Vec<u8>]) -> Result<Version, AppendError> {
     if records.is_empty() {
         return Err(AppendError::Malformed("the batch holds no records".into()));
     }
@@ -483,11 +489,21 @@ fn append(
     if first_version == Version::ZERO {
         return Err(AppendError::Malformed("versions start at 1".into()));
     }
-    let last_in_batch = first_version
+    first_version
         .0
         .checked_add(records.len() as u64 - 1)
         .map(Version)
-        .ok_or_else(|| AppendError::Malformed("the batch's versions overflow".into()))?;
+        .ok_or_else(|| AppendError::Malformed("the batch's versions overflow".into()))
+}
+
+fn append(
+    state: &mut LogState,
+    epoch: Epoch,
+    first_version: Version,
+    records: Vec<Vec<u8>>,
+    mut existing: impl FnMut(Version) -> Option<Vec<u8>>,
+) -> Result<Effect, AppendError> {
+    let last_in_batch = check_batch(first_version, &records)?;
     check_epoch(state, epoch)?;
     if first_version > state.last_version.next() {
         return Err(AppendError::Gap {
@@ -915,5 +931,52 @@ mod tests {
         assert_eq!(s.position_age_ms(Version(95)), Some(5_000));
         // caught up: nothing it needs is in the log
         assert_eq!(s.position_age_ms(Version(100)), None);
+    }
+
+    #[test]
+    fn the_log_keeps_a_bounded_number_of_cursors() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        run(&mut s, &mut log, app(0, 1, &["a"]));
+        let ack = |m: String| Command::Ack {
+            mirror: m,
+            applied_version: Version(1),
+        };
+        for i in 0..CURSORS_MAX {
+            assert_eq!(run(&mut s, &mut log, ack(format!("m{i}"))), Outcome::Done);
+        }
+        // one more name is refused; a known one still moves
+        assert!(matches!(
+            run(&mut s, &mut log, ack("one-too-many".into())),
+            Outcome::Refused(AppendError::Malformed(_))
+        ));
+        assert_eq!(run(&mut s, &mut log, ack("m0".into())), Outcome::Done);
+        assert_eq!(s.cursors.len(), CURSORS_MAX);
+        // forgetting one makes room
+        let forget = Command::ForgetMirror {
+            mirror: "m7".into(),
+        };
+        assert_eq!(run(&mut s, &mut log, forget), Outcome::Done);
+        assert_eq!(
+            run(&mut s, &mut log, ack("one-too-many".into())),
+            Outcome::Done
+        );
+    }
+
+    #[test]
+    fn a_batch_is_checked_before_it_is_proposed() {
+        assert!(check_batch(Version(1), &[]).is_err());
+        assert!(check_batch(Version(0), &[vec![1]]).is_err());
+        assert!(check_batch(Version(u64::MAX), &[vec![1], vec![2]]).is_err());
+        assert!(check_batch(Version(1), &[vec![0; APPEND_BYTES_MAX + 1]]).is_err());
+        assert!(check_batch(Version(1), &vec![vec![]; APPEND_RECORDS_MAX + 1]).is_err());
+        assert_eq!(
+            check_batch(Version(u64::MAX), &[vec![1]]).unwrap(),
+            Version(u64::MAX)
+        );
+        assert_eq!(
+            check_batch(Version(5), &[vec![1], vec![2]]).unwrap(),
+            Version(6)
+        );
     }
 }

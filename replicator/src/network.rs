@@ -13,8 +13,8 @@ use openraft::raft::{
 use openraft::{AnyError, BasicNode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use strait_auth::{Conn, Credentials};
 use strait_proto::limits::RAFT_MESSAGE_BYTES_MAX;
-use tonic::transport::Channel;
 
 use crate::pb;
 use crate::pb::replicator_client::ReplicatorClient;
@@ -40,6 +40,8 @@ pub fn peer_addr<'a>(peers: &'a PeerAddrs, id: NodeId, member_addr: &'a str) -> 
 #[derive(Clone, Default)]
 pub struct Network {
     pub peers: PeerAddrs,
+    /// What this node presents to its peers.
+    pub creds: Credentials,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -49,7 +51,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         let addr = peer_addr(&self.peers, target, &node.addr).to_string();
         Peer {
             target,
-            client: channel(&addr).ok().map(|c| {
+            client: channel(&addr, &self.creds).ok().map(|c| {
                 ReplicatorClient::new(c)
                     .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                     .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
@@ -62,7 +64,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     target: NodeId,
     addr: String,
-    client: Option<ReplicatorClient<Channel>>,
+    client: Option<ReplicatorClient<Conn>>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use strait_auth::{Credentials, Guard, Role, Tokens};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::ServerTlsConfig;
 
 use strait_proto::limits::RAFT_MESSAGE_BYTES_MAX;
 
@@ -47,6 +49,50 @@ pub struct NodeConfig {
     pub snapshot_every: u64,
     /// Addresses this node uses for some peers instead of their membership addresses.
     pub peers: BTreeMap<NodeId, String>,
+    /// Who may call this node, its TLS, and what it presents to its peers.
+    pub auth: NodeAuth,
+}
+
+/// A node's security: the tokens it accepts (per role), its server TLS, and the credentials it
+/// presents to other nodes (a peer token and/or a certificate naming the role `peer`).
+#[derive(Clone, Default)]
+pub struct NodeAuth {
+    pub tokens: Tokens,
+    pub tls: Option<ServerTlsConfig>,
+    /// Client certificates are required (and name the caller's roles).
+    pub mutual_tls: bool,
+    pub peer_credentials: Credentials,
+}
+
+impl std::fmt::Debug for NodeAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeAuth")
+            .field("roles with tokens", &self.tokens.roles().to_string())
+            .field("tls", &self.tls.is_some())
+            .field("mutual_tls", &self.mutual_tls)
+            .field("peer_credentials", &self.peer_credentials)
+            .finish()
+    }
+}
+
+impl NodeAuth {
+    /// One token per role, plain text: for tests and benchmarks on loopback.
+    pub fn tokens(tokens: &[(Role, &str)]) -> anyhow::Result<NodeAuth> {
+        let mut t = Tokens::new();
+        let mut peer = None;
+        for (r, tok) in tokens {
+            t.add(*r, tok)?;
+            if *r == Role::Peer {
+                peer = Some(*tok);
+            }
+        }
+        Ok(NodeAuth {
+            tokens: t,
+            tls: None,
+            mutual_tls: false,
+            peer_credentials: Credentials::new(peer, None)?,
+        })
+    }
 }
 
 impl NodeConfig {
@@ -58,6 +104,7 @@ impl NodeConfig {
             heartbeat_ms: HEARTBEAT_MS_DEFAULT,
             snapshot_every: 20_000,
             peers: BTreeMap::new(),
+            auth: NodeAuth::default(),
         }
     }
 
@@ -93,6 +140,12 @@ pub struct Node {
 impl Node {
     /// Open the node's storage, start Raft and serve on `cfg.listen` (port 0 picks one).
     pub async fn start(cfg: NodeConfig) -> anyhow::Result<Node> {
+        if cfg.auth.tokens.is_empty() && !cfg.auth.mutual_tls {
+            anyhow::bail!(
+                "no way to authenticate callers: give the node tokens per role or a client CA \
+                 (mutual TLS); anyone who reaches an open node can rewrite the log"
+            );
+        }
         let db = open_db(&cfg.data_dir)?;
         let weak_db = Arc::downgrade(&db);
         let log_store = LogStore::new(db.clone())?;
@@ -100,12 +153,19 @@ impl Node {
         let peers = Arc::new(cfg.peers.clone());
         let network = Network {
             peers: peers.clone(),
+            creds: cfg.auth.peer_credentials.clone(),
         };
         let raft = Raft::new(cfg.id, Arc::new(cfg.raft_config()?), network, log_store, sm)
             .await
             .context("start Raft")?;
         let stop = CancellationToken::new();
-        let early = Early::start(raft.clone(), log.clone(), peers, stop.clone());
+        let early = Early::start(
+            raft.clone(),
+            log.clone(),
+            peers,
+            cfg.auth.peer_credentials.clone(),
+            stop.clone(),
+        );
         let listener = TcpListener::bind(cfg.listen)
             .await
             .with_context(|| format!("listen on {}", cfg.listen))?;
@@ -116,11 +176,21 @@ impl Node {
         let s2 = stop.clone();
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let mut builder = tonic::transport::Server::builder()
+            .max_frame_size(strait_proto::limits::HTTP2_FRAME_BYTES)
+            .http2_keepalive_interval(Some(Duration::from_secs(2)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(4)));
+        if let Some(tls) = cfg.auth.tls.clone() {
+            strait_auth::use_ring_for_tls();
+            builder = builder.tls_config(tls).context("TLS settings")?;
+        }
+        let guard = Guard::new(
+            format!("replicator node {}", cfg.id),
+            cfg.auth.tokens.clone(),
+        );
         let server = tokio::spawn(async move {
-            let r = tonic::transport::Server::builder()
-                .max_frame_size(strait_proto::limits::HTTP2_FRAME_BYTES)
-                .http2_keepalive_interval(Some(Duration::from_secs(2)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(4)))
+            let r = builder
+                .layer(guard)
                 .add_service(svc)
                 .serve_with_incoming_shutdown(incoming, s2.cancelled())
                 .await;

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
+use strait_auth::{Caller, Role, Slots};
 use strait_ids::{Epoch, Version};
+use strait_proto::replicator::PRIMARY_CURSOR;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::early::Early;
-use crate::log::{Command, Outcome, Retention, MIRROR_NAME_MAX};
+use crate::log::{Command, Outcome, Retention, CURSORS_MAX, MIRROR_NAME_MAX};
 use crate::network::{KIND_APPEND, KIND_SNAPSHOT, KIND_VOTE};
 use crate::pb;
 use crate::store::ChangeLog;
@@ -44,28 +46,38 @@ const SUBSCRIBE_QUEUE: usize = 8;
 /// How often an idle subscription repeats the primary's last heartbeat.
 const SUBSCRIBE_HEARTBEAT: Duration = Duration::from_millis(200);
 
+/// Most subscriptions a node serves at once: its mirrors, the primary reading back, its peers
+/// relaying, and operators' tools.
+pub const SUBSCRIPTIONS_MAX: usize = 256;
+/// Most subscriptions from one peer address at once.
+pub const SUBSCRIPTIONS_PER_PEER_MAX: usize = 16;
+
 pub struct ReplicatorService {
     raft: Raft,
     log: ChangeLog,
     early: Early,
+    subscriptions: Slots,
 }
 
 impl ReplicatorService {
     pub fn new(raft: Raft, log: ChangeLog, early: Early) -> Self {
-        ReplicatorService { raft, log, early }
+        ReplicatorService {
+            raft,
+            log,
+            early,
+            subscriptions: Slots::new(
+                "subscriptions",
+                SUBSCRIPTIONS_MAX,
+                SUBSCRIPTIONS_PER_PEER_MAX,
+            ),
+        }
     }
 
     /// Propose `cmd`; a refusal becomes FAILED_PRECONDITION with `x-strait-append`.
     async fn write(&self, cmd: Command) -> Result<Outcome, Status> {
         match self.raft.client_write(cmd).await {
             Ok(r) => match r.data {
-                Outcome::Refused(e) => {
-                    let mut s = Status::failed_precondition(e.to_string());
-                    if let Ok(v) = e.kind().parse() {
-                        s.metadata_mut().insert(APPEND_HEADER, v);
-                    }
-                    Err(s)
-                }
+                Outcome::Refused(e) => Err(refused(&e, Status::failed_precondition(e.to_string()))),
                 o => Ok(o),
             },
             Err(e) => Err(self.write_error(e)),
@@ -94,6 +106,14 @@ impl ReplicatorService {
     }
 }
 
+/// `status` for an append refused for `e`, naming the refusal in [`APPEND_HEADER`].
+fn refused(e: &crate::log::AppendError, mut status: Status) -> Status {
+    if let Ok(v) = e.kind().parse() {
+        status.metadata_mut().insert(APPEND_HEADER, v);
+    }
+    status
+}
+
 fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
     postcard::from_bytes(payload)
         .map_err(|e| Status::invalid_argument(format!("decode the Raft message: {e}")))
@@ -103,6 +123,28 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Response<pb::RaftReply>, Status>
     postcard::to_allocvec(v)
         .map(|payload| Response::new(pb::RaftReply { payload }))
         .map_err(|e| Status::internal(format!("encode the Raft reply: {e}")))
+}
+
+/// Whether `caller` may move the cursor named `cursor`: the primary's own (`@primary`) only
+/// the primary, and a mirror whose certificate names it only its own. (A mirror that proves
+/// its role with a token alone has no name to check: give each mirror a certificate to hold it
+/// to its own cursor.)
+pub fn check_ack(caller: Option<&Caller>, cursor: &str) -> Result<(), Status> {
+    let Some(c) = caller else { return Ok(()) };
+    if c.roles.contains(Role::Primary) {
+        return Ok(());
+    }
+    if cursor == PRIMARY_CURSOR {
+        return Err(Status::permission_denied(format!(
+            "only the primary may move the cursor {PRIMARY_CURSOR}"
+        )));
+    }
+    match &c.name {
+        Some(name) if name != cursor => Err(Status::permission_denied(format!(
+            "the mirror {name:?} may move only its own cursor, not {cursor:?}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 type SubscribeStream = Pin<Box<dyn Stream<Item = Result<pb::SubscribeReply, Status>> + Send>>;
@@ -126,6 +168,10 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         req: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendReply>, Status> {
         let r = req.into_inner();
+        // refused before it is proposed: a malformed batch never reaches Raft's log
+        if let Err(e) = crate::log::check_batch(Version(r.first_version), &r.records) {
+            return Err(refused(&e, Status::invalid_argument(e.to_string())));
+        }
         let cmd = Command::Append {
             epoch: Epoch(r.epoch),
             first_version: Version(r.first_version),
@@ -181,6 +227,18 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::Empty>, Status> {
+        check_ack(strait_auth::caller(&req), &req.get_ref().mirror)?;
+        {
+            let state = self.log.state();
+            let name = &req.get_ref().mirror;
+            if !state.cursors.contains_key(name) && state.cursors.len() >= CURSORS_MAX {
+                return Err(Status::resource_exhausted(format!(
+                    "the log keeps {} cursors, its most: forget a mirror that is gone \
+                     (strait replicator forget-mirror) before another registers",
+                    state.cursors.len()
+                )));
+            }
+        }
         let r = req.into_inner();
         if r.mirror.is_empty() || r.mirror.len() > MIRROR_NAME_MAX {
             return Err(Status::invalid_argument(format!(
@@ -234,11 +292,14 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<SubscribeStream>, Status> {
+        // held by the feeding task: given back when the subscriber goes away
+        let slot = self.subscriptions.take(req.remote_addr().map(|a| a.ip()))?;
         let after = Version(req.into_inner().after_version);
         let log = self.log.clone();
         let early = self.early.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIBE_QUEUE);
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = feed(log, early, after, tx.clone()).await {
                 let _ = tx.send(Err(e)).await;
             }
@@ -338,11 +399,16 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         req: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        if r.addr.parse::<std::net::SocketAddr>().is_err() && !r.addr.contains(':') {
+        if strait_auth::host_of(&r.addr).is_none() {
             return Err(Status::invalid_argument(format!(
                 "{:?} is not a host:port address",
                 r.addr
             )));
+        }
+        if r.id == 0 {
+            return Err(Status::invalid_argument(
+                "node ids start at 1 (0 names no node)",
+            ));
         }
         // a learner first, so it catches up before it counts in the quorum
         self.raft
@@ -517,5 +583,28 @@ mod tests {
         assert!(check_heartbeat_clock(now + 10 * 365 * 86_400_000, now).is_err());
         assert!(check_heartbeat_clock(0, now).is_err());
         assert!(check_heartbeat_clock(u64::MAX, now).is_err());
+    }
+
+    #[test]
+    fn a_caller_moves_only_the_cursors_it_owns() {
+        use strait_auth::Roles;
+        let primary = Caller {
+            roles: Roles::of(&[Role::Primary]),
+            name: None,
+        };
+        let named = Caller {
+            roles: Roles::of(&[Role::Mirror]),
+            name: Some("b".into()),
+        };
+        let token_only = Caller {
+            roles: Roles::of(&[Role::Mirror]),
+            name: None,
+        };
+        assert!(check_ack(Some(&primary), PRIMARY_CURSOR).is_ok());
+        assert!(check_ack(Some(&named), "b").is_ok());
+        assert!(check_ack(Some(&named), "c").is_err());
+        assert!(check_ack(Some(&named), PRIMARY_CURSOR).is_err());
+        assert!(check_ack(Some(&token_only), "c").is_ok());
+        assert!(check_ack(Some(&token_only), PRIMARY_CURSOR).is_err());
     }
 }

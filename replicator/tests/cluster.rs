@@ -7,11 +7,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use strait_auth::{Conn, Credentials, Role};
 use strait_ids::Version;
-use strait_replicator::node::{Node, NodeConfig};
+use strait_replicator::node::{Node, NodeAuth, NodeConfig};
 use strait_replicator::pb;
 use strait_replicator::pb::replicator_client::ReplicatorClient;
-use tonic::transport::Channel;
+
+/// The one token of this test's nodes: it grants every role the test plays.
+const TOKEN: &str = "cluster-test-token-0123456789";
 
 struct Cluster {
     dir: tempfile::TempDir,
@@ -55,6 +58,13 @@ impl Cluster {
     async fn up(&mut self, id: u64) {
         let mut cfg = NodeConfig::new(id, self.addrs[&id], self.data_dir(id));
         cfg.snapshot_every = 500;
+        cfg.auth = NodeAuth::tokens(&[
+            (Role::Peer, TOKEN),
+            (Role::Primary, TOKEN),
+            (Role::Mirror, TOKEN),
+            (Role::Admin, TOKEN),
+        ])
+        .unwrap();
         // the port may still be held by the previous incarnation for a moment
         let start = Instant::now();
         let node = loop {
@@ -122,8 +132,9 @@ impl Cluster {
     }
 }
 
-async fn client(addr: SocketAddr) -> ReplicatorClient<Channel> {
-    ReplicatorClient::new(strait_replicator::network::channel(&addr.to_string()).unwrap())
+async fn client(addr: SocketAddr) -> ReplicatorClient<Conn> {
+    let creds = Credentials::token(TOKEN).unwrap();
+    ReplicatorClient::new(strait_replicator::network::channel(&addr.to_string(), &creds).unwrap())
 }
 
 fn append(epoch: u64, first: u64, recs: &[&str]) -> pb::AppendRequest {
@@ -159,14 +170,24 @@ async fn appends_follow_the_log_rules_through_raft() {
         .unwrap()
         .into_inner();
     assert_eq!((r.last_version, r.duplicate), (3, true));
-    for (req, kind) in [
-        (append(0, 5, &["e"]), "gap"),
-        (append(0, 2, &["b", "X"]), "overlap"),
-        (append(7, 4, &["d"]), "future-epoch"),
-        (append(0, 4, &[]), "malformed"),
+    // refused by the log as it applies them: FAILED_PRECONDITION; a malformed batch is
+    // refused before it is proposed to Raft: INVALID_ARGUMENT; each names why
+    for (req, kind, code) in [
+        (append(0, 5, &["e"]), "gap", tonic::Code::FailedPrecondition),
+        (
+            append(0, 2, &["b", "X"]),
+            "overlap",
+            tonic::Code::FailedPrecondition,
+        ),
+        (
+            append(7, 4, &["d"]),
+            "future-epoch",
+            tonic::Code::FailedPrecondition,
+        ),
+        (append(0, 4, &[]), "malformed", tonic::Code::InvalidArgument),
     ] {
         let s = lc.append(req).await.unwrap_err();
-        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+        assert_eq!(s.code(), code, "{s:?}");
         assert_eq!(refusal(&s), kind, "{s:?}");
     }
     let e = lc

@@ -27,7 +27,7 @@ const FETCH_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
 /// [`strait_fs_core::vfs::BlockFallback`] over a mirror's FetchBlock.
 struct BlockFetcher {
     endpoint: Endpoint,
-    auth: AsciiMetadataValue,
+    auth: Option<AsciiMetadataValue>,
     channel: tokio::sync::OnceCell<Channel>,
 }
 
@@ -45,7 +45,9 @@ impl BlockFetcher {
             .max_decoding_message_size(BLOCK_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(BLOCK_MESSAGE_BYTES_MAX);
         let mut r = Request::new(req.clone());
-        r.metadata_mut().insert("authorization", self.auth.clone());
+        if let Some(a) = &self.auth {
+            r.metadata_mut().insert("authorization", a.clone());
+        }
         Ok(c.fetch_block(r).await?.into_inner().data)
     }
 }

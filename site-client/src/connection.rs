@@ -18,7 +18,8 @@ use crate::remote_meta::RemoteMeta;
 /// request id ([`strait_proto::REQUEST_ID_HEADER`]).
 #[derive(Clone)]
 pub(crate) struct Stamp {
-    pub(crate) auth: AsciiMetadataValue,
+    /// `Bearer <token>`; None when the client certificate alone proves the mount's role.
+    pub(crate) auth: Option<AsciiMetadataValue>,
     pub(crate) session: Arc<AtomicU64>,
     pub(crate) request_id: Option<AsciiMetadataValue>,
     /// On a change sent again after an attempt failed on the way: the attempt's number
@@ -29,7 +30,9 @@ pub(crate) struct Stamp {
 impl tonic::service::Interceptor for Stamp {
     fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
         let md = req.metadata_mut();
-        md.insert("authorization", self.auth.clone());
+        if let Some(a) = &self.auth {
+            md.insert("authorization", a.clone());
+        }
         let sid = self.session.load(Ordering::Relaxed);
         if sid != 0 {
             if let Ok(v) = sid.to_string().parse() {

@@ -36,7 +36,8 @@ mod releaser;
 mod remote_meta;
 
 pub use meta_api::SLICE_IDS_PER_ALLOC;
-pub use remote_meta::{ConnectOptions, RemoteMeta, TlsOptions};
+pub use remote_meta::{ConnectOptions, RemoteMeta};
+pub use strait_auth::{ClientTls, Credentials};
 
 /// Whether `url` names a site daemon rather than an engine to open in this process.
 pub fn is_daemon_url(url: &str) -> bool {

@@ -7,28 +7,19 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use strait_auth::Credentials;
 use strait_fs_core::error::{Error, Result};
 use strait_fs_core::meta::{Format, Ino};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Endpoint;
 
 use crate::connection::{Stamp, NEXT_CLIENT_ID};
 
-/// TLS settings of a connection, as PEM bytes.
-#[derive(Clone, Debug, Default)]
-pub struct TlsOptions {
-    /// CA certificate(s) the daemon's certificate must chain to.
-    pub ca_pem: Vec<u8>,
-    /// Client certificate and key, for daemons that require mutual TLS.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-    /// Name to verify the daemon's certificate against (default: the host of the URL).
-    pub domain: Option<String>,
-}
-
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
-    /// The daemon's token (sent as `authorization: Bearer ...`).
-    pub token: String,
-    pub tls: Option<TlsOptions>,
+    /// What the mount presents: a token (sent as `authorization: Bearer ...`), and TLS with
+    /// the CA the daemon's certificate must chain to and a client certificate for daemons
+    /// that require one.
+    pub creds: Credentials,
     /// Open the session read-only: every mutation answers EROFS at the mount.
     pub read_only: bool,
     /// How long a call keeps trying to reach an unreachable daemon before failing with EIO.
@@ -40,8 +31,7 @@ pub struct ConnectOptions {
 impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
-            token: String::new(),
-            tls: None,
+            creds: Credentials::default(),
             read_only: false,
             reconnect_timeout: Duration::from_secs(60),
             rpc_timeout: Duration::from_secs(30),
@@ -96,33 +86,22 @@ impl RemoteMeta {
                     "{url:?} is not a site daemon address: expected strait://HOST:PORT"
                 ))
             })?;
-        let host = hostport
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-            .ok_or_else(|| Error::Invalid(format!("{url:?} has no port")))?
-            .to_string();
-        let scheme = if opts.tls.is_some() { "https" } else { "http" };
-        let mut ep = Endpoint::from_shared(format!("{scheme}://{hostport}"))
-            .map_err(|e| Error::Invalid(format!("site daemon address {url:?}: {e}")))?
+        let invalid = |e: strait_auth::Error| Error::Invalid(format!("{url}: {e}"));
+        let ep = opts
+            .creds
+            .endpoint(hostport)
+            .map_err(invalid)?
             .connect_timeout(Duration::from_secs(5))
             .timeout(opts.rpc_timeout)
             .tcp_nodelay(true)
             .tcp_keepalive(Some(Duration::from_secs(30)))
             .max_frame_size(strait_proto::HTTP2_FRAME_BYTES);
-        if let Some(tls) = &opts.tls {
-            let mut cfg = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
-                .domain_name(tls.domain.clone().unwrap_or(host));
-            if let Some((cert, key)) = &tls.identity {
-                cfg = cfg.identity(Identity::from_pem(cert, key));
-            }
-            ep = ep
-                .tls_config(cfg)
-                .map_err(|e| Error::Invalid(format!("TLS settings for {url}: {e}")))?;
-        }
-        let auth = format!("Bearer {}", opts.token).parse().map_err(|_| {
-            Error::Invalid("the token holds characters not allowed in a header".into())
-        })?;
+        let auth = match opts.creds.token_str() {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
+                Error::Invalid("the token holds characters not allowed in a header".into())
+            })?),
+            None => None,
+        };
         let session = Arc::new(AtomicU64::new(0));
         let stamp = Stamp {
             auth,

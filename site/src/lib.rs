@@ -3,7 +3,7 @@
 //! other.
 //!
 //! - [`service`]: fs-core's metadata API over gRPC to the mounts of a region ([`MetaServer`]),
-//!   with token auth ([`Auth`]).
+//!   The guard in front of it (roles, tokens, certificates) is `strait_auth`'s; see [`serve`].
 //! - [`requests`]: a mutation sent again after its connection broke runs once.
 //! - [`sessions`]: closing the sessions of mounts that went silent.
 //! - [`slice_ranges`]: the slice ids each session was given, which alone it may commit.
@@ -12,21 +12,23 @@
 //! - [`metrics`]: the Prometheus metrics every site daemon has, and the one HTTP listener
 //!   serving `/metrics` and `/health`.
 //! - [`signal`]: waiting for SIGTERM or SIGINT.
-//! - [`config`]: the settings both daemons share, and the token they are given.
+//! - [`config`]: the settings both daemons share: tokens per role, TLS, sessions.
+//! - [`serve`]: the server builder both daemons use: TLS and the guard.
 
 pub mod config;
 pub mod metrics;
 pub mod orphans;
 pub mod requests;
+pub mod serve;
 pub mod service;
 pub mod sessions;
 pub mod signal;
 pub mod slice_ranges;
 pub mod snapshot;
 
-pub use config::{resolve_token, SiteConfig};
+pub use config::SiteConfig;
 pub use metrics::Metrics;
-pub use service::{Auth, BlockSource, MetaServer, ReplicationWait, WriteFence};
+pub use service::{BlockSource, MetaServer, ReplicationWait, WriteFence};
 pub use signal::wait_for_signal;
 
 /// Largest request or reply message a site daemon's services accept or send: the one limit

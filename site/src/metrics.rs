@@ -20,8 +20,10 @@ pub struct Metrics {
     pub sessions: IntGauge,
     /// The newest version in the change log.
     pub version: IntGauge,
-    /// Calls refused for a missing or wrong token.
+    /// Calls refused for missing or unknown credentials.
     pub unauthenticated: IntCounter,
+    /// Calls refused because the caller's roles may not make them.
+    pub permission_denied: IntCounter,
     /// Sessions closed because their heartbeat stopped.
     pub sessions_expired: IntCounter,
     /// Dead slices whose blocks were deleted.
@@ -78,7 +80,12 @@ impl Metrics {
         .expect("valid gauge");
         let unauthenticated = IntCounter::with_opts(Opts::new(
             "strait_rpc_unauthenticated_total",
-            "Calls refused for a missing or wrong token",
+            "Calls refused for missing or unknown credentials (no token, a wrong token)",
+        ))
+        .expect("valid counter");
+        let permission_denied = IntCounter::with_opts(Opts::new(
+            "strait_rpc_permission_denied_total",
+            "Calls refused because the caller's roles may not make them",
         ))
         .expect("valid counter");
         let sessions_expired = IntCounter::with_opts(Opts::new(
@@ -165,6 +172,7 @@ impl Metrics {
             Box::new(sessions.clone()),
             Box::new(version.clone()),
             Box::new(unauthenticated.clone()),
+            Box::new(permission_denied.clone()),
             Box::new(sessions_expired.clone()),
             Box::new(slices_collected.clone()),
             Box::new(gc_held.clone()),
@@ -181,6 +189,7 @@ impl Metrics {
             sessions,
             version,
             unauthenticated,
+            permission_denied,
             sessions_expired,
             slices_collected,
             gc_held,

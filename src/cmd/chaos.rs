@@ -163,7 +163,7 @@ fn run_harness(a: RunArgs) -> Result<()> {
     strait_chaos::interrupt::install(rt.handle()).context("take Ctrl-C")?;
     let report = strait_chaos::run(
         &cfg,
-        &|node| rt.block_on(super::dev::has_leader(node)),
+        &|node, admin| rt.block_on(super::dev::has_leader(node, admin)),
         &mut |s| println!("strait chaos: {s}"),
     )?;
     for v in &report.tally.violations {

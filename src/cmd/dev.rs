@@ -66,6 +66,10 @@ pub struct UpArgs {
     /// Stop by itself after this many seconds (0: run until a signal).
     #[arg(long, default_value_t = 0)]
     pub seconds: u64,
+    /// Mutual TLS on every link, with a CA and a certificate per daemon, mount and operator
+    /// in DIR/pki (on top of the tokens per role, which every set-up has).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(clap::Args)]
@@ -116,12 +120,13 @@ fn up(a: UpArgs) -> Result<()> {
         mirror_args: vec![],
         mount_args: vec![],
         format_args: vec![],
+        tls: a.tls,
         hooks: Default::default(),
     };
     let cluster = Cluster::start(
         &cfg,
         &rt,
-        &|node| rt.block_on(has_leader(node)),
+        &|node, admin| rt.block_on(has_leader(node, admin)),
         &mut |step| println!("strait dev: {step}"),
     )?;
     let topo = cluster.topology();
@@ -158,11 +163,29 @@ fn up(a: UpArgs) -> Result<()> {
     if let (Some(ma), Some(mb)) = (&topo.mount_a, &topo.mount_b) {
         println!("  mounts: A at {}, B at {}", ma.display(), mb.display());
     }
+    let tokens = a.dir.join("tokens");
     println!(
-        "  token: {token}   (also in {})",
+        "  tokens, one per role (mount {token}): {}/ROLE.token, also in {}",
+        tokens.display(),
         a.dir.join("dev.json").display()
     );
-    println!("  try: strait mirror status --addr {mirror} --token {token} --watch");
+    let tls = match &topo.pki {
+        Some(pki) => {
+            println!(
+                "  mutual TLS on every link: CA and certificates in {}",
+                pki.display()
+            );
+            format!(
+                " --tls-ca {0}/ca.pem --tls-cert {0}/admin.pem --tls-key {0}/admin.key",
+                pki.display()
+            )
+        }
+        None => String::new(),
+    };
+    println!(
+        "  try: strait mirror status --addr {mirror} --token-file {}{tls} --watch",
+        tokens.join("admin.token").display()
+    );
     println!(
         "       strait dev fault --dir {} partition | heal | delay=MS | bandwidth=MB_PER_S",
         a.dir.display()
@@ -188,8 +211,10 @@ fn up(a: UpArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) async fn has_leader(node: SocketAddr) -> bool {
-    let Ok(ch) = strait_replicator_client::channel(&node.to_string()) else {
+/// Whether the replicator node at `node` knows a leader (asked with the operators'
+/// credentials `admin`).
+pub(crate) async fn has_leader(node: SocketAddr, admin: &strait_auth::Credentials) -> bool {
+    let Ok(ch) = strait_replicator_client::channel(&node.to_string(), admin) else {
         return false;
     };
     let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
@@ -215,7 +240,7 @@ fn fault(a: FaultArgs) -> Result<()> {
             topo.control
         )
     })?;
-    writeln!(c, "{}", a.what).context("send the fault")?;
+    writeln!(c, "{} {}", topo.admin_token, a.what).context("send the fault")?;
     let mut reply = String::new();
     BufReader::new(c)
         .read_line(&mut reply)

@@ -18,9 +18,10 @@ pub struct Args {
     /// mirror's when it reaches that version. Exits 1 when they differ.
     #[arg(long, num_args = 2, value_names = ["PRIMARY", "MIRROR"], conflicts_with = "meta_url")]
     pub compare: Option<Vec<String>>,
-    /// Token of the site daemons (for --compare).
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// Credentials for --compare: a token both daemons accept for the role admin (or a
+    /// client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
     /// How long the mirror may take to reach the primary's version (for --compare).
     #[arg(long, default_value_t = 30_000)]
     pub timeout_ms: u64,
@@ -28,7 +29,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     if let Some(pair) = &a.compare {
-        return compare(&pair[0], &pair[1], &a.token, a.timeout_ms, a.digest);
+        let creds = a.client.credentials()?;
+        return compare(&pair[0], &pair[1], &creds, a.timeout_ms, a.digest);
     }
     let Some(url) = &a.meta_url else {
         bail!("give a metadata engine URL or --compare PRIMARY MIRROR");
@@ -62,11 +64,11 @@ pub struct Compared {
 pub async fn compare_once(
     primary: &str,
     mirror: &str,
-    token: &str,
+    creds: &strait_auth::Credentials,
     timeout_ms: u64,
 ) -> Result<Compared> {
-    let p = strait_mirror::follower::Primary::new(primary, token)?;
-    let m = strait_mirror::follower::Primary::new(mirror, token)?;
+    let p = strait_mirror::follower::Primary::new(primary, creds)?;
+    let m = strait_mirror::follower::Primary::new(mirror, creds)?;
     // 1. the mirror stops where it is (A), so it cannot pass the primary's version
     let paused = m
         .site()
@@ -112,9 +114,15 @@ pub async fn compare_once(
     })
 }
 
-fn compare(primary: &str, mirror: &str, token: &str, timeout_ms: u64, terse: bool) -> Result<()> {
+fn compare(
+    primary: &str,
+    mirror: &str,
+    creds: &strait_auth::Credentials,
+    timeout_ms: u64,
+    terse: bool,
+) -> Result<()> {
     let rt = super::runtime()?;
-    let c = rt.block_on(compare_once(primary, mirror, token, timeout_ms))?;
+    let c = rt.block_on(compare_once(primary, mirror, creds, timeout_ms))?;
     let same = c.primary == c.mirror;
     if terse {
         println!(

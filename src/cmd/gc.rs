@@ -18,9 +18,9 @@ pub struct Args {
     /// Metadata engine (rocksdb:///path, redis://host:port/db), or a site daemon
     /// (strait://host:port), which runs the pass itself
     pub meta_url: String,
-    /// The daemon's token (for strait://).
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// For strait://: a token of the role admin (or a client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
     /// How old an object no slice references must be before it is deleted (e.g. 1h, 30m,
     /// 0). A block is uploaded before its slice commits, so the grace must exceed the
     /// longest time a mount holds written blocks uncommitted (until flush, fsync or close);
@@ -231,12 +231,10 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn on_daemon(addr: &str, a: &Args, opts: &Options) -> Result<()> {
-    if a.token.is_empty() {
-        bail!("a site daemon needs a token: pass --token or STRAIT_TOKEN");
-    }
+    let creds = a.client.credentials()?;
     let rt = super::runtime()?;
     rt.block_on(async {
-        let primary = strait_mirror::follower::Primary::new(addr, &a.token)?;
+        let primary = strait_mirror::follower::Primary::new(addr, &creds)?;
         let mut c = primary.site();
         if !a.dry_run {
             let r = tokio::time::timeout(

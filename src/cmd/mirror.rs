@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use strait_auth::Credentials;
 use strait_mirror::MirrorConfig;
 use strait_proto::site as s;
 
@@ -34,12 +35,18 @@ pub struct ServeArgs {
     /// The mirror's metadata engine (rocksdb:///path).
     #[arg(long, env = "STRAIT_META_URL")]
     pub meta_url: Option<String>,
-    // --token, --token-file, --session-timeout-ms
+    // --token, --token-file, --role-token, --session-timeout-ms, --tls-*
     #[command(flatten)]
     pub site: super::site::SiteArgs,
     /// The primary's address (host:port).
     #[arg(long, env = "STRAIT_PRIMARY")]
     pub primary: Option<String>,
+    /// Token to present to the primary: one it accepts for the role mirror (default: --token).
+    #[arg(long, env = "STRAIT_PRIMARY_TOKEN", hide_env_values = true)]
+    pub primary_token: Option<String>,
+    /// File whose first line is the primary token.
+    #[arg(long, env = "STRAIT_PRIMARY_TOKEN_FILE")]
+    pub primary_token_file: Option<PathBuf>,
     /// Replicator nodes (host:port, comma-separated, this region's first).
     #[arg(long, env = "STRAIT_REPLICATOR", value_delimiter = ',')]
     pub replicator: Option<Vec<String>>,
@@ -95,9 +102,9 @@ pub struct PauseArgs {
     /// The mirror's address (its metadata service).
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// A token of the role admin (or a client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
     /// How long the pause lasts unless resumed earlier, in seconds (at most 3600).
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
@@ -108,9 +115,9 @@ pub struct ResumeArgs {
     /// The mirror's address (its metadata service).
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// A token of the role admin (or a client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -119,9 +126,18 @@ pub struct StatusArgs {
     /// a replicator or a primary lists every mirror with a cursor.
     #[arg(long)]
     pub addr: String,
-    /// Token of the site daemons (not needed for a replicator).
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// Credentials for the site daemons (a token of any role, or a client certificate), and
+    /// TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
+    /// Token for the replicator's nodes (any role's; default: --token).
+    #[arg(
+        long,
+        env = "STRAIT_REPLICATOR_TOKEN",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub replicator_token: String,
     /// Mirrors' addresses to query for details when --addr is a replicator or primary
     /// (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -149,9 +165,15 @@ impl ServeArgs {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        self.site.apply(&mut c.site);
+        self.site.apply(&mut c.site, &mut c.security)?;
         if let Some(v) = &self.primary {
             c.primary = v.clone();
+        }
+        if let Some(v) = &self.primary_token {
+            c.primary_token = v.clone();
+        }
+        if let Some(v) = &self.primary_token_file {
+            c.primary_token_file = Some(v.clone());
         }
         if let Some(v) = &self.replicator {
             c.replicator = v.iter().filter(|a| !a.is_empty()).cloned().collect();
@@ -204,7 +226,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(Action::Bench(b)) => super::bench::mirror::run(b),
         Some(Action::Pause(p)) => {
             let ms = pause_ms(p.seconds)?;
-            let v = super::runtime()?.block_on(pause(&p.addr, &p.token, ms))?;
+            let v = super::runtime()?.block_on(pause(&p.addr, &p.client.credentials()?, ms))?;
             println!(
                 "mirror {} paused at version {v} for {} s (strait mirror resume lifts it)",
                 p.addr, p.seconds
@@ -212,7 +234,7 @@ pub fn run(a: Args) -> Result<()> {
             Ok(())
         }
         Some(Action::Resume(r)) => {
-            let v = super::runtime()?.block_on(pause(&r.addr, &r.token, 0))?;
+            let v = super::runtime()?.block_on(pause(&r.addr, &r.client.credentials()?, 0))?;
             println!("mirror {} resumed from version {v}", r.addr);
             Ok(())
         }
@@ -332,8 +354,8 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
 }
 
 /// Ask a site daemon for its status.
-pub async fn site_status(addr: &str, token: &str) -> Result<s::SiteStatus> {
-    let primary = strait_mirror::follower::Primary::new(addr, token)?;
+pub async fn site_status(addr: &str, creds: &Credentials) -> Result<s::SiteStatus> {
+    let primary = strait_mirror::follower::Primary::new(addr, creds)?;
     let mut c = primary.site();
     let r = tokio::time::timeout(Duration::from_secs(3), c.status(s::Empty {}))
         .await
@@ -354,8 +376,8 @@ fn pause_ms(seconds: u64) -> Result<u64> {
 }
 
 /// Hold the mirror at `addr` where it is for `hold_ms` (0: lift a hold); its applied version.
-async fn pause(addr: &str, token: &str, hold_ms: u64) -> Result<u64> {
-    let primary = strait_mirror::follower::Primary::new(addr, token)?;
+async fn pause(addr: &str, creds: &Credentials, hold_ms: u64) -> Result<u64> {
+    let primary = strait_mirror::follower::Primary::new(addr, creds)?;
     let mut c = primary.site();
     let r = tokio::time::timeout(
         Duration::from_secs(10),
@@ -376,7 +398,9 @@ async fn pause(addr: &str, token: &str, hold_ms: u64) -> Result<u64> {
 pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut report = Report::default();
     let mut replicators: Vec<String> = vec![];
-    match site_status(&a.addr, &a.token).await {
+    let mut is_primary = false;
+    let site_creds = a.client.credentials()?;
+    match site_status(&a.addr, &site_creds).await {
         Ok(st) if st.role == "mirror" => {
             if let Some(m) = st.mirror {
                 report.primary_version = m.latest_version;
@@ -387,29 +411,43 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         Ok(st) => {
             report.primary_version = st.version;
             replicators = st.replicator;
+            is_primary = true;
         }
         Err(site_err) => {
             // not a site daemon: a replicator node?
             replicators.push(a.addr.clone());
-            if a.token.is_empty() {
-                tracing::debug!("{}: {site_err:#}", a.addr);
-            }
+            tracing::debug!("{}: {site_err:#}", a.addr);
         }
     }
     let mut cursors = vec![];
     let mut retention_age_ms = 0;
     let mut heard = None;
+    let creds = if a.replicator_token.is_empty() {
+        site_creds.clone()
+    } else {
+        Credentials::new(Some(&a.replicator_token), site_creds.tls().cloned())
+            .context("--replicator-token")?
+    };
+    let mut refused = None;
     for r in &replicators {
-        let Ok(ch) = strait_replicator_client::channel(r) else {
+        let Ok(ch) = strait_replicator_client::channel(r, &creds) else {
             continue;
         };
         let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
-        if let Ok(Ok(st)) = tokio::time::timeout(
+        let answer = tokio::time::timeout(
             Duration::from_secs(3),
             c.status(strait_proto::replicator::Empty {}),
         )
-        .await
-        {
+        .await;
+        if let Ok(Err(s)) = &answer {
+            if matches!(
+                s.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ) {
+                refused = Some(format!("{r}: {}", s.message()));
+            }
+        }
+        if let Ok(Ok(st)) = answer {
             let st = st.into_inner();
             // the primary's durable mark is a cursor too, but no mirror's
             cursors = st
@@ -422,7 +460,15 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
             break;
         }
     }
-    if replicators.is_empty() || (cursors.is_empty() && heard.is_none() && a.mirror.is_empty()) {
+    if let (Some(why), true) = (&refused, heard.is_none()) {
+        // what the primary said stands; the mirrors' cursors are the replicator's to tell
+        eprintln!(
+            "strait: the replicator refused these credentials ({why}): mirrors' cursors are not \
+             listed; give --replicator-token"
+        );
+    }
+    let nothing = cursors.is_empty() && heard.is_none() && a.mirror.is_empty();
+    if !is_primary && (replicators.is_empty() || nothing) {
         bail!(
             "{} is neither a mirror nor a primary with a replicator, nor a replicator node that answers",
             a.addr
@@ -451,7 +497,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
     }
     // details from the mirrors themselves, where we know their addresses
     for addr in &a.mirror {
-        match site_status(addr, &a.token).await {
+        match site_status(addr, &site_creds).await {
             Ok(st) => {
                 if let Some(m) = st.mirror {
                     let row = row_of(addr, m);

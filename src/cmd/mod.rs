@@ -1,8 +1,10 @@
 //! Implementations of the CLI commands.
 
 pub mod bench;
+pub mod certs;
 pub mod changelog;
 pub mod chaos;
+pub mod creds;
 pub mod dev;
 pub mod dump;
 pub mod format;

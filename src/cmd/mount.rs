@@ -59,7 +59,8 @@ pub struct Args {
 /// How to reach a site daemon (only for strait:// addresses).
 #[derive(clap::Args, Clone)]
 pub struct RemoteArgs {
-    /// The site daemon's token.
+    /// The site daemon's token (one it accepts for the role mount; optional with a client
+    /// certificate naming that role).
     #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// File whose first line is the site daemon's token.
@@ -88,21 +89,13 @@ impl RemoteArgs {
             std::fs::read(p).with_context(|| format!("read the {what} {}", p.display()))
         };
         let token = match (&self.token_file, &self.token) {
-            (Some(f), _) => std::fs::read_to_string(f)
-                .with_context(|| format!("read the token file {}", f.display()))?
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string(),
-            (None, Some(t)) => t.clone(),
-            (None, None) => String::new(),
-        };
-        if token.is_empty() {
-            bail!("a site daemon needs a token: pass --token, --token-file or STRAIT_TOKEN");
+            (Some(f), _) => Some(strait_auth::read_token_file(f)?),
+            (None, Some(t)) => Some(t.clone()),
+            (None, None) => None,
         }
+        .filter(|t| !t.is_empty());
         let tls = match &self.tls_ca {
-            Some(ca) => Some(strait_site_client::TlsOptions {
+            Some(ca) => Some(strait_site_client::ClientTls {
                 ca_pem: read(ca, "CA certificate")?,
                 identity: match (&self.tls_cert, &self.tls_key) {
                     (Some(c), Some(k)) => {
@@ -116,9 +109,14 @@ impl RemoteArgs {
             None if self.tls_cert.is_some() => bail!("--tls-cert needs --tls-ca"),
             None => None,
         };
+        if token.is_none() && tls.as_ref().is_none_or(|t| t.identity.is_none()) {
+            bail!(
+                "a site daemon needs credentials: pass --token, --token-file or STRAIT_TOKEN, or \
+                 a client certificate (--tls-ca, --tls-cert, --tls-key)"
+            );
+        }
         Ok(strait_site_client::ConnectOptions {
-            token,
-            tls,
+            creds: strait_site_client::Credentials::new(token.as_deref(), tls)?,
             reconnect_timeout: Duration::from_secs(self.reconnect_timeout_s),
             ..Default::default()
         })

@@ -26,18 +26,9 @@ pub struct Args {
     /// Metadata engine: rocksdb:///path or redis://host:port/db.
     #[arg(long, env = "STRAIT_META_URL")]
     pub meta_url: Option<String>,
-    // --token, --token-file, --session-timeout-ms
+    // --token, --token-file, --role-token, --session-timeout-ms, --tls-*
     #[command(flatten)]
     pub site: super::site::SiteArgs,
-    /// TLS certificate chain (PEM).
-    #[arg(long, env = "STRAIT_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// TLS private key (PEM).
-    #[arg(long, env = "STRAIT_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// Require client certificates signed by this CA (mutual TLS).
-    #[arg(long, env = "STRAIT_TLS_CLIENT_CA")]
-    pub tls_client_ca: Option<PathBuf>,
     /// Address of /metrics and /health ("" disables).
     #[arg(long, env = "STRAIT_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -95,9 +86,13 @@ pub struct SetAsideArgs {
     /// from its snapshot.
     #[arg(long)]
     pub from_mirror: String,
-    /// Token of the site daemons.
-    #[arg(long, env = "STRAIT_TOKEN", hide_env_values = true, default_value = "")]
-    pub token: String,
+    /// For the mirror: a token of the role admin (or a client certificate naming it), and
+    /// TLS (also used for the replicator).
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
+    /// Token to present to the replicator: one it accepts for the role admin.
+    #[arg(long, env = "STRAIT_REPLICATOR_TOKEN", hide_env_values = true)]
+    pub replicator_token: String,
     /// Where to write the list of the changes set aside (must not exist).
     #[arg(long)]
     pub out: PathBuf,
@@ -132,16 +127,7 @@ impl Args {
         if let Some(v) = &self.meta_url {
             c.meta_url = v.clone();
         }
-        self.site.apply(&mut c.site);
-        if let Some(v) = &self.tls_cert {
-            c.tls_cert_file = Some(v.clone());
-        }
-        if let Some(v) = &self.tls_key {
-            c.tls_key_file = Some(v.clone());
-        }
-        if let Some(v) = &self.tls_client_ca {
-            c.tls_client_ca_file = Some(v.clone());
-        }
+        self.site.apply(&mut c.site, &mut c.security)?;
         if let Some(v) = &self.metrics_listen {
             c.metrics_listen = v.clone();
         }

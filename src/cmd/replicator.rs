@@ -7,9 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use strait_auth::{Conn, Role, Security};
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
-use strait_replicator::node::{Node, NodeConfig};
+use strait_replicator::node::{Node, NodeAuth, NodeConfig};
+
+use super::creds::ClientArgs;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -37,12 +40,34 @@ pub struct ServeArgs {
     /// Reach peer ID at HOST:PORT instead of its membership address (ID=HOST:PORT; repeat).
     #[arg(long = "peer")]
     pub peers: Vec<String>,
+    /// Accept TOKEN for ROLE (ROLE=TOKEN; repeat): primary, mirror, admin, peer. The peer
+    /// token is also what this node presents to the others. Prefer `token_files` in the
+    /// configuration file: a command line is visible to others.
+    #[arg(long = "token", value_name = "ROLE=TOKEN")]
+    pub tokens: Vec<String>,
+    /// Accept the token in FILE's first line for ROLE (ROLE=FILE; repeat).
+    #[arg(long = "token-file", value_name = "ROLE=FILE")]
+    pub token_files: Vec<String>,
+    /// This node's certificate chain (PEM): it serves TLS, and presents it to its peers.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: the CA client certificates must chain to (their OU names the role).
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
+    /// The CA the other nodes' certificates chain to (to reach them over TLS).
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand)]
 pub enum Action {
     /// Form a new cluster from its first members (run once, against any of them).
     Init {
+        #[command(flatten)]
+        client: ClientArgs,
         /// A node of the cluster to send the call to.
         #[arg(long)]
         addr: String,
@@ -52,6 +77,8 @@ pub enum Action {
     },
     /// Add a node: first as a learner that catches up, then as a voter.
     AddNode {
+        #[command(flatten)]
+        client: ClientArgs,
         #[arg(long)]
         addr: String,
         #[arg(long)]
@@ -65,6 +92,8 @@ pub enum Action {
     },
     /// Remove a node from the cluster.
     RemoveNode {
+        #[command(flatten)]
+        client: ClientArgs,
         #[arg(long)]
         addr: String,
         #[arg(long)]
@@ -72,12 +101,16 @@ pub enum Action {
     },
     /// Leader, term, members with their match index, log positions and mirror cursors.
     Status {
+        #[command(flatten)]
+        client: ClientArgs,
         #[arg(long)]
         addr: String,
     },
     /// Set the retention caps: the log keeps at most this much for mirrors that fall behind
     /// (a mirror past a cap must bootstrap again).
     Retention {
+        #[command(flatten)]
+        client: ClientArgs,
         #[arg(long)]
         addr: String,
         /// Most bytes of records kept, e.g. 64G, 500M, 1000000 (K, M, G, T are powers of 1024).
@@ -91,6 +124,8 @@ pub enum Action {
     /// purge or the primary's GC (a mirror that comes back later bootstraps again if the log
     /// it needs was purged).
     ForgetMirror {
+        #[command(flatten)]
+        client: ClientArgs,
         #[arg(long)]
         addr: String,
         /// The mirror's id, as `replicator status` lists its cursor.
@@ -150,6 +185,57 @@ struct FileConfig {
     /// `{ "1" = "host:port" }`: addresses this node uses for peers instead of their
     /// membership addresses.
     peers: BTreeMap<String, String>,
+    /// `[tokens]`, `[token_files]`, `tls_cert_file`, `tls_key_file`, `tls_client_ca_file`,
+    /// `tls_ca_file`: as in every daemon.
+    #[serde(flatten)]
+    security: Security,
+}
+
+/// The node's security settings from its file and flags (flags win).
+fn merged_security(mut sec: Security, a: &ServeArgs) -> Result<Security> {
+    super::site::lay_over(
+        &mut sec,
+        ("--token", &a.tokens),
+        ("--token-file", &a.token_files),
+        [&a.tls_cert, &a.tls_key, &a.tls_client_ca, &a.tls_ca],
+    )?;
+    sec.validate()?;
+    Ok(sec)
+}
+
+/// What the node accepts and presents.
+fn node_auth(id: u64, sec: &Security) -> Result<NodeAuth> {
+    if sec.tokens.contains_key(&Role::Mount) || sec.token_files.contains_key(&Role::Mount) {
+        bail!("a replicator node has no calls for the role mount: give tokens for primary, mirror, admin and peer");
+    }
+    let tokens = sec.accepted(None, &[])?;
+    let peer_token = match (
+        sec.token_files.get(&Role::Peer),
+        sec.tokens.get(&Role::Peer),
+    ) {
+        (Some(f), _) => Some(strait_auth::read_token_file(f)?),
+        (None, t) => t.and_then(|l| l.first()).map(str::to_string),
+    };
+    if tokens.is_empty() && !sec.mutual_tls() {
+        bail!(
+            "node {id} has no way to authenticate its callers: give a token per role \
+             (--token ROLE=TOKEN or [tokens] for primary, mirror, admin, peer) or a client CA \
+             (--tls-client-ca, mutual TLS); anyone who reaches an open node can rewrite the log"
+        );
+    }
+    let tls = sec.server_tls()?;
+    if tls.is_some() && sec.tls_ca_file.is_none() {
+        bail!("node {id} serves TLS: give tls_ca_file (--tls-ca), the CA its peers' certificates chain to, so it can reach them");
+    }
+    if peer_token.is_none() && !sec.mutual_tls() {
+        bail!("node {id} has no peer token (--token peer=...) and no client certificate to reach the other nodes with");
+    }
+    Ok(NodeAuth {
+        tokens,
+        tls,
+        mutual_tls: sec.mutual_tls(),
+        peer_credentials: sec.credentials(peer_token.as_deref())?,
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -172,6 +258,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         .with_context(|| format!("parse {}", p.display()))?,
         None => FileConfig::default(),
     };
+    let sec = merged_security(file.security.clone(), &a)?;
     let id =
         a.id.or(file.id)
             .context("no node id: give --id or `id` in the configuration file")?;
@@ -189,6 +276,8 @@ async fn serve(a: ServeArgs) -> Result<()> {
         .or(file.data_dir)
         .context("no data directory: give --data-dir or `data_dir`")?;
     let mut cfg = NodeConfig::new(id, listen, data_dir);
+    cfg.auth = node_auth(id, &sec)?;
+    let described = sec.describe();
     if let Some(h) = file.heartbeat_ms {
         if !(10..=10_000).contains(&h) {
             bail!("heartbeat_ms is {h}; it must be between 10 and 10000");
@@ -205,8 +294,11 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     let node = Node::start(cfg).await?;
     // one line on stdout, for scripts and tests that wait for the node
-    println!("strait replicator: node {id} serving on {}", node.addr);
-    tracing::info!("node {id} serving on {}", node.addr);
+    println!(
+        "strait replicator: node {id} serving on {} ({described})",
+        node.addr
+    );
+    tracing::info!("node {id} serving on {} ({described})", node.addr);
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(strait_site::wait_for_signal(stop.clone()));
     stop.cancelled().await;
@@ -215,9 +307,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-async fn connect(addr: &str) -> Result<ReplicatorClient<tonic::transport::Channel>> {
-    let ch = strait_replicator_client::channel(addr)
-        .with_context(|| format!("{addr:?} is not a host:port address"))?;
+async fn connect(addr: &str, client: &ClientArgs) -> Result<ReplicatorClient<Conn>> {
+    let ch = strait_replicator_client::channel(addr, &client.credentials()?)
+        .with_context(|| format!("connect to {addr:?}"))?;
     Ok(ReplicatorClient::new(ch))
 }
 
@@ -231,8 +323,8 @@ fn parse_age_ms(s: &str) -> Result<u64> {
 }
 
 /// A client for calls only the leader takes: it follows the leader named by `addr`'s node.
-fn leader_client(addr: &str) -> Result<strait_replicator_client::LogClient> {
-    strait_replicator_client::LogClient::new(&[addr.to_string()])
+fn leader_client(addr: &str, client: &ClientArgs) -> Result<strait_replicator_client::LogClient> {
+    strait_replicator_client::LogClient::new(&[addr.to_string()], &client.credentials()?)
         .map(|c| c.with_attempts(4))
         .map_err(|s| anyhow::anyhow!("{}", s.message()))
 }
@@ -260,7 +352,11 @@ fn parse_member(s: &str) -> Result<(u64, String)> {
 
 async fn admin(action: Action) -> Result<()> {
     match action {
-        Action::Init { addr, members } => {
+        Action::Init {
+            addr,
+            members,
+            client,
+        } => {
             let mut m = HashMap::new();
             for s in &members {
                 let (id, a) = parse_member(s).with_context(|| format!("member {s:?}"))?;
@@ -268,7 +364,7 @@ async fn admin(action: Action) -> Result<()> {
                     bail!("node {id} is named twice");
                 }
             }
-            connect(&addr)
+            connect(&addr, &client)
                 .await?
                 .init(pb::InitRequest { members: m })
                 .await
@@ -280,8 +376,9 @@ async fn admin(action: Action) -> Result<()> {
             id,
             node_addr,
             learner,
+            client,
         } => {
-            leader_client(&addr)?
+            leader_client(&addr, &client)?
                 .add_node(pb::AddNodeRequest {
                     id,
                     addr: node_addr.clone(),
@@ -294,8 +391,8 @@ async fn admin(action: Action) -> Result<()> {
                 if learner { "learner" } else { "voter" }
             );
         }
-        Action::RemoveNode { addr, id } => {
-            leader_client(&addr)?
+        Action::RemoveNode { addr, id, client } => {
+            leader_client(&addr, &client)?
                 .remove_node(id)
                 .await
                 .map_err(|s| status_err(&addr, s))?;
@@ -309,13 +406,14 @@ async fn admin(action: Action) -> Result<()> {
             addr,
             max_bytes,
             max_age,
+            client,
         } => {
             let max_bytes = super::parse_size(&max_bytes)?;
             if max_bytes == 0 {
                 bail!("--max-bytes must be positive");
             }
             let max_age_ms = parse_age_ms(&max_age)?;
-            leader_client(&addr)?
+            leader_client(&addr, &client)?
                 .set_retention(pb::RetentionRequest {
                     max_bytes,
                     max_age_ms,
@@ -324,15 +422,15 @@ async fn admin(action: Action) -> Result<()> {
                 .map_err(|s| status_err(&addr, s))?;
             println!("retention set: at most {max_bytes} bytes, at most {max_age_ms} ms old");
         }
-        Action::ForgetMirror { addr, id } => {
-            leader_client(&addr)?
+        Action::ForgetMirror { addr, id, client } => {
+            leader_client(&addr, &client)?
                 .forget_mirror(&id)
                 .await
                 .map_err(|s| status_err(&addr, s))?;
             println!("forgot mirror {id}'s cursor");
         }
-        Action::Status { addr } => {
-            let s = connect(&addr)
+        Action::Status { addr, client } => {
+            let s = connect(&addr, &client)
                 .await?
                 .status(pb::Empty {})
                 .await

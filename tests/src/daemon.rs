@@ -50,6 +50,11 @@ impl Primary {
             token.clone(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
+        // a primary that ships presents the test clusters' primary token
+        if extra.contains(&"--replicator") && !extra.contains(&"--replicator-token") {
+            args.push("--replicator-token".into());
+            args.push(crate::replicator::PRIMARY_TOKEN.into());
+        }
         let mut p = Primary {
             addr,
             metrics_addr,
@@ -89,6 +94,8 @@ impl Primary {
             primary.addr.clone(),
             "--replicator".into(),
             replicator.join(","),
+            "--replicator-token".into(),
+            crate::replicator::MIRROR_TOKEN.into(),
         ];
         if !extra.contains(&"--data-url") {
             args.push("--data-url".into());

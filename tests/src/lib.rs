@@ -2,8 +2,10 @@
 //! 127.0.0.1 for the duration of a test, and helpers to run the real `strait` binary.
 
 pub mod daemon;
+pub mod dev_up;
 pub mod garage;
 pub mod mount;
+pub mod raw_grpc;
 pub mod redis_server;
 pub mod replicator;
 pub mod site;

@@ -16,6 +16,43 @@ use strait_proto::replicator::replicator_client::ReplicatorClient;
 
 use crate::{free_port, strait_bin};
 
+/// The token each role presents to a test cluster's nodes (every node accepts them all).
+pub const PRIMARY_TOKEN: &str = "test-replicator-primary-token";
+pub const MIRROR_TOKEN: &str = "test-replicator-mirror-token";
+pub const ADMIN_TOKEN: &str = "test-replicator-admin-token";
+pub const PEER_TOKEN: &str = "test-replicator-peer-token";
+/// What a test itself presents: it grants the roles primary, mirror and admin, for tests
+/// that append, subscribe and administer by hand.
+pub const HARNESS_TOKEN: &str = "test-replicator-harness-token";
+
+/// The `--token ROLE=TOKEN` flags of a test node.
+pub fn token_args() -> Vec<String> {
+    let mut v = vec![];
+    for (role, t) in [
+        ("primary", PRIMARY_TOKEN),
+        ("mirror", MIRROR_TOKEN),
+        ("admin", ADMIN_TOKEN),
+        ("peer", PEER_TOKEN),
+        ("primary", HARNESS_TOKEN),
+        ("mirror", HARNESS_TOKEN),
+        ("admin", HARNESS_TOKEN),
+    ] {
+        v.push("--token".to_string());
+        v.push(format!("{role}={t}"));
+    }
+    v
+}
+
+/// The harness's credentials ([`HARNESS_TOKEN`]).
+pub fn creds() -> strait_replicator_client::Credentials {
+    strait_replicator_client::Credentials::token(HARNESS_TOKEN).expect("a valid token")
+}
+
+/// A leader-following client of the nodes at `addrs`, with the harness's credentials.
+pub fn log_client(addrs: &[String]) -> strait_replicator_client::LogClient {
+    strait_replicator_client::LogClient::new(addrs, &creds()).expect("replicator addresses")
+}
+
 pub struct Replica {
     pub id: u64,
     pub addr: SocketAddr,
@@ -40,6 +77,7 @@ impl Replica {
             .arg("--data-dir")
             .arg(&self.dir)
             .args(self.peers.iter().flat_map(|p| ["--peer", p.as_str()]))
+            .args(token_args())
             .stdin(Stdio::null());
         let log = self.log.clone();
         spawn_tied_with(move || {
@@ -91,8 +129,9 @@ impl Drop for Replica {
     }
 }
 
-pub async fn client(addr: SocketAddr) -> ReplicatorClient<tonic::transport::Channel> {
-    ReplicatorClient::new(strait_replicator_client::channel(&addr.to_string()).unwrap())
+/// A client of the node at `addr` with the harness's credentials.
+pub async fn client(addr: SocketAddr) -> ReplicatorClient<strait_replicator_client::Conn> {
+    ReplicatorClient::new(strait_replicator_client::channel(&addr.to_string(), &creds()).unwrap())
 }
 
 pub async fn leader(addrs: &[SocketAddr]) -> Option<u64> {
@@ -154,7 +193,8 @@ impl Cluster {
         }
         let direct: Vec<SocketAddr> = nodes.values().map(|n: &Replica| n.addr).collect();
         let mut init = Command::new(strait_bin());
-        init.args(["replicator", "init", "--addr", &direct[0].to_string()]);
+        init.args(["replicator", "init", "--token", ADMIN_TOKEN]);
+        init.args(["--addr", &direct[0].to_string()]);
         for (id, p) in &proxies {
             init.args(["--member", &format!("{id}={}", p.addr())]);
         }

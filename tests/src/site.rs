@@ -139,7 +139,15 @@ impl Site {
 pub fn status_json(addr: &str, token: &str) -> serde_json::Value {
     let out = Command::new(strait_bin())
         .args([
-            "mirror", "status", "--addr", addr, "--token", token, "--json",
+            "mirror",
+            "status",
+            "--addr",
+            addr,
+            "--token",
+            token,
+            "--replicator-token",
+            crate::replicator::ADMIN_TOKEN,
+            "--json",
         ])
         .output()
         .unwrap();

@@ -438,6 +438,15 @@ fn metrics_and_health_are_served() {
     let mnt = dir.path().to_str().unwrap();
     let (code, err) = strait_tests::mount::strait_fails(&["mount", &url, mnt, "--token", "wrong"]);
     assert_eq!(code, 1);
+    assert!(err.contains("at least 16 characters"), "{err}");
+    let (code, err) = strait_tests::mount::strait_fails(&[
+        "mount",
+        &url,
+        mnt,
+        "--token",
+        "a-wrong-token-0123456789",
+    ]);
+    assert_eq!(code, 1);
     assert!(
         err.trim_end()
             .lines()
@@ -448,5 +457,5 @@ fn metrics_and_health_are_served() {
     );
     let (code, err) = strait_tests::mount::strait_fails(&["mount", &url, mnt]);
     assert_eq!(code, 1);
-    assert!(err.contains("needs a token"), "{err}");
+    assert!(err.contains("needs credentials"), "{err}");
 }

@@ -152,7 +152,7 @@ fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
         },
     };
     rt.block_on(async {
-        let c = strait_replicator_client::LogClient::new(&addrs).unwrap();
+        let c = strait_tests::replicator::log_client(&addrs);
         c.append(strait_proto::replicator::AppendRequest {
             epoch: 0,
             first_version: end + 1,
@@ -346,6 +346,8 @@ fn a_mirror_left_behind_by_the_logs_retention_bootstraps_again_by_itself() {
     strait_tests::mount::strait(&[
         "replicator",
         "retention",
+        "--token",
+        strait_tests::replicator::ADMIN_TOKEN,
         "--addr",
         leader_addr,
         "--max-bytes",

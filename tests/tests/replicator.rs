@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use strait_devkit::{Faults, Link};
 use strait_proto::replicator as pb;
-use strait_tests::replicator::{client, leader, Cluster};
+use strait_tests::replicator::{client, leader, Cluster, ADMIN_TOKEN};
 use strait_tests::strait_bin;
 
 #[test]
@@ -225,7 +225,8 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
 
     // status through the CLI names the leader, the members and the log
     let out = Command::new(strait_bin())
-        .args(["replicator", "status", "--addr", &direct[0].to_string()])
+        .args(["replicator", "status", "--token", ADMIN_TOKEN])
+        .args(["--addr", &direct[0].to_string()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -242,7 +243,8 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     // retention through the CLI: a cap of 1 KiB purges all but the newest batch, and a reader
     // from the start is told where the log now begins
     let out = Command::new(strait_bin())
-        .args(["replicator", "retention", "--addr", &direct[1].to_string()])
+        .args(["replicator", "retention", "--token", ADMIN_TOKEN])
+        .args(["--addr", &direct[1].to_string()])
         .args(["--max-bytes", "1KiB", "--max-age", "7d"])
         .output()
         .unwrap();
@@ -252,7 +254,8 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
         String::from_utf8_lossy(&out.stderr)
     );
     let bad = Command::new(strait_bin())
-        .args(["replicator", "retention", "--addr", &direct[1].to_string()])
+        .args(["replicator", "retention", "--token", ADMIN_TOKEN])
+        .args(["--addr", &direct[1].to_string()])
         .args(["--max-bytes", "0", "--max-age", "7d"])
         .output()
         .unwrap();
@@ -260,7 +263,7 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     // the log is tracked at points set under the old caps: the new cap is met fully once
     // appends made under it follow
     rt.block_on(async {
-        let lc = strait_replicator_client::LogClient::new(&[direct[0].to_string()]).unwrap();
+        let lc = strait_tests::replicator::log_client(&[direct[0].to_string()]);
         for b in 0..4u64 {
             let first = total + 1 + b * 25;
             lc.append(pb::AppendRequest {
@@ -323,7 +326,8 @@ fn every_version_once_in_order_through_leader_kills_partitions_and_subscriber_re
     });
     let text = String::from_utf8_lossy(
         &Command::new(strait_bin())
-            .args(["replicator", "status", "--addr", &direct[0].to_string()])
+            .args(["replicator", "status", "--token", ADMIN_TOKEN])
+            .args(["--addr", &direct[0].to_string()])
             .output()
             .unwrap()
             .stdout,
@@ -492,7 +496,7 @@ fn forget_mirror_drops_a_cursor_everywhere_and_refuses_an_unknown_name() {
     let region = strait_tests::replicator::RegionA::start(&rt);
     let addrs = region.addrs.clone();
     rt.block_on(async {
-        let lc = strait_replicator_client::LogClient::new(&addrs).unwrap();
+        let lc = strait_tests::replicator::log_client(&addrs);
         for m in ["retired", "live"] {
             lc.ack(pb::AckRequest {
                 mirror: m.into(),
@@ -515,7 +519,8 @@ fn forget_mirror_drops_a_cursor_everywhere_and_refuses_an_unknown_name() {
     };
     let forget = |name: &str| {
         Command::new(strait_bin())
-            .args(["replicator", "forget-mirror", "--addr", &addrs[0], name])
+            .args(["replicator", "forget-mirror", "--token", ADMIN_TOKEN])
+            .args(["--addr", &addrs[0], name])
             .output()
             .expect("run strait")
     };
@@ -549,7 +554,7 @@ fn an_impossible_heartbeat_clock_is_refused() {
     let rt = strait_tests::runtime();
     let region = strait_tests::replicator::RegionA::start(&rt);
     rt.block_on(async {
-        let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
+        let lc = strait_tests::replicator::log_client(&region.addrs);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -605,7 +610,7 @@ fn leader_status_finds_the_leader_from_a_follower() {
         .collect();
     ordered.push(region.cluster.nodes[&leader].addr.to_string());
     rt.block_on(async {
-        let lc = strait_replicator_client::LogClient::new(&ordered).unwrap();
+        let lc = strait_tests::replicator::log_client(&ordered);
         let any = lc.status().await.unwrap();
         assert_ne!(
             any.leader,

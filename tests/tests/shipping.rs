@@ -364,7 +364,7 @@ async fn write_then_fence(
     mkdir(&mut c, &primary.token, sid, "before")
         .await
         .expect("a write before the fence");
-    let lc = strait_replicator_client::LogClient::new(&region.addrs).unwrap();
+    let lc = strait_tests::replicator::log_client(&region.addrs);
     lc.bump_epoch(strait_fs_core::Epoch(5))
         .await
         .expect("bump the epoch");
@@ -650,7 +650,7 @@ fn wait_status(
 ) -> strait_proto::replicator::StatusReply {
     let lc = {
         let _in = rt.enter();
-        strait_replicator_client::LogClient::new(&region.addrs).unwrap()
+        strait_tests::replicator::log_client(&region.addrs)
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -900,6 +900,8 @@ fn a_diverged_primary_sets_its_own_changes_aside_and_follows_the_log_again() {
             &mirror.addr,
             "--token",
             &mirror.token,
+            "--replicator-token",
+            strait_tests::replicator::ADMIN_TOKEN,
             "--out",
             out,
         ]
@@ -1086,7 +1088,7 @@ fn a_primary_that_lost_its_unsynced_tail_catches_up_from_the_log() {
     rt.block_on(mkdirs(&primary, &refs));
     let lc = {
         let _in = rt.enter();
-        strait_replicator_client::LogClient::new(&region.addrs).unwrap()
+        strait_tests::replicator::log_client(&region.addrs)
     };
     let last = rt.block_on(async {
         let st = lc.status().await.expect("the replicator's status");

@@ -57,29 +57,25 @@ impl Blocks {
                 )))
             }
         };
+        // What a mount says (the reason, the CRC) is taken as a hint, never as a fact that
+        // changes this region's store: a block "missing" is looked for here first, and a copy
+        // that does not match the CRC given is replaced only by one from the primary's store
+        // that does (a wrong CRC leaves a sound copy alone).
         let check_local = match reason {
-            // the mount found it missing a moment ago: ask the primary's store at once
-            "missing" => {
-                self.mark(id, index, false).await;
-                false
-            }
             // the mount's view of the marks may be older than the marks
             "unsynced" => self.is_marked(id, index).await,
             _ => true,
         };
+        let mut local_mismatch = false;
         if let (Some(local), true) = (&self.local, check_local) {
             match local.get(key).await {
                 Ok(d) => match verify(key, &d, len, crc) {
                     Ok(()) => return Ok(d),
                     Err(e) => {
-                        self.counters.corrupt_local.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(
-                            "{e}: this region's copy is corrupt; discarded, fetched again from the primary's store"
+                            "{e}: this region's copy does not match; fetched from the primary's store, and replaced once that copy matches"
                         );
-                        self.mark(id, index, false).await;
-                        if let Err(e) = local.delete(key).await {
-                            tracing::warn!("delete the corrupt block {key}: {e}");
-                        }
+                        local_mismatch = true;
                     }
                 },
                 Err(ObjectError::NotFound(_)) => {
@@ -103,6 +99,28 @@ impl Blocks {
                 let r = self.fetch_primary(key, len, crc).await;
                 drop(permit);
                 match r {
+                    Ok(d) if local_mismatch => {
+                        // the primary's copy matches: this region's was corrupt
+                        self.counters.corrupt_local.fetch_add(1, Ordering::Relaxed);
+                        self.counters.fallback_reads.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .fallback_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
+                        if let Some(local) = &self.local {
+                            let put = retry(&format!("replace block {key}"), || {
+                                local.put(key, d.clone())
+                            })
+                            .await;
+                            match put {
+                                Ok(()) => self.mark(id, index, true).await,
+                                Err(e) => {
+                                    tracing::warn!("replace the corrupt block {key}: {e}");
+                                    self.mark(id, index, false).await;
+                                }
+                            }
+                        }
+                        Ok(d)
+                    }
                     Ok(d) => {
                         self.counters.fallback_reads.fetch_add(1, Ordering::Relaxed);
                         self.counters

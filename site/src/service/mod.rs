@@ -5,8 +5,8 @@
 //! stays readable at another that holds it open. Engine calls block (RocksDB, Redis), so each
 //! runs on tokio's blocking pool.
 //!
-//! Here: the service and its calls. In `auth.rs`, the token check; in `run.rs`, how one engine
-//! call runs (timing, errors, `replicated` durability, request ids, the fence).
+//! Here: the service and its calls; in `run.rs`, how one engine call runs (timing, errors,
+//! `replicated` durability, request ids, the fence).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::RwLock;
+use strait_auth::{Slot, Slots};
 use strait_fs_core::error::Error;
 use strait_fs_core::meta::{Attr, Committed, Ctx, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
@@ -29,12 +30,10 @@ use crate::metrics::Metrics;
 use crate::sessions::Heard;
 use crate::slice_ranges::SliceRanges;
 
-mod auth;
 mod replay;
 mod run;
 
 use crate::requests::{is_retry, request_id, Requests};
-pub use auth::Auth;
 use replay::{replay, replay_create, Recorded, Replay};
 use run::unversioned;
 
@@ -67,8 +66,6 @@ pub trait ReplicationWait: Send + Sync + 'static {
 
 /// Most slice ids one call may take.
 pub const ALLOC_SLICE_IDS_MAX: u32 = 100_000;
-/// Distinct peers remembered for logging a refused token once each.
-const REFUSED_PEERS_MAX: usize = 10_000;
 /// Longest free-text session description kept.
 const SESSION_INFO_LEN_MAX: usize = 1024;
 
@@ -100,7 +97,16 @@ pub struct MetaServer {
     slice_ranges: Arc<parking_lot::Mutex<SliceRanges>>,
     /// When each session was last heard from, by the monotonic clock (session expiry).
     heard: Arc<Heard>,
+    /// The bound on sessions, in all and per peer address, and the slot each session holds.
+    session_slots: Slots,
+    slot_of: parking_lot::Mutex<HashMap<u64, Slot>>,
 }
+
+/// Most sessions a site daemon holds at once (as many as it keeps slice ranges for).
+pub const SESSIONS_MAX: usize = crate::slice_ranges::SESSIONS_MAX;
+/// Most sessions one peer address may hold at once (a host of many mounts; a mirror forwards
+/// its whole region's calls under one).
+pub const SESSIONS_PER_PEER_MAX: usize = 4_096;
 
 /// What serves FetchBlock at a mirror: a block its region's store lacks, from the primary's.
 pub trait BlockSource: Send + Sync + 'static {
@@ -215,6 +221,8 @@ impl MetaServer {
             started_ns: strait_fs_core::meta::now_ns(),
             slice_ranges: Arc::new(parking_lot::Mutex::new(SliceRanges::default())),
             heard: Arc::new(Heard::default()),
+            session_slots: Slots::new("sessions", SESSIONS_MAX, SESSIONS_PER_PEER_MAX),
+            slot_of: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
@@ -250,11 +258,20 @@ impl MetaServer {
     pub fn drop_sessions(&self, closed: &[u64]) {
         let mut s = self.sessions.write();
         let mut ranges = self.slice_ranges.lock();
+        let mut slots = self.slot_of.lock();
         for sid in closed {
             s.remove(sid);
             ranges.forget(*sid);
+            slots.remove(sid);
         }
         self.metrics.sessions.set(s.len() as i64);
+    }
+
+    /// The session `md` names, when this daemon holds it; else the status a call without
+    /// one gets (FAILED_PRECONDITION, asking the mount to open or resume its session). A
+    /// mirror asks before it forwards a mount's call, as the primary would ask.
+    pub fn held_session(&self, md: &MetadataMap) -> Result<u64, Status> {
+        self.session(md).map(|m| m.session_id())
     }
 
     /// The caller's session view, or a status asking it to open (or resume) its session.
@@ -386,7 +403,14 @@ impl MetaService for MetaServer {
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|| "?".into());
+        let ip = req.remote_addr().map(|a| a.ip());
         let r = req.into_inner();
+        // a session this daemon holds keeps its slot; any other takes one, or is refused
+        let slot = if r.resume_session != 0 && self.slot_of.lock().contains_key(&r.resume_session) {
+            None
+        } else {
+            Some(self.session_slots.take(ip)?)
+        };
         let engine = self.engine.clone();
         let mut info: String = r.info.chars().take(SESSION_INFO_LEN_MAX).collect();
         info.push_str(&format!(" (from {peer})"));
@@ -415,6 +439,10 @@ impl MetaService for MetaServer {
             let mut s = self.sessions.write();
             s.insert(sid, view);
             self.metrics.sessions.set(s.len() as i64);
+        }
+        if let Some(slot) = slot {
+            // a session taken up again under a new slot gives its old one back
+            self.slot_of.lock().insert(sid, slot);
         }
         if resumed {
             tracing::info!("session {sid} resumed by {peer}");

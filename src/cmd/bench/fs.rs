@@ -42,9 +42,9 @@ pub struct Args {
     pub label: String,
 }
 
-struct Row {
-    name: &'static str,
-    value: f64,
+pub(crate) struct Row {
+    pub(crate) name: &'static str,
+    pub(crate) value: f64,
     unit: &'static str,
     detail: String,
 }
@@ -249,7 +249,7 @@ fn parallel(
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-fn bench_meta(work: &Path, n: usize, threads: usize, rows: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn bench_meta(work: &Path, n: usize, threads: usize, rows: &mut Vec<Row>) -> Result<()> {
     let dirs: Vec<PathBuf> = (0..threads).map(|k| work.join(format!("m{k}"))).collect();
     for d in &dirs {
         fs::create_dir(d)?;

@@ -48,14 +48,12 @@ fn ms(us: u64) -> String {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    if a.seconds == 0 || a.seconds > STORM_SECONDS_MAX {
-        bail!("--seconds must be 1 to {STORM_SECONDS_MAX}");
-    }
-    if a.rate == 0 || a.clients == 0 {
-        bail!("--rate and --clients must be positive");
-    }
-    let (primary, mirror, token) = match (&a.primary, &a.mirror) {
-        (Some(p), Some(m)) => (p.clone(), m.clone(), a.token.clone()),
+    let (primary, mirror, creds) = match (&a.primary, &a.mirror) {
+        (Some(p), Some(m)) => (
+            p.clone(),
+            m.clone(),
+            strait_auth::Credentials::token(&a.token).context("--token")?,
+        ),
         _ => {
             let path = a.dev.join("dev.json");
             let text = std::fs::read_to_string(&path).with_context(|| {
@@ -65,11 +63,81 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 )
             })?;
             let t: crate::cmd::dev::Topology = serde_json::from_str(&text)?;
-            (t.primary, t.mirror, t.token)
+            let creds = t.credentials("mount")?;
+            (t.primary, t.mirror, creds)
         }
     };
+    let s = storm(&primary, &mirror, &creds, a.rate, a.seconds, a.clients)?;
+    s.print(a.rate);
+    Ok(())
+}
+
+/// What a storm measured.
+pub struct Storm {
+    pub ops: u64,
+    pub took_s: f64,
+    pub errors: u64,
+    pub versions: (u64, u64),
+    /// Commit-to-apply lag: samples, p50, p99, max (µs).
+    pub apply_lag: (u64, u64, u64, u64),
+    /// The mirror's own estimate, sampled: count, p50, p99, max (µs).
+    pub estimate: (usize, u64, u64, u64),
+    pub source: String,
+    pub worst_state: String,
+    pub state: String,
+}
+
+impl Storm {
+    pub fn print(&self, rate: u64) {
+        println!(
+            "storm: {} operations in {:.1} s = {:.0} ops/s (target {rate}), {} errors, versions {}..{}",
+            self.ops,
+            self.took_s,
+            self.ops as f64 / self.took_s,
+            self.errors,
+            self.versions.0,
+            self.versions.1
+        );
+        let (n, p50, p99, max) = self.apply_lag;
+        println!(
+            "commit-to-apply lag over {n} records (ms): p50 {}  p99 {}  max {}",
+            ms(p50),
+            ms(p99),
+            ms(max)
+        );
+        let (n, p50, p99, max) = self.estimate;
+        println!(
+            "mirror's lag estimate, {n} samples (ms): p50 {}  p99 {}  max {}",
+            ms(p50),
+            ms(p99),
+            ms(max)
+        );
+        println!(
+            "mirror: subscribed at {}, state during the storm: {}, now {}",
+            self.source, self.worst_state, self.state
+        );
+    }
+}
+
+/// A storm of `rate` operations a second for `seconds` by `clients` clients at the primary
+/// `primary`, presenting `creds`, and the lag of the mirror at `mirror` during it.
+pub fn storm(
+    primary: &str,
+    mirror: &str,
+    creds: &strait_auth::Credentials,
+    rate: u64,
+    seconds: u64,
+    clients: usize,
+) -> Result<Storm> {
+    if seconds == 0 || seconds > STORM_SECONDS_MAX {
+        bail!("--seconds must be 1 to {STORM_SECONDS_MAX}");
+    }
+    if rate == 0 || clients == 0 {
+        bail!("--rate and --clients must be positive");
+    }
+    let (primary, mirror) = (primary.to_string(), mirror.to_string());
     let rt = crate::cmd::runtime()?;
-    let status = |addr: &str| rt.block_on(crate::cmd::mirror::site_status(addr, &token));
+    let status = |addr: &str| rt.block_on(crate::cmd::mirror::site_status(addr, creds));
     let before = status(&mirror)?;
     if before.role != "mirror" {
         bail!("{mirror} is not a mirror (it says it is a {})", before.role);
@@ -80,14 +148,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
-    let per_client = a.rate as f64 / a.clients as f64;
+    let per_client = rate as f64 / clients as f64;
     let t0 = Instant::now();
     let mut threads = vec![];
-    for c in 0..a.clients {
+    for c in 0..clients {
         let client = strait_site_client::RemoteMeta::connect(
             &format!("strait://{primary}"),
             strait_site_client::ConnectOptions {
-                token: token.clone(),
+                creds: creds.clone(),
                 ..Default::default()
             },
         )?;
@@ -151,7 +219,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // sample the mirror's own estimate while the storm runs
     let mut estimates = vec![];
     let mut worst_state = String::from("following");
-    while t0.elapsed() < Duration::from_secs(a.seconds) {
+    while t0.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_millis(100));
         if let Ok(st) = status(&mirror) {
             if let Some(m) = st.mirror {
@@ -186,32 +254,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     };
     let m = after.mirror.context("the mirror sent no mirror state")?;
-    let ops = done.load(Ordering::Relaxed);
-    let mut est = estimates.clone();
+    let mut est = estimates;
     let q = |v: &mut Vec<u64>, p: f64| strait_mirror::lag::quantile(v, p);
-    println!(
-        "storm: {ops} operations in {took:.1} s = {:.0} ops/s (target {}), {} errors, versions {start_version}..{end_version}",
-        ops as f64 / took,
-        a.rate,
-        errors.load(Ordering::Relaxed)
-    );
-    println!(
-        "commit-to-apply lag over {} records (ms): p50 {}  p99 {}  max {}",
-        m.apply_lag_samples,
-        ms(m.apply_lag_p50_us),
-        ms(m.apply_lag_p99_us),
-        ms(m.apply_lag_max_us)
-    );
-    println!(
-        "mirror's lag estimate, {} samples (ms): p50 {}  p99 {}  max {}",
-        est.len(),
-        ms(q(&mut est, 0.5)),
-        ms(q(&mut est, 0.99)),
-        ms(q(&mut est, 1.0))
-    );
-    println!(
-        "mirror: subscribed at {}, state during the storm: {worst_state}, now {}",
-        m.source, m.state
-    );
-    Ok(())
+    Ok(Storm {
+        ops: done.load(Ordering::Relaxed),
+        took_s: took,
+        errors: errors.load(Ordering::Relaxed),
+        versions: (start_version, end_version),
+        apply_lag: (
+            m.apply_lag_samples,
+            m.apply_lag_p50_us,
+            m.apply_lag_p99_us,
+            m.apply_lag_max_us,
+        ),
+        estimate: (
+            est.len(),
+            q(&mut est, 0.5),
+            q(&mut est, 0.99),
+            q(&mut est, 1.0),
+        ),
+        source: m.source,
+        worst_state,
+        state: m.state,
+    })
 }

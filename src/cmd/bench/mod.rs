@@ -5,6 +5,7 @@
 //! - [`cache`]: `strait bench cache`, the block cache against the `moka` and `foyer` crates
 //!   (those with the feature `bench-cache-crates`);
 //! - [`mirror`]: `strait mirror bench`, a mirror's lag and reads against a running `dev up`;
+//! - [`tls`]: `strait bench tls`, plain text against mutual TLS on every link, in one run;
 //! - [`replicator`]: `strait replicator bench`, a three-node replicator cluster's commit
 //!   latency and throughput, then [`floor`]: `strait replicator floor`, the disk's floor for
 //!   that latency.
@@ -18,6 +19,7 @@ pub mod floor;
 pub mod fs;
 pub mod mirror;
 pub mod replicator;
+pub mod tls;
 
 use anyhow::Result;
 
@@ -36,11 +38,15 @@ pub enum What {
     /// Compare the block cache (memory LRU and disk cache) with the moka and foyer crates
     /// on the same reads (docs/benchmarks/cache.md).
     Cache(cache::CacheArgs),
+    /// What mutual TLS on every link costs: `dev up` in plain text and with `--tls`, the
+    /// metadata benchmark at both regions' mounts and the mirror-lag storm, side by side.
+    Tls(tls::TlsArgs),
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         Some(What::Cache(c)) => cache::run(c),
+        Some(What::Tls(t)) => tls::run(t),
         None => fs::run(a.fs),
     }
 }

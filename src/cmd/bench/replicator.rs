@@ -8,10 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use strait_auth::Role;
 use strait_devkit::{Faults, Proxy};
 use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
-use strait_replicator::node::{Node, NodeConfig};
+use strait_replicator::node::{Node, NodeAuth, NodeConfig};
 
 use crate::cmd::replicator::BenchArgs;
 
@@ -77,8 +78,18 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     let mut nodes = vec![];
     let mut proxies = vec![];
     let mut members = std::collections::HashMap::new();
+    // one token for the roles the benchmark plays (peer, primary, admin), as `dev up` gives
+    // one per role: authentication is on, as in any real cluster
+    let token = strait_auth::new_token();
+    let auth = NodeAuth::tokens(&[
+        (Role::Peer, &token),
+        (Role::Primary, &token),
+        (Role::Admin, &token),
+    ])?;
+    let creds = strait_replicator_client::Credentials::token(&token)?;
     for id in 1..=3u64 {
         let mut cfg = NodeConfig::new(id, "127.0.0.1:0".parse()?, dir.join(format!("node{id}")));
+        cfg.auth = auth.clone();
         if let Some(n) = a.snapshot_every {
             cfg.snapshot_every = n;
         }
@@ -96,7 +107,10 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         nodes.push(n);
     }
     let direct: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
-    let mut c = ReplicatorClient::new(strait_replicator_client::channel(&direct[0].to_string())?);
+    let mut c = ReplicatorClient::new(strait_replicator_client::channel(
+        &direct[0].to_string(),
+        &creds,
+    )?);
     c.init(pb::InitRequest { members })
         .await
         .context("form the cluster")?;
@@ -113,6 +127,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
     };
     let mut lc = ReplicatorClient::new(strait_replicator_client::channel(
         &direct[(leader - 1) as usize].to_string(),
+        &creds,
     )?);
     let record = vec![0x5au8; a.record_size];
     println!(
@@ -223,7 +238,7 @@ impl PhaseResult {
 /// Append for `phase`: records arrive at `rate` per second (None: always as many as an
 /// append takes), and each append takes every record that has arrived, up to `batch`.
 async fn run_phase(
-    lc: &mut ReplicatorClient<tonic::transport::Channel>,
+    lc: &mut ReplicatorClient<strait_replicator_client::Conn>,
     record: &[u8],
     batch: u64,
     rate: Option<f64>,

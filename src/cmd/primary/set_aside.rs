@@ -43,6 +43,14 @@ fn beside(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir.with_file_name(format!("{}.{name}", base.to_string_lossy())))
 }
 
+/// What set-aside presents to the replicator: `--replicator-token`, over TLS when `--tls-ca`
+/// is given.
+fn replicator_credentials(a: &SetAsideArgs) -> Result<strait_replicator_client::Credentials> {
+    let tls = a.client.credentials()?.tls().cloned();
+    strait_replicator_client::Credentials::new(Some(&a.replicator_token), tls)
+        .context("--replicator-token")
+}
+
 async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
     let kv = strait_fs_core::kv::open(&a.meta_url).with_context(|| {
         format!(
@@ -51,13 +59,16 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
         )
     })?;
     let local = kv.last_version()?;
-    let leader = core::leader(&a.replicator).await.map_err(|e| anyhow!(e))?;
+    let creds = replicator_credentials(a)?;
+    let leader = core::leader(&a.replicator, &creds)
+        .await
+        .map_err(|e| anyhow!(e))?;
     eprintln!(
         "comparing this primary's change log (version {local}) with the replicator's \
          (leader {}, versions {} to {})",
         leader.addr, leader.earliest, leader.last
     );
-    let (first, why) = match core::compare(&kv, local, &leader)
+    let (first, why) = match core::compare(&kv, local, &leader, &creds)
         .await
         .map_err(|e| anyhow!(e))?
     {
@@ -159,11 +170,14 @@ async fn load_beside(
     }
     let new_kv = strait_fs_core::kv::open(&format!("rocksdb://{}", loading.display()))?;
     eprintln!("loading the metadata from the mirror at {}", a.from_mirror);
-    let source = strait_mirror::follower::Primary::new(&a.from_mirror, &a.token)?;
+    let source = strait_mirror::follower::Primary::new(&a.from_mirror, &a.client.credentials()?)?;
     let loaded = strait_mirror::follower::bootstrap(&new_kv, &source, None)
         .await
         .with_context(|| format!("load the snapshot of the mirror at {}", a.from_mirror))?;
-    let now = core::leader(&a.replicator).await.map_err(|e| anyhow!(e))?;
+    let creds = replicator_credentials(a)?;
+    let now = core::leader(&a.replicator, &creds)
+        .await
+        .map_err(|e| anyhow!(e))?;
     if now.earliest > loaded.next() {
         bail!(
             "the mirror's snapshot is at version {loaded}, but the replicator's log starts at {}: \

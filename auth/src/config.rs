@@ -1,0 +1,248 @@
+//! [`Security`]: the keys every daemon's configuration has for who may call it and how its
+//! links are encrypted (flattened into each daemon's TOML, with the same names everywhere).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+use crate::client::{ClientTls, Credentials};
+use crate::role::Role;
+use crate::tokens::{check_token, Tokens};
+use crate::Error;
+
+/// Who may call a daemon, and its TLS. Without TLS a daemon serves plain-text gRPC, for
+/// loopback and trusted networks only.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Security {
+    /// The tokens of each role this daemon accepts: `[tokens]` with `mount = "..."`,
+    /// `admin = ["...", "..."]` (a list while a token is being replaced), ... (see
+    /// `strait certs token`).
+    pub tokens: BTreeMap<Role, TokenList>,
+    /// Files whose first line is a role's token; they take precedence over `tokens`.
+    pub token_files: BTreeMap<Role, PathBuf>,
+    /// This daemon's certificate chain and key (PEM): served to its clients, and presented as
+    /// its client certificate when it calls another daemon that requires one.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// Mutual TLS: the CA that client certificates must chain to. When set, a client without a
+    /// valid certificate cannot connect, and a certificate's `OU=<role>` grants that role.
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// The CA that the certificates of the daemons this one calls must chain to; set it to
+    /// call them over TLS.
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+/// The tokens of one role: one (`admin = "..."`) or several (`admin = ["...", "..."]`, while
+/// one replaces another).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct TokenList(pub Vec<String>);
+
+impl TokenList {
+    /// The first token: what a daemon presents when it calls with this role.
+    pub fn first(&self) -> Option<&str> {
+        self.0.first().map(String::as_str)
+    }
+}
+
+impl<'de> Deserialize<'de> for TokenList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(t) => TokenList(vec![t]),
+            OneOrMany::Many(v) => TokenList(v),
+        })
+    }
+}
+
+/// The first line of `path`, a token file.
+pub fn read_token_file(path: &Path) -> Result<String, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("read the token file {}: {e}", path.display())))?;
+    Ok(text.lines().next().unwrap_or_default().trim().to_string())
+}
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path)
+        .map_err(|e| Error::Config(format!("read the {what} {}: {e}", path.display())))
+}
+
+impl Security {
+    /// Check the settings go together.
+    pub fn validate(&self) -> Result<(), Error> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(Error::Config(
+                    "tls_cert_file and tls_key_file must be set together".into(),
+                ))
+            }
+            (None, None) if self.tls_client_ca_file.is_some() => {
+                return Err(Error::Config(
+                    "tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file".into(),
+                ))
+            }
+            _ => {}
+        }
+        for t in self.tokens.values().flat_map(|l| l.0.iter()) {
+            check_token(t)?;
+        }
+        Ok(())
+    }
+
+    /// The tokens this daemon accepts: each role's own, and `shared` (the single `token` of
+    /// older configurations) for every role in `shared_roles` that has none of its own.
+    pub fn accepted(&self, shared: Option<&str>, shared_roles: &[Role]) -> Result<Tokens, Error> {
+        let mut own: BTreeMap<Role, Vec<String>> =
+            self.tokens.iter().map(|(r, l)| (*r, l.0.clone())).collect();
+        for (r, f) in &self.token_files {
+            own.entry(*r).or_default().push(read_token_file(f)?);
+        }
+        let mut tokens = Tokens::new();
+        for (r, list) in &own {
+            for t in list {
+                tokens
+                    .add(*r, t)
+                    .map_err(|e| Error::Config(format!("the {r} token: {e}")))?;
+            }
+        }
+        if let Some(s) = shared.filter(|s| !s.is_empty()) {
+            for r in shared_roles.iter().filter(|r| !own.contains_key(r)) {
+                tokens
+                    .add(*r, s)
+                    .map_err(|e| Error::Config(format!("the token: {e}")))?;
+            }
+        }
+        Ok(tokens)
+    }
+
+    /// Whether callers must present a client certificate.
+    pub fn mutual_tls(&self) -> bool {
+        self.tls_client_ca_file.is_some()
+    }
+
+    /// The server's TLS settings, or None for plain text.
+    pub fn server_tls(&self) -> Result<Option<ServerTlsConfig>, Error> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
+            return Ok(None);
+        };
+        crate::use_ring_for_tls();
+        let mut t = ServerTlsConfig::new().identity(Identity::from_pem(
+            read(cert, "TLS certificate")?,
+            read(key, "TLS key")?,
+        ));
+        if let Some(ca) = &self.tls_client_ca_file {
+            t = t.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
+        }
+        Ok(Some(t))
+    }
+
+    /// How the server's link reads in a log line.
+    pub fn describe(&self) -> &'static str {
+        match (self.tls_cert_file.is_some(), self.mutual_tls()) {
+            (true, true) => "TLS, client certificates required",
+            (true, false) => "TLS",
+            _ => "plain text",
+        }
+    }
+
+    /// The TLS settings for calls this daemon makes: the CA in `tls_ca_file`, and its own
+    /// certificate as the client's (when it has one). None without `tls_ca_file`.
+    pub fn client_tls(&self) -> Result<Option<ClientTls>, Error> {
+        let Some(ca) = &self.tls_ca_file else {
+            return Ok(None);
+        };
+        let identity = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(c), Some(k)) => Some((read(c, "TLS certificate")?, read(k, "TLS key")?)),
+            _ => None,
+        };
+        Ok(Some(ClientTls {
+            ca_pem: read(ca, "CA")?,
+            identity,
+            domain: None,
+        }))
+    }
+
+    /// Credentials for calls this daemon makes with `token` (may be None where its
+    /// certificate names its role).
+    pub fn credentials(&self, token: Option<&str>) -> Result<Credentials, Error> {
+        Credentials::new(token.filter(|t| !t.is_empty()), self.client_tls()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::role::Roles;
+
+    #[test]
+    fn role_tokens_come_from_the_table_files_and_the_shared_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("admin.token");
+        std::fs::write(&f, "admin-from-file-0123456789\nignored\n").unwrap();
+        let s: Security = toml::from_str(
+            r#"
+            [tokens]
+            mount = "mount-token-0123456789"
+            peer = ["peer-old-token-0123456", "peer-new-token-0123456"]
+            [token_files]
+            admin = "ADMIN"
+            "#
+            .replace("ADMIN", &f.display().to_string())
+            .as_str(),
+        )
+        .unwrap();
+        s.validate().unwrap();
+        let t = s
+            .accepted(Some("shared-token-0123456789"), &Role::ALL)
+            .unwrap();
+        assert_eq!(
+            t.roles_of(b"Bearer mount-token-0123456789"),
+            Roles::of(&[Role::Mount])
+        );
+        assert_eq!(
+            t.roles_of(b"Bearer admin-from-file-0123456789"),
+            Roles::of(&[Role::Admin])
+        );
+        // a list: each token is accepted (one replacing another)
+        for p in [
+            &b"Bearer peer-old-token-0123456"[..],
+            b"Bearer peer-new-token-0123456",
+        ] {
+            assert_eq!(t.roles_of(p), Roles::of(&[Role::Peer]));
+        }
+        assert_eq!(
+            t.roles_of(b"Bearer shared-token-0123456789"),
+            Roles::of(&[Role::Mirror, Role::Primary])
+        );
+        // a role that is not a role, and a short token, are refused
+        assert!(toml::from_str::<Security>("[tokens]\nroot = \"x\"").is_err());
+        let short: Security = toml::from_str("[tokens]\nmount = \"x\"").unwrap();
+        assert!(short.validate().is_err());
+        assert!(short.accepted(None, &[]).is_err());
+    }
+
+    #[test]
+    fn tls_settings_must_go_together() {
+        let s = Security {
+            tls_cert_file: Some("c".into()),
+            ..Default::default()
+        };
+        assert!(s.validate().is_err());
+        let s = Security {
+            tls_client_ca_file: Some("c".into()),
+            ..Default::default()
+        };
+        assert!(s.validate().is_err());
+        assert_eq!(Security::default().describe(), "plain text");
+        assert!(Security::default().server_tls().unwrap().is_none());
+        assert!(Security::default().client_tls().unwrap().is_none());
+    }
+}

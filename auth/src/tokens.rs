@@ -1,0 +1,136 @@
+//! [`Tokens`]: the bearer tokens a daemon accepts, and the roles each one grants.
+
+use subtle::ConstantTimeEq;
+
+use crate::role::{Role, Roles};
+use crate::Error;
+
+/// Shortest token accepted: 16 characters, 96 bits or more from any decent generator
+/// (`strait certs token` makes 32 hex digits).
+pub const TOKEN_LEN_MIN: usize = 16;
+/// Longest token accepted (a header must stay small).
+pub const TOKEN_LEN_MAX: usize = 512;
+
+/// Check that `token` may be used: printable ASCII without spaces, 16 to 512 characters.
+pub fn check_token(token: &str) -> Result<(), Error> {
+    if token.chars().any(|c| !c.is_ascii_graphic()) {
+        return Err(Error::Config(
+            "a token must be printable ASCII without spaces".into(),
+        ));
+    }
+    if token.len() < TOKEN_LEN_MIN {
+        return Err(Error::Config(format!(
+            "a token must have at least {TOKEN_LEN_MIN} characters (this one has {}); \
+             `strait certs token` makes one",
+            token.len()
+        )));
+    }
+    if token.len() > TOKEN_LEN_MAX {
+        return Err(Error::Config(format!(
+            "a token must have at most {TOKEN_LEN_MAX} characters (this one has {})",
+            token.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A new random token: 32 hex digits (128 bits from the thread's CSPRNG, seeded by the OS).
+pub fn new_token() -> String {
+    rand::random::<[u8; 16]>()
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// The tokens a daemon accepts, each with the roles it grants.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    /// `authorization` header values (`Bearer <token>`), each with its roles.
+    entries: Vec<(Vec<u8>, Roles)>,
+}
+
+impl Tokens {
+    pub fn new() -> Self {
+        Tokens::default()
+    }
+
+    /// Accept `token` for `role` (a token given for several roles grants them all).
+    pub fn add(&mut self, role: Role, token: &str) -> Result<(), Error> {
+        check_token(token)?;
+        let header = format!("Bearer {token}").into_bytes();
+        match self.entries.iter_mut().find(|(h, _)| *h == header) {
+            Some((_, r)) => *r = r.with(role),
+            None => self.entries.push((header, Roles::NONE.with(role))),
+        }
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether two tokens are equal, compared in constant time (the time says only whether
+    /// their lengths differ).
+    pub fn equal(given: &str, expected: &str) -> bool {
+        bool::from(given.as_bytes().ct_eq(expected.as_bytes()))
+    }
+
+    /// The roles that the `authorization` header `given` grants (none for a wrong token).
+    /// Compared in constant time against every token, so the time taken says nothing about
+    /// where a wrong token differs.
+    pub fn roles_of(&self, given: &[u8]) -> Roles {
+        let mut roles = Roles::NONE;
+        for (h, r) in &self.entries {
+            if bool::from(given.ct_eq(h)) {
+                roles = roles.union(*r);
+            }
+        }
+        roles
+    }
+
+    /// Every role some token grants.
+    pub fn roles(&self) -> Roles {
+        self.entries
+            .iter()
+            .fold(Roles::NONE, |a, (_, r)| a.union(*r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_grant_their_roles_and_nothing_else() {
+        let mut t = Tokens::new();
+        t.add(Role::Mount, "mount-token-0123456789").unwrap();
+        t.add(Role::Admin, "admin-token-0123456789").unwrap();
+        t.add(Role::Mirror, "admin-token-0123456789").unwrap();
+        assert_eq!(
+            t.roles_of(b"Bearer mount-token-0123456789"),
+            Roles::of(&[Role::Mount])
+        );
+        assert_eq!(
+            t.roles_of(b"Bearer admin-token-0123456789"),
+            Roles::of(&[Role::Admin, Role::Mirror])
+        );
+        assert!(t.roles_of(b"Bearer admin-token-012345678").is_empty());
+        assert!(t.roles_of(b"mount-token-0123456789").is_empty());
+        assert!(t.roles_of(b"").is_empty());
+    }
+
+    #[test]
+    fn short_spaced_or_huge_tokens_are_refused() {
+        let mut t = Tokens::new();
+        assert!(t.add(Role::Mount, "short").is_err());
+        assert!(t
+            .add(Role::Mount, "has a space in it, long enough")
+            .is_err());
+        assert!(t.add(Role::Mount, &"x".repeat(TOKEN_LEN_MAX + 1)).is_err());
+        assert!(t.is_empty());
+        let n = new_token();
+        assert_eq!(n.len(), 32);
+        assert!(check_token(&n).is_ok());
+        assert_ne!(n, new_token());
+    }
+}

@@ -1,0 +1,118 @@
+//! `strait certs`: a CA of one's own, certificates that name their holder's roles, and tokens,
+//! so that mutual TLS and role tokens take a few commands to set up.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use strait_auth::certs::{self, Pem};
+use strait_auth::Role;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// Create a CA: DIR/ca.pem (give it to every daemon and client) and DIR/ca.key (keep it
+    /// on the machine that issues certificates, readable by its owner only).
+    Ca {
+        /// Directory to write into (created if missing); it must not hold a CA already.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The CA's name.
+        #[arg(long, default_value = "strait CA")]
+        name: String,
+        /// Days the CA is valid.
+        #[arg(long, default_value_t = certs::CA_DAYS_DEFAULT)]
+        days: u32,
+    },
+    /// Issue a certificate signed by the CA in DIR: DIR/NAME.pem and DIR/NAME.key. It names
+    /// the holder's roles (OU) and its name (CN; a mirror's must be its id), and serves for
+    /// both ends of a link, so one per daemon is enough.
+    Issue {
+        /// The CA's directory (ca.pem, ca.key); the certificate is written there too unless
+        /// --out says otherwise.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The holder's name: a mirror's id, a host name, an operator's name.
+        #[arg(long)]
+        name: String,
+        /// Its roles: mount, mirror, primary, admin, peer (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        role: Vec<String>,
+        /// Addresses it serves on: IP addresses or DNS names (comma-separated); none for a
+        /// certificate used only as a client's.
+        #[arg(long, value_delimiter = ',')]
+        host: Vec<String>,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = certs::CERT_DAYS_DEFAULT)]
+        days: u32,
+        /// Directory to write the certificate and key into (default: --dir).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print a new random token (32 hex digits) for a role's `[tokens]` entry or token file.
+    Token,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    match a.action {
+        Action::Ca { dir, name, days } => {
+            if dir.join("ca.pem").exists() || dir.join("ca.key").exists() {
+                bail!(
+                    "{} already holds a CA: remove it first, or issue from it",
+                    dir.display()
+                );
+            }
+            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+            let (cert, key) = certs::new_ca(&name, days)?.write(&dir, "ca")?;
+            println!(
+                "created the CA {name:?}, valid {days} days: {} (for every daemon and client) \
+                 and {} (keep it private)",
+                cert.display(),
+                key.display()
+            );
+        }
+        Action::Issue {
+            dir,
+            name,
+            role,
+            host,
+            days,
+            out,
+        } => {
+            let roles = role
+                .iter()
+                .map(|r| r.parse::<Role>().map_err(anyhow::Error::msg))
+                .collect::<Result<Vec<_>>>()?;
+            let ca = Pem {
+                cert: read(&dir.join("ca.pem"))?,
+                key: read(&dir.join("ca.key"))?,
+            };
+            let out = out.unwrap_or(dir);
+            std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+            let (cert_path, key_path) =
+                certs::issue(&ca, &name, &roles, &host, days)?.write(&out, &name)?;
+            let roles: Vec<&str> = roles.iter().map(|r| r.name()).collect();
+            println!(
+                "issued {} for {name:?} (roles {}; hosts {}), valid {days} days; key in {}",
+                cert_path.display(),
+                roles.join(", "),
+                if host.is_empty() {
+                    "none: a client's only".to_string()
+                } else {
+                    host.join(", ")
+                },
+                key_path.display()
+            );
+        }
+        Action::Token => println!("{}", strait_auth::new_token()),
+    }
+    Ok(())
+}
+
+fn read(p: &Path) -> Result<String> {
+    std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
+}

@@ -1,0 +1,91 @@
+//! A running `strait dev up` for a test: started with the flags given, ready once it says so,
+//! stopped (SIGTERM: it unmounts and stops its daemons) when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `strait dev up`, stopped with SIGTERM when dropped (it unmounts both regions
+/// and stops its daemons and Garages).
+pub struct DevUp {
+    child: Child,
+    pub dir: PathBuf,
+    log: PathBuf,
+}
+
+impl DevUp {
+    pub fn start(dir: &Path, extra: &[&str]) -> DevUp {
+        let log = dir.with_extension("log");
+        let mut cmd = Command::new(crate::strait_bin());
+        cmd.args(["dev", "up", "--dir"])
+            .arg(dir)
+            .args(extra)
+            .stdin(Stdio::null());
+        let log_path = log.clone();
+        let child = strait_devkit::process::spawn_tied_with(move || {
+            let (out, err) = strait_devkit::process::open_log(&log_path, false)?;
+            cmd.stdout(out).stderr(err);
+            Ok(cmd)
+        })
+        .expect("start strait dev up");
+        let mut d = DevUp {
+            child,
+            dir: dir.to_path_buf(),
+            log,
+        };
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&d.log).unwrap_or_default();
+            if text.contains("strait dev: ready") {
+                return d;
+            }
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("strait dev up exited ({st}):\n{text}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "strait dev up was not ready within 180 s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn topology(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.dir.join("dev.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    pub fn fault(&self, what: &str) -> String {
+        let out = Command::new(crate::strait_bin())
+            .args(["dev", "fault", "--dir"])
+            .arg(&self.dir)
+            .arg(what)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "dev fault {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for DevUp {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
