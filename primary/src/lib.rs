@@ -6,10 +6,12 @@
 pub mod catchup;
 pub mod config;
 pub mod daemon;
+pub mod fence;
 pub mod gc;
 pub mod history;
 pub mod shipper;
 pub mod site;
+pub mod tap;
 
 /// The site daemon's metrics, which the shipper and GC count into.
 pub use strait_site::metrics;

@@ -12,25 +12,26 @@
 //!   newer epoch fenced this primary, it stops shipping and says why (log, status, and every
 //!   operation waiting in `replicated` mode fails at once).
 //! - An operation in `replicated` mode waits for the version its own transaction committed
-//!   (the engine returns it), not a later one: see [`ShippedWait`].
+//!   (the engine returns it), not a later one: see [`crate::fence::ShippedWait`].
+//!
+//! Beside it: [`crate::tap`], which tells it of each commit, and [`crate::fence`], what the
+//! metadata service asks of it (refusals, waits for a version).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use strait_fs_core::changelog::{read_log_raw, trim_log};
-use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
+use strait_fs_core::kv::DynKv;
 use strait_fs_core::{Epoch, Version};
 use strait_proto::limits::APPEND_RECORDS_MAX;
 use strait_proto::replicator as pb;
 use strait_replicator_client::{refusal, Credentials, LogClient};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use strait_site::ReplicationWait;
+use crate::tap::CommitSignal;
 
 /// Most records in one append.
 pub const BATCH_RECORDS: usize = 8192;
@@ -51,75 +52,6 @@ const STALL_PAUSE: Duration = Duration::from_secs(2);
 pub const DURABLE_MARK_INTERVAL: Duration = Duration::from_secs(1);
 
 const _: () = assert!(BATCH_RECORDS <= APPEND_RECORDS_MAX);
-
-/// Tells the shipper about commits as they happen.
-#[derive(Default)]
-pub struct CommitSignal {
-    latest: AtomicU64,
-    notify: Notify,
-}
-
-impl CommitSignal {
-    pub fn latest(&self) -> Version {
-        Version(self.latest.load(Ordering::Acquire))
-    }
-}
-
-/// A metadata engine that tells the shipper about each committed version, so it ships at once
-/// instead of at its next poll.
-pub struct TappedKv {
-    inner: DynKv,
-    signal: Arc<CommitSignal>,
-}
-
-impl TappedKv {
-    pub fn wrap(inner: DynKv) -> (DynKv, Arc<CommitSignal>) {
-        let signal = Arc::new(CommitSignal::default());
-        if let Ok(v) = inner.last_version() {
-            signal.latest.store(v.0, Ordering::Release);
-        }
-        let kv = Arc::new(TappedKv {
-            inner,
-            signal: signal.clone(),
-        });
-        (kv, signal)
-    }
-}
-
-impl KvEngine for TappedKv {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn txn(
-        &self,
-        f: &mut dyn FnMut(&mut dyn KvTxn) -> strait_fs_core::Result<()>,
-    ) -> strait_fs_core::Result<Option<Version>> {
-        let v = self.inner.txn(f)?;
-        if let Some(v) = v {
-            self.signal.latest.fetch_max(v.0, Ordering::AcqRel);
-            self.signal.notify.notify_one();
-        }
-        Ok(v)
-    }
-    fn read(
-        &self,
-        f: &mut dyn FnMut(&mut dyn KvTxn) -> strait_fs_core::Result<()>,
-    ) -> strait_fs_core::Result<()> {
-        self.inner.read(f)
-    }
-    fn incr(&self, key: &[u8], delta: i64) -> strait_fs_core::Result<i64> {
-        self.inner.incr(key, delta)
-    }
-    fn sync(&self) -> strait_fs_core::Result<()> {
-        self.inner.sync()
-    }
-    fn last_version(&self) -> strait_fs_core::Result<Version> {
-        self.inner.last_version()
-    }
-    fn wipe(&self) -> strait_fs_core::Result<()> {
-        self.inner.wipe()
-    }
-}
 
 /// What the replicator has committed, as the shipper knows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -771,129 +703,6 @@ impl Shipper {
                 }
             }
         }
-    }
-}
-
-/// How long a change waits, after the daemon started, for the shipper's first comparison of
-/// the replicator's log with this primary's (an unreachable replicator does not hold changes
-/// longer in `local` durability).
-pub const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
-
-/// The primary's mutations are refused once the shipper saw a newer epoch or a replicator
-/// log this primary's does not continue, or its lease ran out; every call waits for its state
-/// to settle first (its first comparison with the replicator's log, a catch-up).
-pub struct EpochFence {
-    pub shipped: watch::Receiver<Shipped>,
-    pub started: Instant,
-    /// `replicated` durability: no call is answered from this primary's state before it was
-    /// compared with the replicator's log (however long that takes), since a power loss may
-    /// have taken acknowledged changes from it. In `local` durability calls wait at most
-    /// [`FIRST_CHECK_WAIT`] after the start.
-    pub strict: bool,
-    /// With a lease: how long the primary may go without a word from the replicator, and
-    /// when it last had one.
-    pub lease: Option<(Duration, Arc<Contact>)>,
-}
-
-impl strait_site::WriteFence for EpochFence {
-    fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
-        Box::pin(async move {
-            let mut rx = self.shipped.clone();
-            if !rx.borrow().checked {
-                let left = if self.strict {
-                    SETTLE_WAIT
-                } else {
-                    FIRST_CHECK_WAIT.saturating_sub(self.started.elapsed())
-                };
-                if !left.is_zero() {
-                    let _ = tokio::time::timeout(left, rx.wait_for(|s| s.checked)).await;
-                }
-            }
-            if rx.borrow().catching_up.is_some() {
-                let _ = tokio::time::timeout(SETTLE_WAIT, rx.wait_for(|s| s.catching_up.is_none()))
-                    .await;
-            }
-            let s = rx.borrow();
-            if let Some(c) = &s.catching_up {
-                return Some(c.clone());
-            }
-            (self.strict && !s.checked).then(|| {
-                "this primary has not yet compared its metadata with the replicator's log since \
-                 it started (in `replicated` durability a power loss may have taken acknowledged \
-                 changes from it, which it then takes back from the replicator)"
-                    .to_string()
-            })
-        })
-    }
-
-    fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
-        // the waits for the first comparison and for a catch-up are `unsettled`'s, which the
-        // service asks first; a catch-up that began since is refused here
-        Box::pin(async move {
-            let s = self.shipped.borrow();
-            s.fenced
-                .clone()
-                .or_else(|| s.catching_up.clone())
-                .or_else(|| {
-                    let (lease, contact) = self.lease.as_ref()?;
-                    let silence = contact.silence();
-                    (silence > *lease).then(|| {
-                        format!(
-                        "lease expired: no word from the replicator for {} ms (lease_ms {}), so \
-                         another primary may have been promoted",
-                        silence.as_millis(),
-                        lease.as_millis()
-                    )
-                    })
-                })
-        })
-    }
-}
-
-/// How long a call waits for this primary's state to settle (its first comparison with the
-/// replicator's log, a catch-up) before it is answered UNAVAILABLE, which the client retries.
-pub const SETTLE_WAIT: Duration = Duration::from_secs(5);
-
-/// `replicated` durability over the shipper: waits for [`Shipper::watch`] to reach a version,
-/// at most `timeout`.
-pub struct ShippedWait {
-    pub shipped: watch::Receiver<Shipped>,
-    pub timeout: Duration,
-}
-
-impl ReplicationWait for ShippedWait {
-    fn wait(
-        &self,
-        version: Version,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        let mut rx = self.shipped.clone();
-        Box::pin(async move { wait_committed(&mut rx, version, self.timeout).await })
-    }
-}
-
-/// Wait until the replicator has committed `version`, at most `timeout`.
-pub async fn wait_committed(
-    rx: &mut watch::Receiver<Shipped>,
-    version: Version,
-    timeout: Duration,
-) -> Result<(), String> {
-    let res = tokio::time::timeout(
-        timeout,
-        rx.wait_for(|s| s.version >= version || s.stalled.is_some()),
-    )
-    .await;
-    match res {
-        Ok(Ok(s)) if s.version >= version => Ok(()),
-        Ok(Ok(s)) => Err(format!(
-            "committed locally as version {version}, but the replicator has not committed it: {}",
-            s.stalled.as_deref().unwrap_or("shipping stopped")
-        )),
-        Ok(Err(_)) => Err(format!(
-            "committed locally as version {version}; the shipper stopped before the replicator committed it"
-        )),
-        Err(_) => Err(format!(
-            "committed locally as version {version}, but the replicator did not commit it within {timeout:?}"
-        )),
     }
 }
 

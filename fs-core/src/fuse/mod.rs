@@ -1,5 +1,9 @@
 //! The FUSE adapter: turns kernel requests (fuser) into VFS calls and VFS errors into errnos.
 //! Requests are served by several threads at once; nothing here holds a lock across a call.
+//!
+//! It stays one file (about 870 lines): it is one `fuser::Filesystem` implementation whose
+//! methods each translate one kernel request the same way (arguments in, errno out); split,
+//! one trait's implementation would be scattered without any part standing on its own.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
