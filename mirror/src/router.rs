@@ -294,26 +294,30 @@ impl Router {
                 self.note_granted(r, at_primary, mount).await
             }
             Ok(Ok((r, _))) => r,
+            // The change may or may not have been made at the primary: no answer to give the
+            // mount but "send it again". It does, with the request id of its first attempt,
+            // which the primary answers with the first result if the change was made: an
+            // error here would leave the application with an unknown outcome (and the kernel
+            // with entries from before the change, for a moment, however they are dropped).
             Ok(Err(e)) => {
-                tracing::error!("{method} at the mirror: the primary cannot be reached: {e}");
+                tracing::warn!("{method} at the mirror: the primary cannot be reached: {e}");
                 self.mirror.metrics.write_errors.inc();
-                return status_reply(errno_status(
-                    libc::EIO,
-                    format!("{method}: the primary cannot be reached: {e}; nothing was changed"),
-                ));
+                // (the cause stays in the log: the mount retries unless the message speaks
+                // of certificates, which a transport error over TLS may)
+                return status_reply(Status::unavailable(format!(
+                    "{method}: the primary cannot be reached from this mirror; send it again \
+                     with its request id"
+                )));
             }
             Err(_) => {
-                tracing::error!(
+                tracing::warn!(
                     "{method} at the mirror: no answer from the primary within {limit:?}"
                 );
                 self.mirror.metrics.write_errors.inc();
-                return status_reply(errno_status(
-                    libc::ETIMEDOUT,
-                    format!(
-                        "{method}: no answer from the primary within {limit:?} (write_timeout_ms); \
-                         the change was made there only if it arrived"
-                    ),
-                ));
+                return status_reply(Status::unavailable(format!(
+                    "{method}: no answer from the primary within {limit:?} (write_timeout_ms); \
+                     send it again with its request id"
+                )));
             }
         };
         let version = reply_version(&reply);

@@ -75,6 +75,17 @@ impl Primary {
     /// with its own RocksDB and object store in a directory of its own (unless `extra` names a
     /// `--data-url`), and the primary's environment; `extra` are more flags.
     pub fn mirror(primary: &Primary, id: &str, replicator: &[String], extra: &[&str]) -> Primary {
+        Self::mirror_via(primary, &primary.addr, id, replicator, extra)
+    }
+
+    /// [`Primary::mirror`] that reaches the primary at `via` (a proxy in front of it).
+    pub fn mirror_via(
+        primary: &Primary,
+        via: &str,
+        id: &str,
+        replicator: &[String],
+        extra: &[&str],
+    ) -> Primary {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = format!("127.0.0.1:{}", free_port());
         let metrics_addr = format!("127.0.0.1:{}", free_port());
@@ -91,7 +102,7 @@ impl Primary {
             "--token".into(),
             primary.token.clone(),
             "--primary".into(),
-            primary.addr.clone(),
+            via.to_string(),
             "--replicator".into(),
             replicator.join(","),
             "--replicator-token".into(),

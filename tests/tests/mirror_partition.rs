@@ -144,3 +144,60 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
         assert!(same, "{text}");
     }
 }
+
+/// A change forwarded by a mirror whose answer is lost on the way back (the link from the
+/// primary to the mirror cut after the change reached the primary) is no error at the mount:
+/// the mirror answers "send it again", the mount sends it with the request id of its first
+/// attempt once the link heals, and the primary answers with the first result. Found by
+/// `strait chaos run --seed 36` (checker 3 at B: an rmdir answered EIO, then a mkdir EEXIST
+/// from the kernel's entries, then the directory gone: the rmdir had been made). On the old
+/// code the rmdir here fails with EIO although the directory is gone.
+#[test]
+fn a_change_whose_answer_was_lost_on_the_way_back_succeeds_at_the_mirrors_mount() {
+    if !strait_tests::require_fuse() {
+        return;
+    }
+    let rt = strait_tests::runtime();
+    let region = RegionA::start(&rt);
+    let primary = region.primary(&[]);
+    let link = std::sync::Arc::new(
+        Proxy::start_blocking(
+            "127.0.0.1:0".parse().unwrap(),
+            primary.addr.parse().unwrap(),
+        )
+        .unwrap(),
+    );
+    let mirror = Primary::mirror_via(
+        &primary,
+        &link.addr().to_string(),
+        "region-b",
+        &region.addrs,
+        &["--write-timeout-ms", "2000"],
+    );
+    let b = mirror.mount(&[]);
+    std::fs::create_dir(b.path("d")).unwrap();
+    wait_applied(&mirror, primary_version(&primary), Duration::from_secs(30));
+
+    // answers from the primary are lost from now on; the requests still reach it
+    link.update(|f| f.down.blackhole = true);
+    let heal = std::thread::spawn({
+        let link = link.clone();
+        move || {
+            std::thread::sleep(Duration::from_secs(4));
+            link.heal();
+        }
+    });
+    let t0 = Instant::now();
+    let removed = std::fs::remove_dir(b.path("d"));
+    heal.join().unwrap();
+    assert!(
+        removed.is_ok(),
+        "rmdir at the mirror's mount: {removed:?} after {:?}",
+        t0.elapsed()
+    );
+    // it was made once, and is seen as made at both regions
+    assert!(!b.path("d").exists());
+    std::fs::create_dir(b.path("d")).unwrap();
+    let a = primary.mount(&[]);
+    assert!(a.path("d").is_dir());
+}
