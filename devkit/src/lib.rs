@@ -13,6 +13,7 @@
 //!   processes, as between regions ([`Proxy`]);
 //! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
 //!   proxies, mounts), started from the `strait` program;
+//! - [`tls_front`]: a TLS front relaying to a plain-text server (S3 over `https`);
 //! - [`usage`]: CPU time and resident memory, of this machine and of a process, for the
 //!   benchmarks' figures.
 
@@ -23,6 +24,7 @@ pub mod ports;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tls_front;
 pub mod usage;
 
 pub use garage::{Garage, ACCESS_KEY, BUCKET, REGION, SECRET_KEY};

@@ -21,15 +21,55 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     dir: tempfile::TempDir,
+    /// With TLS: the TLS port and its flags (the plain port stays, for the harness's PING).
+    tls: Option<(u16, Vec<String>)>,
+}
+
+/// A TLS listener for [`RedisServer::start_tls`]: the server's certificate and key, the CA
+/// client certificates must chain to, and whether clients must present one.
+pub struct RedisTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub client_certificates: bool,
 }
 
 impl RedisServer {
     /// Start a server that answers PING, on a free port and in a temporary directory.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// [`RedisServer::start`] that also listens for TLS (`rediss://`, [`RedisServer::tls_url`]).
+    pub fn start_tls(tls: &RedisTls) -> anyhow::Result<Self> {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&RedisTls>) -> anyhow::Result<Self> {
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS_MAX {
             let port = free_port().context("find a free port for redis-server")?;
-            match Self::spawn_on(port) {
+            let tls = match tls {
+                Some(t) => {
+                    let tls_port = free_port().context("find a free port for redis-server")?;
+                    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+                    let flags = vec![
+                        "--tls-port".to_string(),
+                        tls_port.to_string(),
+                        "--tls-cert-file".into(),
+                        path(&t.cert),
+                        "--tls-key-file".into(),
+                        path(&t.key),
+                        "--tls-ca-cert-file".into(),
+                        path(&t.ca),
+                        "--tls-auth-clients".into(),
+                        if t.client_certificates { "yes" } else { "no" }.into(),
+                    ];
+                    Some((tls_port, flags))
+                }
+                None => None,
+            };
+            match Self::spawn_on(port, tls) {
                 Ok(server) => return Ok(server),
                 Err(e) => last_err = Some(e),
             }
@@ -37,10 +77,16 @@ impl RedisServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no attempt made")))
     }
 
-    fn spawn_on(port: u16) -> anyhow::Result<Self> {
+    fn spawn_on(port: u16, tls: Option<(u16, Vec<String>)>) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir().context("create a directory for redis-server")?;
-        let child = launch(port, dir.path())?;
-        let mut server = Self { child, port, dir };
+        let extra = tls.as_ref().map(|t| t.1.clone()).unwrap_or_default();
+        let child = launch(port, dir.path(), &extra)?;
+        let mut server = Self {
+            child,
+            port,
+            dir,
+            tls,
+        };
         server.wait_ready()?;
         Ok(server)
     }
@@ -50,7 +96,8 @@ impl RedisServer {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let restarted = launch(self.port, self.dir.path()).and_then(|child| {
+        let extra = self.tls.as_ref().map(|t| t.1.clone()).unwrap_or_default();
+        let restarted = launch(self.port, self.dir.path(), &extra).and_then(|child| {
             self.child = child;
             self.wait_ready()
         });
@@ -130,16 +177,30 @@ impl RedisServer {
     pub fn url(&self, db: u32) -> String {
         format!("redis://127.0.0.1:{}/{db}", self.port)
     }
+
+    /// URL of database `db` over TLS (a server started with [`RedisServer::start_tls`]), with
+    /// strait's parameters `query` (`ca=...`, `cert=...&key=...`), or None without TLS.
+    pub fn tls_url(&self, db: u32, query: &str) -> Option<String> {
+        let (port, _) = self.tls.as_ref()?;
+        let q = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{query}")
+        };
+        Some(format!("rediss://127.0.0.1:{port}/{db}{q}"))
+    }
 }
 
-fn launch(port: u16, dir: &std::path::Path) -> anyhow::Result<Child> {
+fn launch(port: u16, dir: &std::path::Path, extra: &[String]) -> anyhow::Result<Child> {
     let dir = dir.to_path_buf();
+    let extra = extra.to_vec();
     // the log is opened by the thread that starts the server (`spawn_tied_with`)
     spawn_tied_with(move || {
         let (log, log_err) = open_log(&dir.join("redis.log"), true)?;
         let mut cmd = Command::new("redis-server");
         cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(&extra)
             .arg("--dir")
             .arg(&dir)
             .current_dir(&dir)

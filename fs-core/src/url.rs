@@ -43,12 +43,14 @@ impl MetaUrl {
 pub enum DataUrl {
     /// `file:///var/lib/strait/data`
     File(PathBuf),
-    /// `s3://bucket[/prefix]?endpoint=http://127.0.0.1:3900&region=garage`
+    /// `s3://bucket[/prefix]?endpoint=http://127.0.0.1:3900&region=garage`; `ca=/path.pem`
+    /// for an `https` endpoint whose certificate chains to a CA of one's own.
     S3 {
         bucket: String,
         prefix: String,
         endpoint: Option<String>,
         region: Option<String>,
+        ca: Option<PathBuf>,
     },
     /// `memory://` (tests only)
     Memory,
@@ -79,22 +81,34 @@ impl DataUrl {
                 let prefix = u.path().trim_matches('/').to_string();
                 let mut endpoint = None;
                 let mut region = None;
+                let mut ca = None;
                 for (k, v) in u.query_pairs() {
                     match k.as_ref() {
                         "endpoint" => endpoint = Some(v.to_string()),
                         "region" => region = Some(v.to_string()),
+                        "ca" => ca = Some(PathBuf::from(v.as_ref())),
                         other => {
                             return Err(Error::Invalid(format!(
-                            "data URL {s:?}: unknown parameter {other:?} (known: endpoint, region)"
+                            "data URL {s:?}: unknown parameter {other:?} (known: endpoint, region, ca)"
                         )))
                         }
                     }
+                }
+                if ca.is_some()
+                    && !endpoint
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with("https://"))
+                {
+                    return Err(Error::Invalid(format!(
+                        "data URL {s:?}: ca is for an https endpoint (endpoint=https://...)"
+                    )));
                 }
                 Ok(DataUrl::S3 {
                     bucket,
                     prefix,
                     endpoint,
                     region,
+                    ca,
                 })
             }
             other => Err(Error::Invalid(format!(
@@ -126,9 +140,22 @@ mod tests {
                 bucket: "bucket".into(),
                 prefix: "".into(),
                 endpoint: Some("http://127.0.0.1:3900".into()),
-                region: Some("garage".into())
+                region: Some("garage".into()),
+                ca: None,
             }
         );
+        assert_eq!(
+            DataUrl::parse("s3://b/p?endpoint=https://s3.example:443&ca=/etc/strait/ca.pem")
+                .unwrap(),
+            DataUrl::S3 {
+                bucket: "b".into(),
+                prefix: "p".into(),
+                endpoint: Some("https://s3.example:443".into()),
+                region: None,
+                ca: Some("/etc/strait/ca.pem".into()),
+            }
+        );
+        assert!(DataUrl::parse("s3://b?endpoint=http://h:1&ca=/ca.pem").is_err());
         assert_eq!(
             DataUrl::parse("file:///var/lib/strait/data").unwrap(),
             DataUrl::File("/var/lib/strait/data".into())

@@ -21,6 +21,19 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// [`RedisServer::start`] with a TLS listener too.
+    pub fn start_tls(tls: &strait_devkit::redis::RedisTls) -> Option<Self> {
+        if !crate::require_program("redis-server") {
+            return None;
+        }
+        match strait_devkit::redis::RedisServer::start_tls(tls) {
+            Ok(server) => Some(RedisServer { server }),
+            Err(e) => panic!("start redis-server with TLS: {e:#}"),
+        }
+    }
+}
+
 impl Deref for RedisServer {
     type Target = strait_devkit::redis::RedisServer;
 

@@ -28,6 +28,7 @@ async fn open(garage: &Garage) -> DynStore {
                 access_key_id: garage.access_key().to_string(),
                 secret_access_key: garage.secret_key().to_string(),
             }),
+            ca: None,
         })
         .await
         .expect("open the Garage bucket"),

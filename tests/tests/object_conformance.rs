@@ -24,6 +24,7 @@ fn s3_config(garage: &Garage, prefix: &str, secret_key: &str) -> S3Config {
             access_key_id: garage.access_key().to_string(),
             secret_access_key: secret_key.to_string(),
         }),
+        ca: None,
     }
 }
 

@@ -146,8 +146,17 @@ pub async fn open(url: &str) -> crate::Result<DynStore> {
             prefix,
             endpoint,
             region,
+            ca,
         } => Ok(Arc::new(
-            s3::S3Store::open(&bucket, &prefix, endpoint.as_deref(), region.as_deref()).await?,
+            s3::S3Store::open_with(s3::S3Config {
+                bucket,
+                prefix,
+                endpoint,
+                region,
+                ca,
+                credentials: None,
+            })
+            .await?,
         )),
         #[allow(unreachable_patterns)]
         other => Err(crate::Error::Invalid(format!(

@@ -53,6 +53,9 @@ pub struct S3Config {
     /// None: the usual AWS credential chain (`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`,
     /// `~/.aws/credentials`, instance metadata, ...).
     pub credentials: Option<StaticCredentials>,
+    /// A CA certificate (PEM) an `https` endpoint's certificate chains to, in place of the
+    /// system's roots (a server with a certificate of one's own CA).
+    pub ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone)]
@@ -78,8 +81,29 @@ impl fmt::Debug for S3Config {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("credentials", &self.credentials)
+            .field("ca", &self.ca)
             .finish()
     }
+}
+
+/// An HTTPS client that trusts the CA certificate in `ca` (PEM) alone.
+fn https_client_trusting(
+    ca: &std::path::Path,
+) -> crate::Result<aws_sdk_s3::config::SharedHttpClient> {
+    use aws_smithy_http_client::tls;
+    let pem = std::fs::read(ca).map_err(|e| {
+        crate::Error::Invalid(format!("read the S3 endpoint's CA {}: {e}", ca.display()))
+    })?;
+    let context = tls::TlsContext::builder()
+        .with_trust_store(tls::TrustStore::empty().with_pem_certificate(pem))
+        .build()
+        .map_err(|e| crate::Error::Invalid(format!("the CA {}: {e}", ca.display())))?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ))
+        .tls_context(context)
+        .build_https())
 }
 
 pub struct S3Store {
@@ -105,6 +129,7 @@ impl S3Store {
             endpoint: endpoint.map(str::to_string),
             region: region.map(str::to_string),
             credentials: None,
+            ca: None,
         })
         .await
     }
@@ -129,6 +154,9 @@ impl S3Store {
             .region(region)
             .timeout_config(timeouts)
             .retry_config(RetryConfig::standard().with_max_attempts(ATTEMPTS_MAX));
+        if let Some(ca) = &config.ca {
+            loader = loader.http_client(https_client_trusting(ca)?);
+        }
         if let Some(c) = &config.credentials {
             loader = loader.credentials_provider(Credentials::new(
                 &c.access_key_id,
