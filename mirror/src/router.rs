@@ -36,7 +36,7 @@ use strait_fs_core::{SliceId, Version};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{
-    ERRNO_HEADER, READ_VERSION_HEADER, RESUME_HEADER, SESSION_HEADER, VERSION_HEADER,
+    ERRNO_HEADER, READ_VERSION_HEADER, RESUME_HEADER, RETRY_HEADER, SESSION_HEADER, VERSION_HEADER,
 };
 use strait_site::MetaServer;
 use tonic::body::Body;
@@ -48,6 +48,71 @@ use crate::calls::{classify, Class};
 use crate::config::{Policy, Writes};
 use crate::forward::ForwardSession;
 use crate::state::{Mirror, Phase};
+
+/// The first wait before a change whose answer was lost is sent to the primary again.
+const RESEND_DELAY_MIN: Duration = Duration::from_millis(100);
+/// The longest wait between two sendings of one change.
+const RESEND_DELAY_MAX: Duration = Duration::from_secs(2);
+
+/// Why a call forwarded to the primary got no answer.
+#[derive(Debug)]
+enum Forwarding {
+    /// It never left the mirror (no connection could be made, no session opened).
+    NotSent(String),
+    /// It broke after it may have reached the primary.
+    Lost(String),
+}
+
+impl std::fmt::Display for Forwarding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Forwarding::NotSent(e) => write!(f, "{e}"),
+            Forwarding::Lost(e) => write!(f, "{e} (the call may have arrived)"),
+        }
+    }
+}
+
+/// An error with the chain of causes under it.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        src = c.source();
+    }
+    text
+}
+
+/// Whether a failed call certainly never reached the primary: it failed while the
+/// connection was being made (refused, no route, the connector's own error). A call that
+/// broke on an open connection (reset, closed, stream gone) may have arrived.
+fn never_sent(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::AddrNotAvailable
+            ) {
+                return true;
+            }
+        }
+        let t = c.to_string();
+        if t.contains("tcp connect error") || t.contains("error trying to connect") {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
+}
 
 /// The message of a unary gRPC request or reply body (no compression).
 fn grpc_message(b: &[u8]) -> Result<&[u8], Status> {
@@ -140,7 +205,7 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
-        match self.send_to_primary(&parts, bytes, true).await {
+        match self.send_to_primary(&parts, bytes, true, None).await {
             Ok((r, _)) => r,
             Err(e) => status_reply(errno_status(
                 libc::EIO,
@@ -166,8 +231,14 @@ impl Router {
         parts: &http::request::Parts,
         bytes: bytes::Bytes,
         read: bool,
-    ) -> Result<(Reply, u64), String> {
+        resend: Option<u32>,
+    ) -> Result<(Reply, u64), Forwarding> {
         let mut headers = parts.headers.clone();
+        if let Some(n) = resend {
+            // a change sent again after an attempt that may have arrived: the primary answers
+            // it from its request record, and never runs it when the record may be gone
+            headers.insert(RETRY_HEADER, http::HeaderValue::from(n));
+        }
         if read {
             headers.insert(READ_VERSION_HEADER, http::HeaderValue::from_static("1"));
         } else {
@@ -175,11 +246,9 @@ impl Router {
         }
         let mut stale = 0;
         for _ in 0..2 {
-            let sid = self
-                .forward
-                .sid(stale)
-                .await
-                .map_err(|s| format!("the primary cannot be reached: {}", s.message()))?;
+            let sid = self.forward.sid(stale).await.map_err(|s| {
+                Forwarding::NotSent(format!("the primary cannot be reached: {}", s.message()))
+            })?;
             // the mirror's own credentials, never the mount's
             headers.remove(http::header::AUTHORIZATION);
             if let Some(v) = &self.forward.primary.authorization {
@@ -195,12 +264,15 @@ impl Router {
             let mut req = http::Request::new(Body::new(http_body_full(bytes.clone())));
             *req.method_mut() = parts.method.clone();
             *req.headers_mut() = headers.clone();
-            *req.uri_mut() = uri.build().map_err(|e| format!("forward uri: {e}"))?;
+            *req.uri_mut() = uri
+                .build()
+                .map_err(|e| Forwarding::NotSent(format!("forward uri: {e}")))?;
             let mut ch = self.forward.primary.channel.clone();
-            let sent = match tower::ServiceExt::ready(&mut ch).await {
-                Ok(ch) => ch.call(req).await,
-                Err(e) => Err(e),
+            let ch = match tower::ServiceExt::ready(&mut ch).await {
+                Ok(ch) => ch,
+                Err(e) => return Err(Forwarding::NotSent(chain(&e))),
             };
+            let sent = ch.call(req).await;
             match sent {
                 Ok(r) if r.headers().get(RESUME_HEADER).is_some() => {
                     stale = sid;
@@ -212,10 +284,82 @@ impl Router {
                     }
                     return Ok((r, sid));
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) if never_sent(&e) => return Err(Forwarding::NotSent(chain(&e))),
+                Err(e) => return Err(Forwarding::Lost(chain(&e))),
             }
         }
-        Err("the primary refused the mirror's session twice".into())
+        Err(Forwarding::NotSent(
+            "the primary refused the mirror's session twice".into(),
+        ))
+    }
+
+    /// Send a change to the primary until it answers or `deadline` (`write_timeout_ms`)
+    /// passes. An attempt that broke after it may have arrived is sent again, with the
+    /// mount's request id and marked as sent before, so the primary answers it from its first
+    /// result: the mount then gets the change's real outcome, not an error for a change that
+    /// was made (an application told "failed" would act on a wrong belief, and the kernel
+    /// would keep its entries from before the change). Only when the primary was never
+    /// reached (and the mount did not send the call before) is the answer "nothing was
+    /// changed", at once.
+    async fn send_change(
+        &self,
+        method: &str,
+        parts: &http::request::Parts,
+        bytes: bytes::Bytes,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Reply, u64), Status> {
+        let limit = Duration::from_millis(self.mirror.cfg.write_timeout_ms);
+        let mut delay = RESEND_DELAY_MIN;
+        // whether an attempt (the mount's earlier ones included) may have reached the primary
+        let mut maybe_arrived = parts.headers.contains_key(RETRY_HEADER);
+        let mut resends = 0u32;
+        loop {
+            let resend = maybe_arrived.then_some(resends.saturating_add(1));
+            let sent = tokio::time::timeout_at(
+                deadline,
+                self.send_to_primary(parts, bytes.clone(), false, resend),
+            )
+            .await;
+            let why = match sent {
+                Ok(Ok(r)) => return Ok(r),
+                Ok(Err(Forwarding::NotSent(e))) if !maybe_arrived => {
+                    tracing::error!("{method} at the mirror: the primary cannot be reached: {e}");
+                    return Err(errno_status(
+                        libc::EIO,
+                        format!(
+                            "{method}: the primary cannot be reached from this mirror ({e}); \
+                             nothing was changed"
+                        ),
+                    ));
+                }
+                Ok(Err(Forwarding::NotSent(e) | Forwarding::Lost(e))) => e,
+                Err(_) => String::from("no answer"),
+            };
+            maybe_arrived = true;
+            let now = tokio::time::Instant::now();
+            if now + delay >= deadline {
+                tracing::error!(
+                    "{method} at the mirror: no answer from the primary within {limit:?} \
+                     (last: {why}); the change may have been made"
+                );
+                return Err(errno_status(
+                    libc::ETIMEDOUT,
+                    format!(
+                        "{method}: no answer from the primary within {limit:?} \
+                         (write_timeout_ms); the change was made there only if it arrived"
+                    ),
+                ));
+            }
+            if resends == 0 {
+                tracing::warn!(
+                    "{method} at the mirror: the primary's answer was lost ({why}); sending it \
+                     again with its request id until {limit:?} have passed"
+                );
+            }
+            resends = resends.saturating_add(1);
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(RESEND_DELAY_MAX);
+        }
     }
 
     /// A mutation: blocks to the primary's store, the call to the primary, then wait until
@@ -287,37 +431,14 @@ impl Router {
                 return status_reply(errno_status(errno, format!("{why}; nothing was changed")));
             }
         }
-        let sent =
-            tokio::time::timeout_at(deadline, self.send_to_primary(&parts, bytes, false)).await;
-        let reply = match sent {
-            Ok(Ok((r, at_primary))) if method == "AllocSliceIds" => {
+        let reply = match self.send_change(method, &parts, bytes, deadline).await {
+            Ok((r, at_primary)) if method == "AllocSliceIds" => {
                 self.note_granted(r, at_primary, mount).await
             }
-            Ok(Ok((r, _))) => r,
-            // The change may or may not have been made at the primary: no answer to give the
-            // mount but "send it again". It does, with the request id of its first attempt,
-            // which the primary answers with the first result if the change was made: an
-            // error here would leave the application with an unknown outcome (and the kernel
-            // with entries from before the change, for a moment, however they are dropped).
-            Ok(Err(e)) => {
-                tracing::warn!("{method} at the mirror: the primary cannot be reached: {e}");
+            Ok((r, _)) => r,
+            Err(status) => {
                 self.mirror.metrics.write_errors.inc();
-                // (the cause stays in the log: the mount retries unless the message speaks
-                // of certificates, which a transport error over TLS may)
-                return status_reply(Status::unavailable(format!(
-                    "{method}: the primary cannot be reached from this mirror; send it again \
-                     with its request id"
-                )));
-            }
-            Err(_) => {
-                tracing::warn!(
-                    "{method} at the mirror: no answer from the primary within {limit:?}"
-                );
-                self.mirror.metrics.write_errors.inc();
-                return status_reply(Status::unavailable(format!(
-                    "{method}: no answer from the primary within {limit:?} (write_timeout_ms); \
-                     send it again with its request id"
-                )));
+                return status_reply(status);
             }
         };
         let version = reply_version(&reply);
@@ -452,12 +573,15 @@ impl Router {
             .parse()
             .map_err(|e| status_reply(Status::internal(format!("{method} path: {e}"))))?;
         let (head, ()) = head.into_parts();
-        let (reply, _) = self.send_to_primary(&head, body, true).await.map_err(|e| {
-            status_reply(errno_status(
-                libc::EIO,
-                format!("open outside the window: the primary cannot be reached: {e}"),
-            ))
-        })?;
+        let (reply, _) = self
+            .send_to_primary(&head, body, true, None)
+            .await
+            .map_err(|e| {
+                status_reply(errno_status(
+                    libc::EIO,
+                    format!("open outside the window: the primary cannot be reached: {e}"),
+                ))
+            })?;
         let (rparts, rbody) = reply.into_parts();
         let got = rbody.collect().await.map_err(|e| {
             status_reply(errno_status(
@@ -696,5 +820,63 @@ impl Service<http::Request<Body>> for Router {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.route(req).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrap(&'static str, std::io::Error);
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Wrap {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.1)
+        }
+    }
+
+    #[test]
+    fn only_a_failure_to_connect_means_the_call_never_left() {
+        use std::io::{Error, ErrorKind};
+        let refused = Wrap("transport error", Error::from(ErrorKind::ConnectionRefused));
+        assert!(never_sent(&refused));
+        let unreachable = Wrap("transport error", Error::from(ErrorKind::HostUnreachable));
+        assert!(never_sent(&unreachable));
+        let connector = Wrap("tcp connect error", Error::other("timed out"));
+        assert!(never_sent(&connector));
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::BrokenPipe,
+            ErrorKind::UnexpectedEof,
+            ErrorKind::TimedOut,
+        ] {
+            let broken = Wrap("transport error", Error::from(kind));
+            assert!(!never_sent(&broken), "{kind:?}");
+        }
+        assert!(chain(&refused).starts_with("transport error: "));
+    }
+
+    #[tokio::test]
+    async fn a_call_to_a_closed_port_is_known_never_sent() {
+        // a port nobody listens on: bound, then closed
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let mut ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy();
+        let mut req = http::Request::new(Body::empty());
+        *req.uri_mut() = http::Uri::from_static("http://primary/strait.meta.MetaService/GetAttr");
+        let ready = tower::ServiceExt::ready(&mut ch).await;
+        let e = match ready {
+            Ok(ch) => ch.call(req).await.expect_err("nobody listens"),
+            Err(e) => e,
+        };
+        assert!(never_sent(&e), "{}", chain(&e));
     }
 }

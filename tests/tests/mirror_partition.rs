@@ -147,8 +147,8 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
 
 /// A change forwarded by a mirror whose answer is lost on the way back (the link from the
 /// primary to the mirror cut after the change reached the primary) is no error at the mount:
-/// the mirror answers "send it again", the mount sends it with the request id of its first
-/// attempt once the link heals, and the primary answers with the first result. Found by
+/// the mirror sends it again with the mount's request id until the link heals (within its
+/// `write_timeout_ms`), and the primary answers with the first result. Found by
 /// `strait chaos run --seed 36` (checker 3 at B: an rmdir answered EIO, then a mkdir EEXIST
 /// from the kernel's entries, then the directory gone: the rmdir had been made). On the old
 /// code the rmdir here fails with EIO although the directory is gone.
@@ -172,7 +172,7 @@ fn a_change_whose_answer_was_lost_on_the_way_back_succeeds_at_the_mirrors_mount(
         &link.addr().to_string(),
         "region-b",
         &region.addrs,
-        &["--write-timeout-ms", "2000"],
+        &["--write-timeout-ms", "15000"],
     );
     let b = mirror.mount(&[]);
     std::fs::create_dir(b.path("d")).unwrap();
