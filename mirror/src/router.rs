@@ -46,73 +46,13 @@ use tower::Service;
 
 use crate::calls::{classify, Class};
 use crate::config::{Policy, Writes};
-use crate::forward::ForwardSession;
+use crate::forward::{chain, never_sent, ForwardSession, Forwarding};
 use crate::state::{Mirror, Phase};
 
 /// The first wait before a change whose answer was lost is sent to the primary again.
 const RESEND_DELAY_MIN: Duration = Duration::from_millis(100);
 /// The longest wait between two sendings of one change.
 const RESEND_DELAY_MAX: Duration = Duration::from_secs(2);
-
-/// Why a call forwarded to the primary got no answer.
-#[derive(Debug)]
-enum Forwarding {
-    /// It never left the mirror (no connection could be made, no session opened).
-    NotSent(String),
-    /// It broke after it may have reached the primary.
-    Lost(String),
-}
-
-impl std::fmt::Display for Forwarding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Forwarding::NotSent(e) => write!(f, "{e}"),
-            Forwarding::Lost(e) => write!(f, "{e} (the call may have arrived)"),
-        }
-    }
-}
-
-/// An error with the chain of causes under it.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !text.contains(&t) {
-            text.push_str(": ");
-            text.push_str(&t);
-        }
-        src = c.source();
-    }
-    text
-}
-
-/// Whether a failed call certainly never reached the primary: it failed while the
-/// connection was being made (refused, no route, the connector's own error). A call that
-/// broke on an open connection (reset, closed, stream gone) may have arrived.
-fn never_sent(e: &(dyn std::error::Error + 'static)) -> bool {
-    use std::io::ErrorKind;
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                ErrorKind::ConnectionRefused
-                    | ErrorKind::HostUnreachable
-                    | ErrorKind::NetworkUnreachable
-                    | ErrorKind::AddrNotAvailable
-            ) {
-                return true;
-            }
-        }
-        let t = c.to_string();
-        if t.contains("tcp connect error") || t.contains("error trying to connect") {
-            return true;
-        }
-        cur = c.source();
-    }
-    false
-}
 
 /// The message of a unary gRPC request or reply body (no compression).
 fn grpc_message(b: &[u8]) -> Result<&[u8], Status> {
@@ -820,63 +760,5 @@ impl Service<http::Request<Body>> for Router {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.route(req).await) })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug)]
-    struct Wrap(&'static str, std::io::Error);
-    impl std::fmt::Display for Wrap {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.0)
-        }
-    }
-    impl std::error::Error for Wrap {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.1)
-        }
-    }
-
-    #[test]
-    fn only_a_failure_to_connect_means_the_call_never_left() {
-        use std::io::{Error, ErrorKind};
-        let refused = Wrap("transport error", Error::from(ErrorKind::ConnectionRefused));
-        assert!(never_sent(&refused));
-        let unreachable = Wrap("transport error", Error::from(ErrorKind::HostUnreachable));
-        assert!(never_sent(&unreachable));
-        let connector = Wrap("tcp connect error", Error::other("timed out"));
-        assert!(never_sent(&connector));
-        for kind in [
-            ErrorKind::ConnectionReset,
-            ErrorKind::BrokenPipe,
-            ErrorKind::UnexpectedEof,
-            ErrorKind::TimedOut,
-        ] {
-            let broken = Wrap("transport error", Error::from(kind));
-            assert!(!never_sent(&broken), "{kind:?}");
-        }
-        assert!(chain(&refused).starts_with("transport error: "));
-    }
-
-    #[tokio::test]
-    async fn a_call_to_a_closed_port_is_known_never_sent() {
-        // a port nobody listens on: bound, then closed
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
-        let mut ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .connect_lazy();
-        let mut req = http::Request::new(Body::empty());
-        *req.uri_mut() = http::Uri::from_static("http://primary/strait.meta.MetaService/GetAttr");
-        let ready = tower::ServiceExt::ready(&mut ch).await;
-        let e = match ready {
-            Ok(ch) => ch.call(req).await.expect_err("nobody listens"),
-            Err(e) => e,
-        };
-        assert!(never_sent(&e), "{}", chain(&e));
     }
 }
