@@ -402,17 +402,7 @@ impl std::fmt::Display for Forwarding {
 
 /// An error with the chain of causes under it.
 pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let t = c.to_string();
-        if !text.contains(&t) {
-            text.push_str(": ");
-            text.push_str(&t);
-        }
-        src = c.source();
-    }
-    text
+    strait_proto::with_causes(e.to_string(), e.source())
 }
 
 /// Whether a failed call certainly never reached the primary: it failed while the

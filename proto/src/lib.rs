@@ -42,3 +42,21 @@ pub use limits::HTTP2_FRAME_BYTES;
 
 #[cfg(feature = "fs-core")]
 pub use convert::*;
+
+/// `text` followed by the chain of errors under it (`src` and its sources), each once: TLS
+/// and connection failures hide their cause there (a status's message says "transport error"
+/// where its source says "Connection refused").
+pub fn with_causes(
+    mut text: String,
+    mut src: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
+    while let Some(e) = src {
+        let t = e.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        src = e.source();
+    }
+    text
+}

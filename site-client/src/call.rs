@@ -50,17 +50,7 @@ enum Attempt {
 /// A status's message with the chain of errors under it (TLS and connection failures hide
 /// their cause there).
 pub(crate) fn describe(s: &Status) -> String {
-    let mut text = s.message().to_string();
-    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
-    while let Some(e) = src {
-        let t = e.to_string();
-        if !text.contains(&t) {
-            text.push_str(": ");
-            text.push_str(&t);
-        }
-        src = e.source();
-    }
-    text
+    strait_proto::with_causes(s.message().to_string(), std::error::Error::source(s))
 }
 
 pub(crate) fn classify(s: &Status) -> Failure {
