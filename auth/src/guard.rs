@@ -9,7 +9,7 @@
 //!
 //! Either way the call never reaches the service, so it changes nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -55,7 +55,13 @@ struct Inner {
     tokens: Tokens,
     refused: Mutex<HashSet<Option<IpAddr>>>,
     on_refusal: Option<OnRefusal>,
+    /// What each client certificate seen says (its DER -> roles and name), so a certificate
+    /// is parsed once, not on every call of its connection.
+    identities: Mutex<HashMap<Vec<u8>, (Roles, Option<String>)>>,
 }
+
+/// Certificates whose reading is kept; past it the table starts again empty.
+const IDENTITIES_MAX: usize = 1024;
 
 /// The layer; cheap to clone.
 #[derive(Clone)]
@@ -83,7 +89,22 @@ impl Guard {
             tokens,
             refused: Mutex::new(HashSet::new()),
             on_refusal,
+            identities: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// What a client certificate says, read once per certificate.
+    fn identity(&self, der: &[u8]) -> (Roles, Option<String>) {
+        if let Some(known) = self.0.identities.lock().get(der) {
+            return known.clone();
+        }
+        let read = identity::from_certificate(der);
+        let mut known = self.0.identities.lock();
+        if known.len() >= IDENTITIES_MAX {
+            known.clear();
+        }
+        known.insert(der.to_vec(), read.clone());
+        read
     }
 
     /// Decide on a call to `path` with these headers and extensions.
@@ -97,7 +118,7 @@ impl Guard {
         let tls = ext.get::<TlsConnectInfo<TcpConnectInfo>>();
         if let Some(certs) = tls.and_then(|t| t.peer_certs()) {
             if let Some(leaf) = certs.first() {
-                let (r, n) = identity::from_certificate(leaf);
+                let (r, n) = self.identity(leaf.as_ref());
                 if !r.is_empty() {
                     roles = r;
                     name = n;

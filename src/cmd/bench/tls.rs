@@ -132,7 +132,7 @@ fn measure(a: &TlsArgs, tls: bool) -> Result<Figures> {
     let result = (|| -> Result<()> {
         for (region, mnt) in [("A", &topo.mount_a), ("B", &topo.mount_b)] {
             let mnt = mnt.clone().context("the regions are mounted")?;
-            let work = mnt.join(format!("bench-tls-{}", std::process::id()));
+            let work = mnt.join(format!("bench-tls-{}-{region}", std::process::id()));
             std::fs::create_dir(&work).with_context(|| format!("create {}", work.display()))?;
             let before = cpu();
             let mut rows = vec![];
