@@ -57,8 +57,11 @@ struct Inner {
     on_refusal: Option<OnRefusal>,
     /// What each client certificate seen says (its DER -> roles and name), so a certificate
     /// is parsed once, not on every call of its connection.
-    identities: Mutex<HashMap<Vec<u8>, (Roles, Option<String>)>>,
+    identities: Mutex<HashMap<Vec<u8>, Identity>>,
 }
+
+/// What a client certificate says: its roles and its holder's name.
+type Identity = (Roles, Option<String>);
 
 /// Certificates whose reading is kept; past it the table starts again empty.
 const IDENTITIES_MAX: usize = 1024;
@@ -94,7 +97,7 @@ impl Guard {
     }
 
     /// What a client certificate says, read once per certificate.
-    fn identity(&self, der: &[u8]) -> (Roles, Option<String>) {
+    fn identity(&self, der: &[u8]) -> Identity {
         if let Some(known) = self.0.identities.lock().get(der) {
             return known.clone();
         }
