@@ -5,7 +5,7 @@
 #
 # 1. installs what is missing (apt packages, Rust, garage, pjdfstest, juicefs), quickly
 #    skipping everything already present;
-# 2. runs the stages: rustfmt, build, clippy, cargo test, pjdfstest on five set-ups
+# 2. runs the stages: rustfmt, build, clippy, cargo test, pjdfstest seven times
 #    (RocksDB + local directory; Redis + Garage S3, both servers started here on 127.0.0.1;
 #    a mount served by `strait primary` over gRPC, on RocksDB and on Redis; and a mount at
 #    the mirror's region of `strait dev up`, whose changes go to the primary; and at both
