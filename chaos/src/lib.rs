@@ -243,6 +243,7 @@ pub fn run(
         mount_args,
         format_args: vec!["--gc-delay".into(), GC_DELAY_S.to_string()],
         tls: false,
+        witness: false,
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");

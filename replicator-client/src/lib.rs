@@ -41,3 +41,16 @@ pub fn channel(addr: &str, creds: &Credentials) -> Result<Conn, strait_auth::Err
         .keep_alive_while_idle(true);
     Ok(creds.connect_lazy(ep))
 }
+
+/// Whether the node at `addr` knows a leader (its `Status`, asked with `creds`, which must
+/// hold the admin role, within 2 s). False when it cannot be reached.
+pub async fn has_leader(addr: &str, creds: &Credentials) -> bool {
+    let Ok(ch) = channel(addr, creds) else {
+        return false;
+    };
+    let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), c.status(strait_proto::replicator::Empty {})).await,
+        Ok(Ok(r)) if r.get_ref().leader.is_some()
+    )
+}

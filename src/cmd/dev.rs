@@ -70,6 +70,14 @@ pub struct UpArgs {
     /// in DIR/pki (on top of the tokens per role, which every set-up has).
     #[arg(long)]
     pub tls: bool,
+    /// A third region, C, with replicator node 2 alone (a witness), so that no region holds a
+    /// majority of the replicator: losing all of region A loses no committed change
+    #[arg(long)]
+    pub witness: bool,
+    /// The primary's durability: `local` (a change is acknowledged once committed at A) or
+    /// `replicated` (once a majority of the replicator holds it)
+    #[arg(long, default_value = "local")]
+    pub durability: String,
 }
 
 #[derive(clap::Args)]
@@ -97,6 +105,12 @@ fn up(a: UpArgs) -> Result<()> {
     if a.store != "dir" && a.store != "garage" {
         bail!("--store {:?}: expected `dir` or `garage`", a.store);
     }
+    if a.durability != "local" && a.durability != "replicated" {
+        bail!(
+            "--durability {:?}: expected `local` or `replicated`",
+            a.durability
+        );
+    }
     if !(a.link_mb_s >= 0.0 && a.link_mb_s.is_finite()) {
         bail!(
             "--link-mb-s {}: expected a number of MB/s, 0 for none",
@@ -116,11 +130,12 @@ fn up(a: UpArgs) -> Result<()> {
         garage: a.store == "garage",
         link_mb_s: a.link_mb_s,
         primary_proxies: false,
-        primary_args: vec![],
+        primary_args: vec!["--durability".into(), a.durability.clone()],
         mirror_args: vec![],
         mount_args: vec![],
         format_args: vec![],
         tls: a.tls,
+        witness: a.witness,
         hooks: Default::default(),
     };
     let cluster = Cluster::start(
@@ -140,17 +155,34 @@ fn up(a: UpArgs) -> Result<()> {
         String::new()
     };
     println!(
-        "strait dev: two regions up ({} ms one way between them{cap})",
-        a.delay_ms
+        "strait dev: {} regions up ({} ms one way between them{cap}; durability {})",
+        if a.witness { "three" } else { "two" },
+        a.delay_ms,
+        a.durability
     );
-    println!(
-        "  region A: primary {primary}, replicator nodes 1 {} and 2 {}",
-        nodes[0], nodes[1]
-    );
-    println!(
-        "  region B: mirror {mirror}, replicator node 3 {}",
-        nodes[2]
-    );
+    let in_region = |r: &str| -> String {
+        let list: Vec<String> = topo
+            .replicator_regions
+            .iter()
+            .zip(nodes)
+            .enumerate()
+            .filter(|(_, (region, _))| region.as_str() == r)
+            .map(|(i, (_, addr))| format!("{} {addr}", i + 1))
+            .collect();
+        match list.len() {
+            0 => String::new(),
+            1 => format!(", replicator node {}", list[0]),
+            _ => format!(", replicator nodes {}", list.join(" and ")),
+        }
+    };
+    println!("  region A: primary {primary}{}", in_region("A"));
+    println!("  region B: mirror {mirror}{}", in_region("B"));
+    if a.witness {
+        println!(
+            "  region C (witness){}: no region holds a majority of the replicator",
+            in_region("C")
+        );
+    }
     println!("  object stores: A {data_a}, B {data_b}");
     if cfg.garage {
         println!(
@@ -214,14 +246,7 @@ fn up(a: UpArgs) -> Result<()> {
 /// Whether the replicator node at `node` knows a leader (asked with the operators'
 /// credentials `admin`).
 pub(crate) async fn has_leader(node: SocketAddr, admin: &strait_auth::Credentials) -> bool {
-    let Ok(ch) = strait_replicator_client::channel(&node.to_string(), admin) else {
-        return false;
-    };
-    let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), c.status(strait_proto::replicator::Empty {})).await,
-        Ok(Ok(r)) if r.get_ref().leader.is_some()
-    )
+    strait_replicator_client::has_leader(&node.to_string(), admin).await
 }
 
 fn fault(a: FaultArgs) -> Result<()> {

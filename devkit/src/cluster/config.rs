@@ -44,6 +44,11 @@ pub struct ClusterConfig {
     /// Every link over mutual TLS: a CA and a certificate per daemon, mount and operator in
     /// DIR/pki ([`crate::pki`]), on top of the tokens per role.
     pub tls: bool,
+    /// A third region, C (`region-c/`), holding replicator node 2 alone (a witness: no
+    /// primary, no mirror, no mount), behind the link like region B. Then no region holds a
+    /// majority of the replicator's three voters, and losing all of region A leaves nodes 2 and
+    /// 3, a majority holding every committed record. Without it nodes 1 and 2 are in region A.
+    pub witness: bool,
     /// Where the chaos harness's faults reach in: proxies in front of the object stores,
     /// data directories on file systems of its own, daemons' environments. Default: none.
     pub hooks: FaultHooks,
@@ -118,6 +123,9 @@ pub struct Topology {
     pub control: String,
     pub mount_a: Option<PathBuf>,
     pub mount_b: Option<PathBuf>,
+    /// The region of each replicator node (`A`, `B`, or `C` with [`ClusterConfig::witness`]).
+    #[serde(default)]
+    pub replicator_regions: Vec<String>,
     /// Each region's object store (data URL) and how the mirror reaches A's.
     #[serde(default)]
     pub data_a: String,

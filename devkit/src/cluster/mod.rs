@@ -1,5 +1,7 @@
-//! The two regions of `strait dev up`, started on this machine: region A runs the primary and
-//! replicator nodes 1 and 2; region B runs replicator node 3 and a mirror. Each region has its
+//! The regions of `strait dev up`, started on this machine: region A runs the primary and
+//! replicator nodes 1 and 2; region B runs replicator node 3 and a mirror. With
+//! [`ClusterConfig::witness`] node 2 runs in a third region, C, instead, so that no region
+//! holds a majority of the replicator. Each region has its
 //! own RocksDB metadata and its own object store, a local directory or a Garage S3 server
 //! ([`crate::Garage`]): the mirror copies blocks from A's store into B's, and B's mounts read
 //! B's first. Traffic between the regions goes through fault proxies with a one-way delay and
@@ -89,7 +91,13 @@ impl Cluster {
         }
         let ra = a.dir.join("region-a");
         let rb = a.dir.join("region-b");
-        for d in [&ra, &rb] {
+        let rc = a.dir.join("region-c");
+        let regions_used: Vec<&PathBuf> = if a.witness {
+            vec![&ra, &rb, &rc]
+        } else {
+            vec![&ra, &rb]
+        };
+        for d in regions_used {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
         }
         // one token per role, in files the daemons read
@@ -200,8 +208,14 @@ impl Cluster {
         format.extend(a.format_args.iter().map(String::as_str));
         run_strait(bin, &env, &format)?;
 
-        // replicator nodes 1, 2 (A) and 3 (B); node 3 is reached through the link
+        // replicator nodes 1, 2 (A, or C with a witness) and 3 (B); a node in another region
+        // is reached through the link
         let nodes: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_>>()?;
+        let node_region: [(&PathBuf, &str); 3] = if a.witness {
+            [(&ra, "A"), (&rc, "C"), (&rb, "B")]
+        } else {
+            [(&ra, "A"), (&ra, "A"), (&rb, "B")]
+        };
         let mut proxies: Vec<(String, Arc<Proxy>)> = vec![];
         let link = |target: SocketAddr| -> Result<Arc<Proxy>> {
             let p = rt
@@ -219,8 +233,29 @@ impl Cluster {
             (s("b-to-replicator1"), to_n1.clone()),
             (s("b-to-replicator2"), to_n2.clone()),
         ]);
+        // with a witness, region A reaches node 2 through the link, and node 2 reaches nodes 1
+        // and 3 through it; without one, node 2 is region A's
+        let mut member2 = nodes[1];
+        let mut witness_peers = vec![];
+        if a.witness {
+            let a_to_n2 = link(nodes[1])?;
+            let c_to_n1 = link(nodes[0])?;
+            let c_to_n3 = link(nodes[2])?;
+            member2 = a_to_n2.addr();
+            witness_peers = vec![
+                s("--peer"),
+                format!("1={}", c_to_n1.addr()),
+                s("--peer"),
+                format!("3={}", c_to_n3.addr()),
+            ];
+            proxies.extend([
+                (s("a-to-replicator2"), a_to_n2),
+                (s("c-to-replicator1"), c_to_n1),
+                (s("c-to-replicator3"), c_to_n3),
+            ]);
+        }
         for (i, addr) in nodes.iter().enumerate() {
-            let region = if i < 2 { &ra } else { &rb };
+            let region = node_region[i].0;
             let name = format!("replicator{}", i + 1);
             let mut args = vec![
                 s("replicator"),
@@ -247,11 +282,14 @@ impl Cluster {
                     format!("2={}", to_n2.addr()),
                 ]);
             }
+            if i == 1 {
+                args.extend(witness_peers.iter().cloned());
+            }
             kids.spawn(&name, &region.join(format!("{name}.log")), &args)?;
         }
         let members = [
             format!("1={}", nodes[0]),
-            format!("2={}", nodes[1]),
+            format!("2={member2}"),
             format!("3={}", p3.addr()),
         ];
         let start = Instant::now();
@@ -288,7 +326,7 @@ impl Cluster {
         }
 
         // the primary (A) ships to the three nodes
-        let mut shipping_to = [nodes[0], nodes[1], p3.addr()];
+        let mut shipping_to = [nodes[0], member2, p3.addr()];
         if a.primary_proxies {
             for (i, to) in shipping_to.iter_mut().enumerate() {
                 let p = rt
@@ -431,6 +469,7 @@ impl Cluster {
             control: s(control_addr),
             mount_a: None,
             mount_b: None,
+            replicator_regions: node_region.iter().map(|(_, r)| r.to_string()).collect(),
             data_a: data_a.clone(),
             data_b: data_b.clone(),
             mirror_data_a: mirror_data_a.clone(),

@@ -145,6 +145,7 @@ fn measure(a: &TlsArgs, tls: bool) -> Result<Figures> {
         mount_args: vec![],
         format_args: vec![],
         tls,
+        witness: false,
         hooks: Default::default(),
     };
     let mut cluster = Cluster::start(

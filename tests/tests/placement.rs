@@ -1,0 +1,188 @@
+//! Where the replicator's three voters live decides what losing a region costs. Region A
+//! acknowledges creates in `replicated` durability while region B's replicator node and its
+//! mirror are down, then every daemon of region A is killed, then B's node and mirror start
+//! again:
+//! - with a witness region C holding node 2 (`strait dev up --witness`), nodes 2 and 3 are a
+//!   majority: they elect a leader, and B's mirror applies every acknowledged create;
+//! - with nodes 1 and 2 both in region A (the two-region layout), node 3 is alone: it elects
+//!   no leader, and the creates never reach B. That is the loss the placement rule prevents.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use strait_devkit::cluster::{Cluster, ClusterConfig};
+
+const FILES: usize = 20;
+
+async fn has_leader(node: SocketAddr, admin: &strait_auth::Credentials) -> bool {
+    strait_replicator_client::has_leader(&node.to_string(), admin).await
+}
+
+fn content(i: usize) -> String {
+    format!("acknowledged create {i} at region A\n")
+}
+
+/// What region B holds once region A is gone.
+struct AfterLoss {
+    /// The files of `d/` at B's mount, with their contents.
+    files: Vec<(String, String)>,
+    /// Whether replicator node 3 (region B) knows a leader.
+    node3_has_leader: bool,
+    /// From B's restart to the last file seen at B's mount (or the end of the wait).
+    took: Duration,
+}
+
+/// Every create of the test, as B's mount should show it.
+fn wanted() -> Vec<(String, String)> {
+    let mut want: Vec<(String, String)> =
+        (0..FILES).map(|i| (format!("f{i}"), content(i))).collect();
+    want.sort();
+    want
+}
+
+fn lose_region_a(dir: &Path, witness: bool, wait: Duration) -> AfterLoss {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        strait_bin: strait_tests::strait_bin(),
+        dir: dir.to_path_buf(),
+        delay_ms: 5,
+        mount: true,
+        window_ms: 5_000,
+        // B's mount answers from the mirror's own state, however far behind (A is gone)
+        policy: "serve".into(),
+        source: "local".into(),
+        sync: "eager".into(),
+        garage: false,
+        link_mb_s: 0.0,
+        primary_proxies: false,
+        primary_args: vec!["--durability".into(), "replicated".into()],
+        mirror_args: vec![],
+        mount_args: vec![],
+        format_args: vec![],
+        tls: false,
+        witness,
+        hooks: Default::default(),
+    };
+    let mut cluster = Cluster::start(
+        &cfg,
+        &rt,
+        &|node, admin| rt.block_on(has_leader(node, admin)),
+        &mut |_| {},
+    )
+    .expect("start the regions");
+    let topo = cluster.topology().clone();
+    let regions = topo.replicator_regions.clone();
+    let expected = if witness {
+        ["A", "C", "B"]
+    } else {
+        ["A", "A", "B"]
+    };
+    assert_eq!(regions, expected, "where the replicator nodes run");
+    let (ma, mb): (PathBuf, PathBuf) =
+        (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let node3: SocketAddr = topo.replicator[2].parse().unwrap();
+    let admin = topo.credentials("admin").unwrap();
+
+    // region B's node and mirror are down while A acknowledges the creates: nothing of them
+    // can reach B on the way (not even in a socket's buffer)
+    cluster.signal("replicator3", libc::SIGKILL).unwrap();
+    cluster.signal("mirror", libc::SIGKILL).unwrap();
+    std::fs::create_dir(ma.join("d")).unwrap();
+    for i in 0..FILES {
+        // acknowledged once a majority of the replicator holds it (`replicated`)
+        std::fs::write(ma.join(format!("d/f{i}")), content(i)).unwrap();
+    }
+
+    // all of region A dies
+    cluster.signal("primary", libc::SIGKILL).unwrap();
+    for (i, region) in regions.iter().enumerate() {
+        if region == "A" {
+            cluster
+                .signal(&format!("replicator{}", i + 1), libc::SIGKILL)
+                .unwrap();
+        }
+    }
+
+    // region B comes back
+    let start = Instant::now();
+    cluster.restart("replicator3", None).unwrap();
+    cluster
+        .restart("mirror", Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut files = vec![];
+    while start.elapsed() < wait {
+        // names first, contents after: the mirror applies the records in order
+        files = read_dir(&mb.join("d"));
+        if files == wanted() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = start.elapsed();
+    let node3_has_leader = rt.block_on(has_leader(node3, &admin));
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+    AfterLoss {
+        files,
+        node3_has_leader,
+        took,
+    }
+}
+
+fn read_dir(d: &Path) -> Vec<(String, String)> {
+    let Ok(rd) = std::fs::read_dir(d) else {
+        return vec![];
+    };
+    let mut out: Vec<(String, String)> = rd
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            (name, text)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn with_a_witness_region_losing_region_a_loses_no_acknowledged_change() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let got = lose_region_a(&work.path().join("dev"), true, Duration::from_secs(60));
+    eprintln!(
+        "witness: {} of {FILES} creates at B, {:.1} s after B's node and mirror restarted",
+        got.files.len(),
+        got.took.as_secs_f64()
+    );
+    let mut want: Vec<(String, String)> =
+        (0..FILES).map(|i| (format!("f{i}"), content(i))).collect();
+    want.sort();
+    assert_eq!(got.files, want, "every acknowledged create, whole, at B");
+    assert!(got.node3_has_leader, "nodes 2 and 3 elected a leader");
+}
+
+#[test]
+fn with_two_voters_in_region_a_losing_it_loses_what_only_a_held() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let got = lose_region_a(&work.path().join("dev"), false, Duration::from_secs(15));
+    eprintln!(
+        "two regions: {} of {FILES} creates at B after {:.1} s; node 3 has a leader: {}",
+        got.files.len(),
+        got.took.as_secs_f64(),
+        got.node3_has_leader
+    );
+    assert!(
+        got.files.is_empty(),
+        "node 3 never held the creates, and alone it cannot learn them: {:?}",
+        got.files
+    );
+    assert!(!got.node3_has_leader, "one node of three elects no leader");
+}
