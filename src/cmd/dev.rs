@@ -85,7 +85,9 @@ pub struct FaultArgs {
     /// The working directory of the running `dev up`.
     #[arg(long, default_value = "/tmp/strait-dev")]
     pub dir: PathBuf,
-    /// `partition`, `heal`, `delay=MS` or `bandwidth=MB_PER_S` (0: no cap).
+    /// `partition` (every region from every other), `isolate=REGION` (one region, `a`, `b` or
+    /// `c`, from the others, which still reach each other), `heal`, `delay=MS` or
+    /// `bandwidth=MB_PER_S` (0: no cap).
     pub what: String,
 }
 
@@ -219,7 +221,7 @@ fn up(a: UpArgs) -> Result<()> {
         tokens.join("admin.token").display()
     );
     println!(
-        "       strait dev fault --dir {} partition | heal | delay=MS | bandwidth=MB_PER_S",
+        "       strait dev fault --dir {} partition | isolate=a | heal | delay=MS | bandwidth=MB_PER_S",
         a.dir.display()
     );
     println!("strait dev: ready");

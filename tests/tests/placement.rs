@@ -186,3 +186,121 @@ fn with_two_voters_in_region_a_losing_it_loses_what_only_a_held() {
     );
     assert!(!got.node3_has_leader, "one node of three elects no leader");
 }
+
+/// `strait dev up --witness --durability replicated`, then `dev fault isolate=a`: nodes 2 and
+/// 3 (regions C and B) still reach each other and elect a leader, and region A's primary, cut
+/// off with node 1 alone, acknowledges no change until the link heals; then it does again.
+#[test]
+fn an_isolated_region_a_acknowledges_nothing_while_b_and_c_elect_a_leader() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dev = strait_tests::dev_up::DevUp::start(
+        &work.path().join("dev"),
+        &[
+            "--witness",
+            "--durability",
+            "replicated",
+            "--policy",
+            "serve",
+            "--delay-ms",
+            "5",
+        ],
+    );
+    let topo: strait_devkit::cluster::Topology = serde_json::from_value(dev.topology()).unwrap();
+    let ma = topo.mount_a.clone().unwrap();
+    let admin = topo.credentials("admin").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    std::fs::write(ma.join("before"), "acknowledged before the isolation").unwrap();
+
+    let reply = dev.fault("isolate=a");
+    assert!(reply.contains("isolated region A"), "{reply}");
+    // nodes 2 and 3 elect a leader of their own (node 1 may have been it)
+    let start = Instant::now();
+    let node3 = &topo.replicator[2];
+    let node2 = &topo.replicator[1];
+    loop {
+        let (l2, l3) = rt.block_on(async {
+            (
+                leader_of(node2, &admin).await,
+                leader_of(node3, &admin).await,
+            )
+        });
+        if l2.is_some() && l2 == l3 && l3 != Some(1) {
+            eprintln!(
+                "isolated A: nodes 2 and 3 follow leader {:?} after {:.1} s",
+                l3,
+                start.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "nodes 2 and 3 elected no leader of their own within 30 s (node 2 sees {l2:?}, node 3 {l3:?})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // a change at A cannot reach a majority: it is not acknowledged while A is cut off
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = ma.join("during");
+    std::thread::spawn(move || {
+        let r = std::fs::write(&path, "written while region A was cut off");
+        let _ = tx.send((Instant::now(), r.map_err(|e| e.to_string())));
+    });
+    let isolated_for = Duration::from_secs(10);
+    let heal_at = Instant::now() + isolated_for;
+    let during = rx.recv_timeout(isolated_for);
+    if let Ok((_, Ok(()))) = &during {
+        panic!("a change at the isolated region A was acknowledged");
+    }
+    eprintln!(
+        "isolated A: the change at A {}",
+        match &during {
+            Ok((_, Err(e))) => format!("failed: {e}"),
+            _ => format!("was still waiting after {isolated_for:?}"),
+        }
+    );
+    assert_eq!(dev.fault("heal"), "healed");
+    let healed = Instant::now();
+    if during.is_err() {
+        // the pending change ends one way or the other once the link is back
+        let (when, r) = rx.recv_timeout(Duration::from_secs(90)).unwrap();
+        assert!(when >= heal_at, "acknowledged before the heal");
+        eprintln!(
+            "isolated A: the pending change ended {:.1} s after the heal: {r:?}",
+            when.duration_since(healed).as_secs_f64()
+        );
+    }
+    // and A takes changes again
+    let start = Instant::now();
+    loop {
+        match std::fs::write(ma.join("after"), "after the heal") {
+            Ok(()) => break,
+            Err(e) => assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "A takes no change 60 s after the heal: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!(
+        "isolated A: a change at A acknowledged {:.1} s after the heal",
+        healed.elapsed().as_secs_f64()
+    );
+}
+
+/// The leader node `addr` follows, if it knows one.
+async fn leader_of(addr: &str, admin: &strait_auth::Credentials) -> Option<u64> {
+    let ch = strait_replicator_client::channel(addr, admin).ok()?;
+    let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
+    let r = tokio::time::timeout(
+        Duration::from_secs(2),
+        c.status(strait_proto::replicator::Empty {}),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    r.into_inner().leader
+}

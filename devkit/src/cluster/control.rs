@@ -1,5 +1,5 @@
 //! The control socket of `strait dev fault`: one line, `ADMIN_TOKEN FAULT`, changes the link
-//! between the regions (partition, heal, delay, bandwidth).
+//! between the regions (partition, isolate one region, heal, delay, bandwidth).
 
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
@@ -10,11 +10,14 @@ use crate::Proxy;
 /// Longest line the control socket reads.
 const CONTROL_LINE_BYTES_MAX: u64 = 1024;
 
-pub(super) fn serve_control(
-    l: std::net::TcpListener,
-    proxies: Vec<Arc<Proxy>>,
-    admin_token: String,
-) {
+/// One proxy of the link between the regions, and the two regions it joins (`A`, `B`, `C`).
+pub(super) struct Link {
+    pub(super) ends: [String; 2],
+    pub(super) proxy: Arc<Proxy>,
+}
+
+pub(super) fn serve_control(l: std::net::TcpListener, links: Vec<Link>, admin_token: String) {
+    let proxies: Vec<Arc<Proxy>> = links.iter().map(|l| l.proxy.clone()).collect();
     use std::io::Read;
     for conn in l.incoming().flatten() {
         let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
@@ -45,6 +48,27 @@ pub(super) fn serve_control(
                     });
                 }
                 "partitioned: nothing crosses between the regions".to_string()
+            }
+            c if c.starts_with("isolate=") => {
+                let region = c["isolate=".len()..].to_uppercase();
+                let cut: Vec<&Link> = links
+                    .iter()
+                    .filter(|l| l.ends.contains(&region))
+                    .collect();
+                if cut.is_empty() {
+                    format!("error: {c:?}: no link reaches region {region:?} (isolate=a, b or c)")
+                } else {
+                    for l in &cut {
+                        l.proxy.update(|f| {
+                            f.up.blackhole = true;
+                            f.down.blackhole = true;
+                        });
+                    }
+                    format!(
+                        "isolated region {region}: nothing crosses between it and the other regions ({} links cut)",
+                        cut.len()
+                    )
+                }
             }
             "heal" => {
                 for p in &proxies {
@@ -84,7 +108,7 @@ pub(super) fn serve_control(
                 _ => format!("error: {c:?}: bandwidth=MB_PER_S with a number, 0 for none"),
             },
             other => format!(
-                "error: unknown fault {other:?} (partition, heal, delay=MS, bandwidth=MB_PER_S)"
+                "error: unknown fault {other:?} (partition, isolate=REGION, heal, delay=MS, bandwidth=MB_PER_S)"
             ),
         };
         let _ = writeln!(w, "{reply}");

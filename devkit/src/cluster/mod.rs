@@ -60,6 +60,20 @@ pub struct Cluster {
     parts: Parts,
 }
 
+/// The two regions a link proxy joins, from its name `x-to-TARGET` (`a-to-replicator3`,
+/// `b-to-primary`, ...): region X, and the region of TARGET (`replicatorN`: where node N runs;
+/// the primary and its object store: A).
+fn link_ends(name: &str, node_region: &[&str; 3]) -> [String; 2] {
+    let (from, target) = name.split_once("-to-").unwrap_or(("", name));
+    let to = target
+        .strip_prefix("replicator")
+        .and_then(|n| n.parse::<usize>().ok())
+        .and_then(|n| node_region.get(n.wrapping_sub(1)))
+        .copied()
+        .unwrap_or("A");
+    [from.to_uppercase(), to.to_string()]
+}
+
 /// What a cluster that is starting already holds: dropped on a failed start as on a stop.
 struct Parts {
     kids: Children,
@@ -447,10 +461,13 @@ impl Cluster {
         let control_addr = control.local_addr().context("control socket")?;
         {
             // the link between the regions, not the primary's own proxies
-            let link: Vec<Arc<Proxy>> = proxies
+            let link: Vec<control::Link> = proxies
                 .iter()
                 .filter(|(n, _)| !n.starts_with("primary-to-"))
-                .map(|(_, p)| p.clone())
+                .map(|(n, p)| control::Link {
+                    ends: link_ends(n, &node_region.map(|(_, r)| r)),
+                    proxy: p.clone(),
+                })
                 .collect();
             let admin = tokens["admin"].clone();
             std::thread::spawn(move || serve_control(control, link, admin));
@@ -696,5 +713,23 @@ impl Cluster {
                 run_strait(&self.strait_bin, &[], &["umount", &m.to_string_lossy()]).err()
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::link_ends;
+
+    #[test]
+    fn a_link_joins_the_region_it_starts_in_and_the_region_of_its_target() {
+        let witness = ["A", "C", "B"];
+        let ends = |n: &str| link_ends(n, &witness);
+        assert_eq!(ends("a-to-replicator3"), ["A", "B"]);
+        assert_eq!(ends("a-to-replicator2"), ["A", "C"]);
+        assert_eq!(ends("b-to-replicator2"), ["B", "C"]);
+        assert_eq!(ends("c-to-replicator1"), ["C", "A"]);
+        assert_eq!(ends("b-to-primary"), ["B", "A"]);
+        assert_eq!(ends("b-to-s3"), ["B", "A"]);
+        assert_eq!(link_ends("b-to-replicator2", &["A", "A", "B"]), ["B", "A"]);
     }
 }
