@@ -42,15 +42,20 @@ pub fn channel(addr: &str, creds: &Credentials) -> Result<Conn, strait_auth::Err
     Ok(creds.connect_lazy(ep))
 }
 
-/// Whether the node at `addr` knows a leader (its `Status`, asked with `creds`, which must
-/// hold the admin role, within 2 s). False when it cannot be reached.
-pub async fn has_leader(addr: &str, creds: &Credentials) -> bool {
-    let Ok(ch) = channel(addr, creds) else {
-        return false;
-    };
+/// The leader the node at `addr` follows (its `Status`, asked with `creds`, which must hold
+/// the admin role, within 2 s); none when it knows no leader or cannot be reached.
+pub async fn leader_of(addr: &str, creds: &Credentials) -> Option<u64> {
+    let ch = channel(addr, creds).ok()?;
     let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), c.status(strait_proto::replicator::Empty {})).await,
-        Ok(Ok(r)) if r.get_ref().leader.is_some()
-    )
+    let status = c.status(strait_proto::replicator::Empty {});
+    let reply = tokio::time::timeout(Duration::from_secs(2), status)
+        .await
+        .ok()?
+        .ok()?;
+    reply.into_inner().leader
+}
+
+/// Whether the node at `addr` knows a leader ([`leader_of`]).
+pub async fn has_leader(addr: &str, creds: &Credentials) -> bool {
+    leader_of(addr, creds).await.is_some()
 }

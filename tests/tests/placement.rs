@@ -223,8 +223,8 @@ fn an_isolated_region_a_acknowledges_nothing_while_b_and_c_elect_a_leader() {
     loop {
         let (l2, l3) = rt.block_on(async {
             (
-                leader_of(node2, &admin).await,
-                leader_of(node3, &admin).await,
+                strait_replicator_client::leader_of(node2, &admin).await,
+                strait_replicator_client::leader_of(node3, &admin).await,
             )
         });
         if l2.is_some() && l2 == l3 && l3 != Some(1) {
@@ -289,18 +289,4 @@ fn an_isolated_region_a_acknowledges_nothing_while_b_and_c_elect_a_leader() {
         "isolated A: a change at A acknowledged {:.1} s after the heal",
         healed.elapsed().as_secs_f64()
     );
-}
-
-/// The leader node `addr` follows, if it knows one.
-async fn leader_of(addr: &str, admin: &strait_auth::Credentials) -> Option<u64> {
-    let ch = strait_replicator_client::channel(addr, admin).ok()?;
-    let mut c = strait_proto::replicator::replicator_client::ReplicatorClient::new(ch);
-    let r = tokio::time::timeout(
-        Duration::from_secs(2),
-        c.status(strait_proto::replicator::Empty {}),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    r.into_inner().leader
 }

@@ -51,7 +51,7 @@ pub(crate) struct Row {
 
 /// Drop the kernel's page, dentry and inode caches so reads and lookups reach the file
 /// system; false when that is not allowed (only root can).
-fn drop_caches() -> bool {
+pub(crate) fn drop_caches() -> bool {
     unsafe { libc::sync() };
     fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }

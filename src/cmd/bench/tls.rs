@@ -104,22 +104,27 @@ pub fn run(a: TlsArgs) -> Result<()> {
     Ok(())
 }
 
+/// One figure's values across rounds, in order (rounds that lack it left out).
+fn sorted(runs: &[Figures], k: &str) -> Vec<f64> {
+    let mut v: Vec<f64> = runs.iter().filter_map(|r| r.get(k).copied()).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
 /// (largest - smallest) / median of one figure across rounds.
 fn span(runs: &[Figures], k: &str) -> f64 {
-    let mut v: Vec<f64> = runs.iter().filter_map(|r| r.get(k).copied()).collect();
-    if v.is_empty() {
-        return f64::NAN;
+    let v = sorted(runs, k);
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => (hi - lo) / v[v.len() / 2],
+        _ => f64::NAN,
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() - 1] - v[0]) / v[v.len() / 2]
 }
 
 fn median(runs: &[Figures]) -> Figures {
     let mut out = Figures::new();
     if let Some(first) = runs.first() {
         for k in first.keys() {
-            let mut v: Vec<f64> = runs.iter().filter_map(|r| r.get(k).copied()).collect();
-            v.sort_by(|a, b| a.total_cmp(b));
+            let v = sorted(runs, k);
             out.insert(k.clone(), v[v.len() / 2]);
         }
     }
@@ -266,9 +271,9 @@ fn cold_stats(files: &[PathBuf], threads: usize, seconds: u64) -> Result<(u64, f
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
     let (mut ops, mut busy) = (0u64, 0f64);
     while std::time::Instant::now() < deadline {
-        // SAFETY: sync has no arguments and no memory effects on this process
-        unsafe { libc::sync() };
-        std::fs::write("/proc/sys/vm/drop_caches", "2").context("drop the kernel's caches")?;
+        if !super::fs::drop_caches() {
+            bail!("cannot drop the kernel's caches (/proc/sys/vm/drop_caches)");
+        }
         let t = std::time::Instant::now();
         let failed: Vec<String> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
