@@ -14,9 +14,9 @@ use strait_site::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Durability, PrimaryConfig};
-use crate::fence::{EpochFence, ShippedWait};
-use crate::shipper::{Shipper, ShipperConfig};
-use crate::tap::TappedKv;
+use strait_ship::fence::{EpochFence, ShippedWait};
+use strait_ship::shipper::{Shipper, ShipperConfig};
+use strait_ship::tap::TappedKv;
 
 /// How long calls in flight may take to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -230,7 +230,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     if let Some(mut rx) = shipped {
         let e = engine.clone();
         if let Ok(Ok(latest)) = tokio::task::spawn_blocking(move || e.kv().last_version()).await {
-            match crate::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
+            match strait_ship::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
                 Ok(()) => tracing::info!("the replicator holds every version up to {latest}"),
                 Err(why) => tracing::warn!(
                     "stopping with versions the replicator does not hold yet ({why}); they are \

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use strait_fs_core::url::MetaUrl;
 use strait_fs_core::Version;
-use strait_primary::history::{self as core, Divergence};
+use strait_ship::history::{self as core, Divergence};
 
 use super::SetAsideArgs;
 

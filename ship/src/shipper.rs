@@ -30,7 +30,7 @@ use strait_replicator_client::{refusal, Credentials, LogClient};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use strait_site::metrics::Metrics;
 use crate::tap::CommitSignal;
 
 /// Most records in one append.
