@@ -67,6 +67,7 @@ const TABLE: &[(&str, &str, Roles)] = &[
     (SITE_SERVICE, "Pause", Roles::of(&[ADMIN])),
     (SITE_SERVICE, "Gc", Roles::of(&[ADMIN])),
     (SITE_SERVICE, "SweepOrphans", Roles::of(&[ADMIN])),
+    (SITE_SERVICE, "Promote", Roles::of(&[ADMIN])),
     // the change log
     (REPLICATOR, "Raft", Roles::of(&[PEER])),
     (REPLICATOR, "Append", Roles::of(&[PRIMARY])),
@@ -82,7 +83,8 @@ const TABLE: &[(&str, &str, Roles)] = &[
         Roles::of(&[MIRROR, PRIMARY, PEER, ADMIN]),
     ),
     (REPLICATOR, "SetRetention", Roles::of(&[ADMIN])),
-    (REPLICATOR, "ForgetMirror", Roles::of(&[ADMIN])),
+    // an operator retiring a mirror, or a mirror promoted to primary dropping its own cursor
+    (REPLICATOR, "ForgetMirror", Roles::of(&[PRIMARY, ADMIN])),
     (REPLICATOR, "Status", ANYONE),
     (REPLICATOR, "Init", Roles::of(&[ADMIN])),
     (REPLICATOR, "AddNode", Roles::of(&[ADMIN])),

@@ -698,6 +698,31 @@ pub fn replay(kv: &dyn crate::kv::KvEngine, records: &[(Version, ChangeRecord)])
     Ok(())
 }
 
+/// Raise the replica's id counters, in its transaction `t`, to at least every inode number
+/// and slice id `records` name: a replica promoted to primary then never hands out an id the
+/// log already used (the counters came with its snapshot and do not move with the records).
+fn raise_id_counters(t: &mut dyn KvTxn, records: &[ChangeRecord]) -> Result<()> {
+    let (mut ino, mut slice) = (0u64, SliceId::HOLE);
+    for r in records {
+        let (i, s) = r.highest_ids();
+        ino = ino.max(i);
+        slice = slice.max(s);
+    }
+    for (name, top) in [(keys::NEXT_INODE, ino), (keys::NEXT_SLICE, slice.0)] {
+        if top == 0 {
+            continue;
+        }
+        let top = i64::try_from(top)
+            .map_err(|_| Error::corrupt(format!("{name}: {top} is out of range")))?;
+        let key = keys::counter(name);
+        let cur = crate::kv::decode_counter(t.get(&key)?)?;
+        if top > cur {
+            t.add(&key, top - cur);
+        }
+    }
+    Ok(())
+}
+
 /// Why a replica could not apply a batch of records.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -759,6 +784,7 @@ pub fn apply_replica_with(
             hook(t, first_version + i as u64, rec)?;
             apply(t, rec)?;
         }
+        raise_id_counters(t, records)?;
         t.add(crate::kv::LAST_VERSION_KEY, n as i64);
         Ok(())
     });

@@ -439,6 +439,42 @@ mod tests {
         assert!(matches!(e, ReplicaError::Gap { .. }), "{e}");
     }
 
+    /// The counters come with the snapshot and the records do not move them: applying
+    /// records raises them past every id the records name, so a replica promoted to primary
+    /// hands out no inode number or slice id the log already used.
+    #[test]
+    fn a_replica_s_id_counters_pass_every_id_its_records_name() {
+        let (kv, m) = fresh(&memory);
+        let mut buf = vec![];
+        let (header, _) = dump(kv.as_ref(), &mut buf).unwrap();
+        let replica = memory();
+        load(replica.as_ref(), &mut buf.as_slice()).unwrap();
+        // the primary takes ids from its counters after the snapshot (in batches)
+        let root = Ctx::root();
+        let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+        let slice = crate::meta::SliceRef {
+            id: m.next_slice_id().unwrap(),
+            size: 10,
+            off: 0,
+            len: 10,
+            pos: 0,
+            crcs: vec![7],
+        };
+        m.write_slice(f, 0, slice.clone(), crate::meta::now_ns())
+            .unwrap();
+        let later = read_log(kv.as_ref(), header.version, usize::MAX).unwrap();
+        let recs: Vec<_> = later.iter().map(|(_, r)| r.clone()).collect();
+        apply_replica(replica.as_ref(), header.version + 1, &recs).unwrap();
+        let counter = |name| replica.incr(&crate::meta::keys::counter(name), 0).unwrap();
+        assert!(counter(crate::meta::keys::NEXT_INODE) >= f as i64);
+        assert!(counter(crate::meta::keys::NEXT_SLICE) >= slice.id.0 as i64);
+        // promoted: the next ids are new ones
+        let promoted = Meta::open(replica.clone(), Default::default()).unwrap();
+        let (g, _) = promoted.create(&root, ROOT_INO, b"g", 0o644, 0).unwrap();
+        assert!(g > f, "inode {g} after {f}");
+        assert!(promoted.next_slice_id().unwrap() > slice.id);
+    }
+
     #[test]
     fn an_invalid_record_is_refused_and_changes_nothing() {
         let (kv, m) = fresh(&memory);

@@ -77,6 +77,56 @@ pub struct MirrorConfig {
     pub writes: Writes,
     /// A forwarded mutation that does not complete within this fails with ETIMEDOUT.
     pub write_timeout_ms: u64,
+    /// What this mirror does once promoted to primary (`strait mirror promote`).
+    pub promotion: PromotionConfig,
+}
+
+/// The settings a mirror ships its change log with once it is promoted to primary: those of
+/// `strait primary` of the same names (docs/operations.md, "Promoting a mirror").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PromotionConfig {
+    /// A token the replicator accepts for the role `primary` (raising the epoch, appending,
+    /// heartbeats). Empty: a promotion is refused, saying so.
+    pub replicator_token: String,
+    /// A file whose first line is `replicator_token` (takes precedence over it).
+    pub replicator_token_file: Option<std::path::PathBuf>,
+    pub durability: strait_ship::Durability,
+    pub heartbeat_ms: u64,
+    pub replicated_timeout_ms: u64,
+    /// 0: no lease.
+    pub lease_ms: u64,
+}
+
+impl Default for PromotionConfig {
+    fn default() -> Self {
+        PromotionConfig {
+            replicator_token: String::new(),
+            replicator_token_file: None,
+            durability: strait_ship::Durability::Local,
+            heartbeat_ms: 200,
+            replicated_timeout_ms: 30_000,
+            lease_ms: 0,
+        }
+    }
+}
+
+impl PromotionConfig {
+    /// What the promoted mirror presents to the replicator (the role `primary`), with the TLS
+    /// settings of `sec`.
+    pub fn credentials(&self, sec: &strait_auth::Security) -> Result<strait_auth::Credentials> {
+        let token = match &self.replicator_token_file {
+            Some(f) => strait_auth::read_token_file(f)?,
+            None => self.replicator_token.clone(),
+        };
+        if token.is_empty() {
+            bail!(
+                "this mirror has no token of the role primary for the replicator: set                  `replicator_token` (or `replicator_token_file`) in its [promotion] settings"
+            );
+        }
+        sec.credentials(Some(token.as_str()))
+            .context("the credentials of the promoted mirror")
+    }
 }
 
 /// Which blocks the background sync copies.
@@ -220,6 +270,7 @@ impl Default for MirrorConfig {
             sync_bandwidth_mb_s: 0.0,
             writes: Writes::Forward,
             write_timeout_ms: 30_000,
+            promotion: PromotionConfig::default(),
         }
     }
 }
@@ -326,6 +377,20 @@ impl MirrorConfig {
         if self.write_timeout_ms == 0 {
             bail!("write_timeout_ms must be positive");
         }
+        let p = &self.promotion;
+        if !(10..=10_000).contains(&p.heartbeat_ms) {
+            bail!("promotion.heartbeat_ms must be 10 to 10000");
+        }
+        if p.replicated_timeout_ms == 0 {
+            bail!("promotion.replicated_timeout_ms must be positive");
+        }
+        if p.lease_ms > 0 && p.lease_ms < 5 * p.heartbeat_ms {
+            bail!(
+                "promotion.lease_ms is {}; it must be at least 5 heartbeats ({} ms) or 0",
+                p.lease_ms,
+                5 * p.heartbeat_ms
+            );
+        }
         Ok(())
     }
 
@@ -401,6 +466,17 @@ sync_bandwidth_mb_s = 0.0
 # mirror has applied it) or "refuse" (EROFS), and how long a forwarded one may take.
 writes = "forward"
 write_timeout_ms = 30000
+
+# Once promoted to primary (`strait mirror promote`): the token of the role primary it
+# presents to the replicator (a promotion is refused without one), and how it ships, as
+# `strait primary`'s settings of the same names.
+[promotion]
+replicator_token = ""
+# replicator_token_file = "/etc/strait/replicator-primary.token"
+durability = "local"
+heartbeat_ms = 200
+replicated_timeout_ms = 30000
+lease_ms = 0
 
 # A token per role (docs/security.md): mount (this region's mounts), admin (mirror pause,
 # fsck --compare, snapshots). Files whose first line is the token take precedence.

@@ -16,6 +16,7 @@ use crate::config::{MirrorConfig, Writes};
 use crate::follower::{self, Primary};
 use crate::forward::ForwardSession;
 use crate::metrics::{self, Metrics};
+use crate::promote::{Following, Promoter};
 use crate::router::Router;
 use crate::site::MirrorSite;
 use crate::state::{Mirror, Phase};
@@ -62,6 +63,12 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .await
         .context("open task")?
         .with_context(|| format!("open the mirror's metadata engine {}", cfg.meta_url))?;
+    // the shipper of a promoted mirror hears of each commit at once
+    let (kv, signal) = strait_ship::tap::TappedKv::wrap(kv);
+    let kv2 = kv.clone();
+    let promoted = tokio::task::spawn_blocking(move || crate::promote::recorded(&kv2))
+        .await
+        .context("open task")??;
     let kv2 = kv.clone();
     let applied = tokio::task::spawn_blocking(move || kv2.last_version())
         .await
@@ -79,8 +86,18 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let stop = CancellationToken::new();
     tokio::spawn(wait_for_signal(stop.clone()));
 
-    // the follower bootstraps when the engine is empty, then applies the log
-    let follower = tokio::spawn(follower::run(mirror.clone(), primary.clone(), stop.clone()));
+    // the follower bootstraps when the engine is empty, then applies the log; it and
+    // everything else that follows the old primary stop at a promotion (a promoted mirror
+    // started again follows nothing)
+    let follow_stop = stop.child_token();
+    if promoted.is_some() {
+        follow_stop.cancel();
+    }
+    let follower = tokio::spawn(follower::run(
+        mirror.clone(),
+        primary.clone(),
+        follow_stop.clone(),
+    ));
     if applied == Version::ZERO {
         println!(
             "strait mirror: bootstrapping from the primary at {}",
@@ -149,7 +166,9 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     if blocks.has_local() {
         server = server.with_blocks(cfg.data_url.clone(), Arc::new(Source(blocks.clone())));
     }
-    let server = Arc::new(server);
+    // the shipper's fence and wait, filled in at a promotion
+    let late = Arc::new(crate::promote::LateShipping::default());
+    let server = Arc::new(server.fenced_by(late.clone()).replicated(late.clone()));
     tokio::spawn(blocks.clone().run_copier(stop.clone()));
     tokio::spawn(blocks.clone().run_deleter(stop.clone()));
     let forward = ForwardSession::new(primary.clone(), &cfg.id, engine.clone());
@@ -159,7 +178,32 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         forward.clone(),
         format.block_size,
     );
-    let site = SiteServiceServer::new(MirrorSite::new(mirror.clone()))
+    let promoter = Arc::new(Promoter {
+        mirror: mirror.clone(),
+        engine: engine.clone(),
+        server: server.clone(),
+        forward: forward.clone(),
+        late,
+        signal,
+        following: parking_lot::Mutex::new(Some(Following {
+            stop: follow_stop.clone(),
+            follower,
+        })),
+        stop: stop.clone(),
+        busy: tokio::sync::Mutex::new(()),
+    });
+    if let Some(p) = &promoted {
+        promoter.switch(p).with_context(|| {
+            format!(
+                "this mirror was promoted to primary at epoch {} (from version {}), so it \
+                 starts as the primary",
+                p.epoch, p.from_version
+            )
+        })?;
+    }
+    let mut mirror_site = MirrorSite::new(mirror.clone());
+    mirror_site.promoter = Some(promoter.clone());
+    let site = SiteServiceServer::new(mirror_site)
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let (mut builder, tls) = strait_site::serve::server(
@@ -175,14 +219,14 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         stop.clone(),
         metrics.base.clone(),
     ));
-    tokio::spawn(follower::ack(mirror.clone(), stop.clone()));
+    tokio::spawn(follower::ack(mirror.clone(), follow_stop.clone()));
     tokio::spawn(follower::poll_clock(
         mirror.clone(),
         primary.clone(),
-        stop.clone(),
+        follow_stop.clone(),
     ));
-    tokio::spawn(forward.clone().heartbeat(stop.clone()));
-    tokio::spawn(forward.clone().run_holds(stop.clone()));
+    tokio::spawn(forward.clone().heartbeat(follow_stop.clone()));
+    tokio::spawn(forward.clone().run_holds(follow_stop.clone()));
     {
         let m = mirror.clone();
         let s = stop.clone();
@@ -218,12 +262,23 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .await
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let addr = listener.local_addr().context("the listening address")?;
+    let role = match &promoted {
+        Some(p) => format!(
+            "the primary since its promotion at epoch {} (from version {}), shipping to {}",
+            p.epoch,
+            p.from_version,
+            cfg.replicator.join(", ")
+        ),
+        None => format!(
+            "following {} from version {}",
+            cfg.replicator.join(", "),
+            mirror.applied()
+        ),
+    };
     println!(
-        "strait mirror: serving {} ({}) on {addr} ({tls}), following {} from version {}{}",
+        "strait mirror: serving {} ({}) on {addr} ({tls}), {role}{}",
         format.name,
         cfg.meta_url,
-        cfg.replicator.join(", "),
-        mirror.applied(),
         metrics_addr
             .map(|a| format!(", metrics on http://{a}/metrics"))
             .unwrap_or_default()
@@ -246,7 +301,10 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         _ = async { stop.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {}
     }
     stop.cancel();
-    let _ = follower.await;
+    let following = promoter.following.lock().take();
+    if let Some(f) = following {
+        let _ = f.follower.await;
+    }
     let kv2 = kv.clone();
     tokio::task::spawn_blocking(move || kv2.sync())
         .await

@@ -744,6 +744,12 @@ mod tests {
         ) -> Result<tonic::Response<s::GcReply>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
+        async fn promote(
+            &self,
+            _req: tonic::Request<s::PromoteRequest>,
+        ) -> Result<tonic::Response<s::PromoteReply>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
         type SweepOrphansStream = strait_site::orphans::SweepStream;
         async fn sweep_orphans(
             &self,

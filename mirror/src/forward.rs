@@ -101,6 +101,11 @@ impl ForwardSession {
         }
     }
 
+    /// Every range the primary gave this mirror for its mounts: (mount, first id, end).
+    pub(crate) fn granted_ranges(&self) -> Vec<(u64, SliceId, u64)> {
+        self.granted.lock().by_mount.ranges()
+    }
+
     /// The first of `ids` the primary did not give this mirror for `mount`, if any.
     pub(crate) fn foreign(
         &self,

@@ -13,6 +13,7 @@
 //!   [`calls`] says which calls are reads, mutations or the region's own.
 //! - [`site`]: digests at a chosen version and the mirror's status, for `fsck --compare`
 //!   and `mirror status`.
+//! - [`promote`]: becoming the primary in place (`strait mirror promote`).
 //! - [`daemon`]: starting and stopping it all.
 
 pub mod blocks;
@@ -23,6 +24,7 @@ pub mod follower;
 pub mod forward;
 pub mod lag;
 pub mod metrics;
+pub mod promote;
 pub mod router;
 pub mod site;
 pub mod state;

@@ -591,7 +591,38 @@ impl Router {
         reply
     }
 
+    /// At a mirror promoted to primary: every call is answered here. A write's blocks are in
+    /// this region's store (its mount wrote them there): marked so before it commits, so that
+    /// readers here never look for them elsewhere.
+    async fn answer_promoted(self, method: &str, req: http::Request<Body>) -> Reply {
+        if method != "WriteSlice" && method != "CompactChunk" {
+            return Self::local_call(self.local.clone(), req).await;
+        }
+        let (parts, body) = req.into_parts();
+        let bytes = match http_body_util_collect(body).await {
+            Ok(b) => b,
+            Err(s) => return status_reply(s),
+        };
+        let slices = match method {
+            "WriteSlice" => decode::<w::WriteSliceRequest>(&bytes)
+                .map(|r| r.slice.into_iter().collect::<Vec<_>>()),
+            _ => decode::<w::CompactChunkRequest>(&bytes).map(|r| r.new),
+        };
+        // a request that does not decode goes on as it is: the service says what is wrong
+        if let Ok(Ok(slices)) = slices.map(strait_proto::slices_from_wire) {
+            self.mirror
+                .blocks
+                .mark_written(&slices, self.block_size)
+                .await;
+        }
+        let req = http::Request::from_parts(parts, Body::new(http_body_full(bytes)));
+        Self::local_call(self.local.clone(), req).await
+    }
+
     async fn answer(self, method: &str, class: Class, req: http::Request<Body>) -> Reply {
+        if self.mirror.promoted() {
+            return self.answer_promoted(method, req).await;
+        }
         // a call of a session this mirror does not hold is refused as the primary refuses
         // it (the local service asks for itself); it is never forwarded under the mirror's
         if class != Class::Local {

@@ -22,6 +22,8 @@ pub const PAUSE_MS_MAX: u64 = 3_600_000;
 
 pub struct MirrorSite {
     pub mirror: Arc<Mirror>,
+    /// What `Promote` runs (None until the daemon has opened its engine).
+    pub promoter: Option<Arc<crate::promote::Promoter>>,
     /// One digest at a time.
     pub holding: tokio::sync::Mutex<()>,
     /// Bumped by every pause and digest, so that a pause's timer lifts only its own hold.
@@ -32,6 +34,7 @@ impl MirrorSite {
     pub fn new(mirror: Arc<Mirror>) -> Self {
         MirrorSite {
             mirror,
+            promoter: None,
             holding: tokio::sync::Mutex::new(()),
             generation: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
@@ -80,6 +83,20 @@ impl SiteService for MirrorSite {
         let r = req.into_inner();
         let kv = self.mirror.kv.clone();
         let at = Version(r.at_version);
+        if self.mirror.promoted() {
+            // the primary now: it answers at its current version only, as a primary does
+            let (digest, version) = digest_now(kv).await?;
+            if at != Version::ZERO && at != version {
+                return Err(Status::failed_precondition(format!(
+                    "this mirror was promoted to primary and is at version {version}, not {at}: \
+                     it answers at its current version only"
+                )));
+            }
+            return Ok(Response::new(s::DigestReply {
+                digest,
+                version: version.0,
+            }));
+        }
         if at == Version::ZERO {
             let (digest, version) = digest_now(kv).await?;
             return Ok(Response::new(s::DigestReply {
@@ -189,8 +206,38 @@ impl SiteService for MirrorSite {
         }))
     }
 
+    async fn promote(
+        &self,
+        req: Request<s::PromoteRequest>,
+    ) -> Result<Response<s::PromoteReply>, Status> {
+        let Some(p) = &self.promoter else {
+            return Err(Status::unavailable(
+                "the mirror is still starting: try again in a moment",
+            ));
+        };
+        let timeout = match req.into_inner().timeout_ms {
+            0 => crate::promote::DRAIN_TIMEOUT_DEFAULT,
+            t => Duration::from_millis(t.min(DIGEST_TIMEOUT_MS_MAX)),
+        };
+        let promotion = p.promote(timeout).await?;
+        Ok(Response::new(s::PromoteReply {
+            promotion: Some(promotion),
+        }))
+    }
+
     async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {
         let m = self.mirror.status();
+        let promoted = self.mirror.promoted();
+        let version = if promoted {
+            let kv = self.mirror.kv.clone();
+            tokio::task::spawn_blocking(move || kv.last_version())
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .unwrap_or(Version(m.applied_version))
+        } else {
+            Version(m.applied_version)
+        };
         let name = tokio::task::spawn_blocking({
             let kv = self.mirror.kv.clone();
             move || strait_fs_core::meta::Meta::load_format(kv.as_ref()).map(|f| f.name)
@@ -200,9 +247,9 @@ impl SiteService for MirrorSite {
         .and_then(|r| r.ok())
         .unwrap_or_default();
         Ok(Response::new(s::SiteStatus {
-            role: "mirror".into(),
+            role: if promoted { "primary" } else { "mirror" }.into(),
             name,
-            version: m.applied_version,
+            version: version.0,
             clock_ms: now_ms(),
             replicator: self.mirror.cfg.replicator.clone(),
             mirror: Some(m),

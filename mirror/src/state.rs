@@ -86,6 +86,10 @@ pub struct Mirror {
     /// (attributes from the primary and then a chunk's slices from older metadata read as
     /// zeros).
     seen: AtomicU64,
+    /// Set once this mirror was promoted to primary ([`crate::promote`]): from then on its
+    /// region's calls are answered here, mutations included, and nothing is forwarded.
+    promoted: std::sync::atomic::AtomicBool,
+    promotion: Mutex<Option<s::Promotion>>,
 }
 
 pub fn wall_us() -> u64 {
@@ -131,6 +135,8 @@ impl Mirror {
             hold: Mutex::new(None),
             apply_lock: tokio::sync::Mutex::new(()),
             seen: AtomicU64::new(0),
+            promoted: std::sync::atomic::AtomicBool::new(false),
+            promotion: Mutex::new(None),
         })
     }
 
@@ -286,10 +292,30 @@ impl Mirror {
         self.inner.lock().stream_ms = now;
     }
 
+    /// Whether this mirror is the primary now.
+    pub fn promoted(&self) -> bool {
+        self.promoted.load(Ordering::Acquire)
+    }
+
+    /// The promotion, once there was one.
+    pub fn promotion(&self) -> Option<s::Promotion> {
+        *self.promotion.lock()
+    }
+
+    /// From now on this mirror is the primary: its region's calls are answered here.
+    pub fn set_promoted(&self, p: s::Promotion) {
+        *self.promotion.lock() = Some(p);
+        self.promoted.store(true, Ordering::Release);
+        self.bump();
+    }
+
     /// Whether reads may be answered from the mirror's own metadata under the window: the
     /// lag is known and within it, and the mirror has applied every version a forwarded
     /// answer may have shown (see `seen`).
     pub fn fresh(&self) -> bool {
+        if self.promoted() {
+            return true;
+        }
         let (phase, lag, applied) = {
             let i = self.inner.lock();
             (i.phase, Self::lag_of(&i, self.mono_ms()), i.lag.applied)
@@ -371,9 +397,15 @@ impl Mirror {
         let p50 = quantile(&mut recent, 0.5);
         let p99 = quantile(&mut recent, 0.99);
         let max = recent.last().copied().unwrap_or(0);
+        let promotion = *self.promotion.lock();
+        let state = match &promotion {
+            Some(_) => "promoted",
+            None => state_name(i.phase, &lag, self.cfg.window_ms, self.cfg.silence_ms),
+        };
         s::MirrorState {
             id: self.cfg.id.clone(),
-            state: state_name(i.phase, &lag, self.cfg.window_ms, self.cfg.silence_ms).into(),
+            state: state.into(),
+            promotion,
             applied_version: i.lag.applied.0,
             latest_version: lag.latest.0,
             lag_versions: lag.versions,

@@ -60,36 +60,8 @@ pub struct PrimaryConfig {
     pub lease_ms: u64,
 }
 
-/// When a client's operation returns (docs/changelog.md, "Durability modes").
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// After the primary's local commit; the window of loss is the unshipped outbox.
-    #[default]
-    Local,
-    /// After the replicator has committed the operation's version.
-    Replicated,
-}
-
-impl std::str::FromStr for Durability {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "local" => Ok(Durability::Local),
-            "replicated" => Ok(Durability::Replicated),
-            o => bail!("durability {o:?}: expected `local` or `replicated`"),
-        }
-    }
-}
-
-impl std::fmt::Display for Durability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Durability::Local => "local",
-            Durability::Replicated => "replicated",
-        })
-    }
-}
+/// When a client's operation returns (shared with a promoted mirror).
+pub use strait_ship::Durability;
 
 impl Default for PrimaryConfig {
     fn default() -> Self {

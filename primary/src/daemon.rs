@@ -13,9 +13,7 @@ use strait_site::sessions::expire_sessions;
 use strait_site::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Durability, PrimaryConfig};
-use strait_ship::fence::{EpochFence, ShippedWait};
-use strait_ship::shipper::{Shipper, ShipperConfig};
+use crate::config::PrimaryConfig;
 use strait_ship::tap::TappedKv;
 
 /// How long calls in flight may take to finish after SIGTERM.
@@ -65,33 +63,28 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let ship_stop = CancellationToken::new();
     let mut shipped = None;
     if let Some(signal) = signal {
-        let shipper = Shipper::new(
+        let settings = strait_ship::Settings {
+            replicator: cfg.replicator.clone(),
+            creds: replicator_creds.clone(),
+            epoch: cfg.epoch,
+            heartbeat: Duration::from_millis(cfg.heartbeat_ms),
+            durability: cfg.durability,
+            replicated_timeout: Duration::from_millis(cfg.replicated_timeout_ms),
+            lease: (cfg.lease_ms > 0).then(|| Duration::from_millis(cfg.lease_ms)),
+        };
+        let shipping = strait_ship::start(
             engine.kv().clone(),
             signal,
-            ShipperConfig {
-                replicator: cfg.replicator.clone(),
-                creds: replicator_creds.clone(),
-                epoch: cfg.epoch,
-                heartbeat: Duration::from_millis(cfg.heartbeat_ms),
-            },
+            &settings,
             metrics.clone(),
+            ship_stop.clone(),
         )?;
-        if cfg.durability == Durability::Replicated {
-            server = server.replicated(Arc::new(ShippedWait {
-                shipped: shipper.watch(),
-                timeout: Duration::from_millis(cfg.replicated_timeout_ms),
-            }));
+        if let Some(wait) = shipping.wait {
+            server = server.replicated(wait);
         }
         // a primary whose epoch another primary superseded commits nothing more
-        server = server.fenced_by(Arc::new(EpochFence {
-            shipped: shipper.watch(),
-            started: std::time::Instant::now(),
-            strict: cfg.durability == Durability::Replicated,
-            lease: (cfg.lease_ms > 0)
-                .then(|| (Duration::from_millis(cfg.lease_ms), shipper.contact())),
-        }));
-        shipper.spawn(ship_stop.clone());
-        shipped = Some(shipper.watch());
+        server = server.fenced_by(shipping.fence);
+        shipped = Some(shipping.shipper.watch());
         tracing::info!(
             "shipping the change log to the replicator at {} (epoch {}, durability {})",
             cfg.replicator.join(", "),

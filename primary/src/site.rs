@@ -80,6 +80,15 @@ impl SiteService for PrimarySite {
         ))
     }
 
+    async fn promote(
+        &self,
+        _req: Request<s::PromoteRequest>,
+    ) -> Result<Response<s::PromoteReply>, Status> {
+        Err(Status::failed_precondition(
+            "this daemon is the primary already: promote a mirror (`strait mirror promote --addr MIRROR`)",
+        ))
+    }
+
     async fn gc(&self, _req: Request<s::Empty>) -> Result<Response<s::GcReply>, Status> {
         let Some(gc) = &self.gc else {
             return Err(Status::failed_precondition(

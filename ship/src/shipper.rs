@@ -30,8 +30,8 @@ use strait_replicator_client::{refusal, Credentials, LogClient};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use strait_site::metrics::Metrics;
 use crate::tap::CommitSignal;
+use strait_site::metrics::Metrics;
 
 /// Most records in one append.
 pub const BATCH_RECORDS: usize = 8192;

@@ -120,6 +120,14 @@ impl SliceRanges {
         self.sessions.clear();
     }
 
+    /// Every range remembered: (session, first id, end), the end excluded.
+    pub fn ranges(&self) -> Vec<(u64, SliceId, u64)> {
+        self.sessions
+            .iter()
+            .flat_map(|(&sid, g)| g.ranges.iter().map(move |&(f, e)| (sid, SliceId(f), e)))
+            .collect()
+    }
+
     /// Sessions remembered.
     pub fn sessions(&self) -> usize {
         self.sessions.len()

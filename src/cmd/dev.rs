@@ -133,7 +133,8 @@ fn up(a: UpArgs) -> Result<()> {
         link_mb_s: a.link_mb_s,
         primary_proxies: false,
         primary_args: vec!["--durability".into(), a.durability.clone()],
-        mirror_args: vec![],
+        // a promoted mirror keeps the primary's durability
+        mirror_args: vec!["--promotion-durability".into(), a.durability.clone()],
         mount_args: vec![],
         format_args: vec![],
         tls: a.tls,

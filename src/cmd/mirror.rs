@@ -83,6 +83,12 @@ pub struct ServeArgs {
     /// A forwarded mutation not done within this many ms fails with ETIMEDOUT.
     #[arg(long)]
     pub write_timeout_ms: Option<u64>,
+    /// Once promoted: a file holding a token the replicator accepts for the role primary.
+    #[arg(long)]
+    pub promotion_token_file: Option<std::path::PathBuf>,
+    /// Once promoted: `local` or `replicated` durability.
+    #[arg(long)]
+    pub promotion_durability: Option<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -95,6 +101,23 @@ pub enum Action {
     Pause(PauseArgs),
     /// Let a paused mirror's applier go on at once.
     Resume(ResumeArgs),
+    /// Make a mirror the primary, in place (the old primary is fenced; docs/operations.md,
+    /// "Promoting a mirror").
+    Promote(PromoteArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PromoteArgs {
+    /// The mirror's address (its metadata service).
+    #[arg(long)]
+    pub addr: String,
+    /// A token of the role admin (or a client certificate naming it), and TLS.
+    #[command(flatten)]
+    pub client: super::creds::ClientArgs,
+    /// How long the mirror may take to apply what the log committed before the promotion,
+    /// in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_s: u64,
 }
 
 #[derive(clap::Args)]
@@ -190,6 +213,12 @@ impl ServeArgs {
         if let Some(v) = &self.data_url {
             c.data_url = v.clone();
         }
+        if let Some(v) = &self.promotion_token_file {
+            c.promotion.replicator_token_file = Some(v.clone());
+        }
+        if let Some(v) = &self.promotion_durability {
+            c.promotion.durability = v.parse()?;
+        }
         if let Some(v) = &self.primary_data_url {
             c.primary_data_url = v.clone();
         }
@@ -230,6 +259,26 @@ pub fn run(a: Args) -> Result<()> {
             println!(
                 "mirror {} paused at version {v} for {} s (strait mirror resume lifts it)",
                 p.addr, p.seconds
+            );
+            Ok(())
+        }
+        Some(Action::Promote(p)) => {
+            let started = std::time::Instant::now();
+            let got = super::runtime()?.block_on(promote(&p))?;
+            println!(
+                "mirror {} is the primary at epoch {}, from version {} on ({:.2} s: a replicator \
+                 leader after {} ms, epoch raised in {} ms, the rest of the log applied in {} ms, \
+                 switched in {} ms); {} blocks ({} bytes) had not been copied into its region yet",
+                p.addr,
+                got.epoch,
+                got.from_version + 1,
+                started.elapsed().as_secs_f64(),
+                got.elect_ms,
+                got.bump_ms,
+                got.drain_ms,
+                got.switch_ms,
+                got.pending_blocks,
+                got.pending_bytes
             );
             Ok(())
         }
@@ -281,6 +330,19 @@ pub struct Row {
     pub blocks: Option<Blocks>,
     /// Why this mirror's cursor at the replicator deserves attention (empty: it does not).
     pub cursor_warning: String,
+    /// Set once this mirror was promoted to primary.
+    pub promotion: Option<Promotion>,
+}
+
+/// A mirror's promotion to primary, in `mirror status`.
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Promotion {
+    pub epoch: u64,
+    pub from_version: u64,
+    pub at_ms: u64,
+    pub took_ms: u64,
+    pub pending_blocks: u64,
+    pub pending_bytes: u64,
 }
 
 /// A mirror's data blocks, in `mirror status`.
@@ -313,6 +375,14 @@ pub struct Report {
 fn row_of(addr: &str, m: s::MirrorState) -> Row {
     Row {
         cursor_warning: String::new(),
+        promotion: m.promotion.map(|p| Promotion {
+            epoch: p.epoch,
+            from_version: p.from_version,
+            at_ms: p.at_ms,
+            took_ms: p.elect_ms + p.bump_ms + p.drain_ms + p.switch_ms,
+            pending_blocks: p.pending_blocks,
+            pending_bytes: p.pending_bytes,
+        }),
         mirror: m.id,
         addr: addr.to_string(),
         state: m.state,
@@ -394,6 +464,27 @@ async fn pause(addr: &str, creds: &Credentials, hold_ms: u64) -> Result<u64> {
     Ok(r.into_inner().applied_version)
 }
 
+/// Promote the mirror at `p.addr`; its promotion.
+async fn promote(p: &PromoteArgs) -> Result<s::Promotion> {
+    if p.timeout_s == 0 || p.timeout_s > 600 {
+        anyhow::bail!("--timeout-s {}: expected 1 to 600", p.timeout_s);
+    }
+    let primary = strait_mirror::follower::Primary::new(&p.addr, &p.client.credentials()?)?;
+    let mut c = primary.site();
+    let r = tokio::time::timeout(
+        Duration::from_secs(p.timeout_s + 30),
+        c.promote(s::PromoteRequest {
+            timeout_ms: p.timeout_s * 1000,
+        }),
+    )
+    .await
+    .with_context(|| format!("{} did not answer within {} s", p.addr, p.timeout_s + 30))?
+    .map_err(|st| anyhow::anyhow!("promote the mirror at {}: {}", p.addr, st.message()))?;
+    r.into_inner()
+        .promotion
+        .with_context(|| format!("{} answered without its promotion", p.addr))
+}
+
 /// Gather the report from `addr` (a mirror, a primary or a replicator node).
 pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut report = Report::default();
@@ -401,7 +492,8 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut is_primary = false;
     let site_creds = a.client.credentials()?;
     match site_status(&a.addr, &site_creds).await {
-        Ok(st) if st.role == "mirror" => {
+        // a mirror, or one promoted to primary
+        Ok(st) if st.role == "mirror" || st.mirror.is_some() => {
             if let Some(m) = st.mirror {
                 report.primary_version = m.latest_version;
                 report.mirrors.push(row_of(&a.addr, m));
@@ -557,6 +649,21 @@ fn print_table(r: &Report) {
     }
     for m in r.mirrors.iter().filter(|m| !m.cursor_warning.is_empty()) {
         println!("warning: {}", m.cursor_warning);
+    }
+    for m in &r.mirrors {
+        if let Some(p) = &m.promotion {
+            println!(
+                "{} was promoted to primary at epoch {}, from version {} on, {} ms after the \
+                 Unix epoch (took {} ms; {} blocks, {} not yet in its region then)",
+                m.mirror,
+                p.epoch,
+                p.from_version + 1,
+                p.at_ms,
+                p.took_ms,
+                p.pending_blocks,
+                super::human_bytes(p.pending_bytes)
+            );
+        }
     }
     let with_blocks: Vec<_> = r
         .mirrors

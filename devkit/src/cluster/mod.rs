@@ -429,6 +429,10 @@ impl Cluster {
                 token_file("mirror"),
                 s("--replicator-token-file"),
                 token_file("mirror"),
+                // `strait mirror promote` makes it the primary: the replicator's token of
+                // that role
+                s("--promotion-token-file"),
+                token_file("primary"),
                 s("--primary"),
                 s(to_primary.addr()),
                 s("--replicator"),

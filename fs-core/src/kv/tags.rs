@@ -80,6 +80,9 @@ registry! {
     MIRROR_STATS = b'P', "strait-mirror blocks (the copy queue)";
     /// `B id index` (no value): block `index` of slice `id` is in the mirror's region's store.
     MIRROR_SYNCED = b'B', "strait-mirror blocks (the marks)";
+    /// `O 0 "promotion"` -> the promotion of this mirror to primary (epoch, the version it
+    /// took over from, when), once there was one: a restart comes back as the primary.
+    MIRROR_ROLE = b'O', "strait-mirror promote";
 }
 
 #[cfg(test)]

@@ -76,3 +76,18 @@ impl Blocks {
         Ok(())
     }
 }
+
+impl Blocks {
+    /// At a mirror promoted to primary, before a write made here commits: the mount wrote
+    /// every block of `slices` to this region's store, so none is to be fetched elsewhere.
+    pub async fn mark_written(&self, slices: &[SliceRef], bs: u32) {
+        if self.local.is_none() {
+            return;
+        }
+        for s in slices.iter().filter(|s| !s.id.is_hole()) {
+            for index in 0..block_count(s.size, bs) {
+                self.mark(s.id, index, true).await;
+            }
+        }
+    }
+}

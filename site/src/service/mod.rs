@@ -249,6 +249,13 @@ impl MetaServer {
         &self.engine
     }
 
+    /// Session `sid` holds `count` slice ids from `first`, given elsewhere (a promoted
+    /// mirror takes over the ranges the old primary gave its mounts through it), so its
+    /// writes under them are taken here.
+    pub fn grant_slices(&self, sid: u64, first: strait_fs_core::SliceId, count: u32) {
+        self.slice_ranges.lock().grant(sid, first, count);
+    }
+
     /// Forget the in-memory views of sessions the engine no longer lists (closed or timed out).
     /// When each session was last heard from (see [`crate::sessions`]).
     pub fn heard(&self) -> Arc<Heard> {

@@ -40,7 +40,7 @@ impl Meta {
 
     pub fn access(&self, ctx: &Ctx, ino: Ino, mask: u32) -> Result<()> {
         let a = self.getattr(ino)?;
-        if mask & MAY_WRITE != 0 && self.read_only && !self.writes_elsewhere {
+        if mask & MAY_WRITE != 0 && self.is_read_only() && !self.writes_elsewhere {
             return sys(libc::EROFS);
         }
         access(&a, ctx, mask)

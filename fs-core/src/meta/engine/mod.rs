@@ -13,7 +13,7 @@ mod setattr;
 mod xattr;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -50,7 +50,9 @@ type OpenTable = Arc<Mutex<HashMap<Ino, HashMap<u64, u32>>>>;
 pub struct Meta {
     kv: DynKv,
     format: Format,
-    read_only: bool,
+    /// Shared by every view: a mirror promoted to primary lifts it for all of them at once
+    /// ([`Meta::allow_writes`]).
+    read_only: Arc<AtomicBool>,
     writes_elsewhere: bool,
     sid: AtomicU64,
     /// Inode numbers and slice ids taken from the shared counters and not used yet:
@@ -203,7 +205,7 @@ impl Meta {
         Ok(Arc::new(Meta {
             kv,
             format,
-            read_only: opts.read_only,
+            read_only: Arc::new(AtomicBool::new(opts.read_only)),
             writes_elsewhere: opts.writes_elsewhere,
             sid: AtomicU64::new(0),
             inodes: Arc::new(Mutex::new((0, 0))),
@@ -221,7 +223,7 @@ impl Meta {
         Arc::new(Meta {
             kv: self.kv.clone(),
             format: self.format.clone(),
-            read_only: self.read_only,
+            read_only: self.read_only.clone(),
             writes_elsewhere: self.writes_elsewhere,
             sid: AtomicU64::new(sid),
             inodes: Arc::new(Mutex::new((0, 0))),
@@ -263,7 +265,14 @@ impl Meta {
         &self.format
     }
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    /// Take mutations from now on, in this engine and every view of it (sessions' views
+    /// included): a mirror promoted to primary, once it has applied everything committed
+    /// before the promotion and raised its id counters past every id in use.
+    pub fn allow_writes(&self) {
+        self.read_only.store(false, Ordering::Release);
     }
     /// Whether this read-only engine's mutations are made elsewhere (see [`MetaOptions`]).
     pub fn writes_elsewhere(&self) -> bool {
@@ -274,7 +283,7 @@ impl Meta {
     }
 
     fn writable(&self) -> Result<()> {
-        if self.read_only {
+        if self.is_read_only() {
             sys(libc::EROFS)
         } else {
             Ok(())

@@ -168,7 +168,7 @@ impl Meta {
     pub fn release_versioned(&self, ino: Ino) -> Result<Committed<()>> {
         let last = self.drop_handle(ino);
         let mut version = None;
-        if last && !self.read_only {
+        if last && !self.is_read_only() {
             version = self.delete_unlinked(ino)?;
         }
         Ok(Committed::new((), version))

@@ -20,7 +20,7 @@ impl Meta {
         Arc::new(Meta {
             kv: self.kv.clone(),
             format: self.format.clone(),
-            read_only: self.read_only,
+            read_only: self.read_only.clone(),
             writes_elsewhere: self.writes_elsewhere,
             sid: AtomicU64::new(self.session_id()),
             inodes: self.inodes.clone(),

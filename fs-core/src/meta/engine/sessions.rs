@@ -83,7 +83,11 @@ impl Meta {
         let mut version = None;
         // a read-only engine (a mirror's) deletes nothing itself: the primary decides when an
         // unlinked file goes, and the mirror applies that
-        let sustained = if self.read_only { vec![] } else { sustained };
+        let sustained = if self.is_read_only() {
+            vec![]
+        } else {
+            sustained
+        };
         for ino in sustained {
             // kept while some other session holds it open
             version = version.max(self.delete_unlinked(ino)?);

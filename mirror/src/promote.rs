@@ -1,0 +1,367 @@
+//! Promoting this mirror to primary (`strait mirror promote`, docs/operations.md, "Promoting
+//! a mirror"), in place: the daemon keeps its listener and its mounts' sessions, and the calls
+//! it forwarded to the old primary are committed here from then on.
+//!
+//! # To ensure correctness
+//! - The replicator's epoch is raised first. From then on it refuses the old primary's appends
+//!   and heartbeats, so the log's end at that moment is final for the old epoch: nothing the
+//!   old primary commits later can be acknowledged in `replicated` durability (it is fenced),
+//!   and nothing it committed before is lost to this mirror.
+//! - No change is committed here before every version up to that end is applied and the
+//!   follower has stopped: the new primary's first version is the one after it.
+//! - The id counters are past every id the log used (the replica's apply raises them, see
+//!   `changelog::apply_replica_with`) and past every slice id the old primary gave this
+//!   region's mounts through the mirror, whose blocks may be in this region's store.
+//! - The promotion is written in the metadata before the first change is taken, so a restart
+//!   comes back as the primary, shipping at the new epoch; it never follows again.
+//! - A promotion that fails before the epoch was raised changes nothing. One that fails after
+//!   it (the rest of the log was not applied in time) leaves the mirror following, fenced
+//!   primary or not: calling promote again raises the epoch once more and goes on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prost::Message;
+use strait_fs_core::kv::{self, tags, DynKv};
+use strait_fs_core::meta::{keys, Meta};
+use strait_fs_core::{Epoch, Version};
+use strait_proto::site as s;
+use strait_replicator_client::LogClient;
+use strait_ship::tap::CommitSignal;
+use strait_ship::Shipping;
+use strait_site::{MetaServer, ReplicationWait, WriteFence};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::forward::ForwardSession;
+use crate::state::{Mirror, Phase};
+
+/// How long a promotion waits for the rest of the log when the call names no limit.
+pub const DRAIN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+/// How long a promotion waits for the replicator to elect a leader, and how often it looks.
+const ELECTION_WAIT_MAX: Duration = Duration::from_secs(30);
+const ELECTION_POLL: Duration = Duration::from_millis(100);
+/// How long the follower may take to stop once the log is applied.
+const FOLLOWER_STOP: Duration = Duration::from_secs(10);
+
+/// The key of the promotion in the mirror's metadata (region-local: never in the change log,
+/// snapshots or digests).
+fn promotion_key() -> Vec<u8> {
+    let mut k = vec![tags::MIRROR_ROLE, 0, 0, 0, 0, 0, 0, 0, 0];
+    k.extend_from_slice(b"promotion");
+    k
+}
+
+/// The promotion this mirror's metadata records, if it was promoted.
+pub fn recorded(kv: &DynKv) -> anyhow::Result<Option<s::Promotion>> {
+    let mut got = None;
+    kv::read(kv.as_ref(), |t| {
+        got = t.get(&promotion_key())?;
+        Ok(())
+    })?;
+    match got {
+        None => Ok(None),
+        Some(b) => s::Promotion::decode(b.as_slice())
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("the recorded promotion does not decode: {e}")),
+    }
+}
+
+fn record(kv: &DynKv, p: &s::Promotion) -> strait_fs_core::Result<()> {
+    let b = p.encode_to_vec();
+    kv::txn(kv.as_ref(), |t| {
+        t.put(&promotion_key(), &b);
+        Ok(())
+    })?;
+    kv.sync()
+}
+
+/// The shipper's fence and replication wait, given to the metadata service when the daemon
+/// starts and filled in at the promotion. Until then the engine is read-only (mutations are
+/// forwarded, or answer EROFS), and neither is asked anything that matters.
+#[derive(Default)]
+pub struct LateShipping(OnceLock<Shipping>);
+
+impl WriteFence for LateShipping {
+    fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        match self.0.get() {
+            Some(s) => s.fence.refused(),
+            None => Box::pin(async { None }),
+        }
+    }
+
+    fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        match self.0.get() {
+            Some(s) => s.fence.unsettled(),
+            None => Box::pin(async { None }),
+        }
+    }
+}
+
+impl ReplicationWait for LateShipping {
+    fn wait(
+        &self,
+        version: Version,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        match self.0.get().and_then(|s| s.wait.as_ref()) {
+            Some(w) => w.wait(version),
+            None => Box::pin(async { Ok(()) }),
+        }
+    }
+}
+
+/// What follows the old primary: stopped at the promotion.
+pub struct Following {
+    pub stop: CancellationToken,
+    pub follower: JoinHandle<()>,
+}
+
+/// Everything a promotion touches.
+pub struct Promoter {
+    pub mirror: Arc<Mirror>,
+    pub engine: Arc<Meta>,
+    pub server: Arc<MetaServer>,
+    pub forward: Arc<ForwardSession>,
+    pub late: Arc<LateShipping>,
+    pub signal: Arc<CommitSignal>,
+    pub following: Mutex<Option<Following>>,
+    /// The daemon's stop: the shipper runs until it.
+    pub stop: CancellationToken,
+    /// One promotion at a time.
+    pub busy: tokio::sync::Mutex<()>,
+}
+
+/// The result of an engine call on the blocking pool, as a status.
+fn joined<T>(
+    what: &str,
+    r: Result<strait_fs_core::Result<T>, tokio::task::JoinError>,
+) -> Result<T, Status> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Status::internal(format!("{what}: {e}"))),
+        Err(e) => Err(Status::internal(format!("{what}: {e}"))),
+    }
+}
+
+impl Promoter {
+    /// Promote this mirror (the site service's `Promote`).
+    pub async fn promote(&self, drain_timeout: Duration) -> Result<s::Promotion, Status> {
+        let Ok(_one) = self.busy.try_lock() else {
+            return Err(Status::failed_precondition(
+                "a promotion of this mirror is under way",
+            ));
+        };
+        if let Some(p) = self.mirror.promotion() {
+            return Err(Status::failed_precondition(format!(
+                "this mirror is the primary already (promoted at epoch {}, from version {})",
+                p.epoch, p.from_version
+            )));
+        }
+        match self.mirror.phase() {
+            Phase::Bootstrapping => {
+                return Err(Status::failed_precondition(
+                    "the mirror is loading a snapshot: it holds no complete state to promote",
+                ))
+            }
+            Phase::Halted => {
+                return Err(Status::failed_precondition(
+                    "the mirror's applier halted on an invalid record: it cannot apply the rest \
+                     of the log, so it cannot be promoted",
+                ))
+            }
+            _ => {}
+        }
+        let cfg = &self.mirror.cfg;
+        let creds = cfg
+            .promotion
+            .credentials(&cfg.security)
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        let client = LogClient::new(&cfg.replicator, &creds)?;
+
+        // 1. fence the old primary: raise the epoch
+        // the old primary's region may have held the leader: wait for the election
+        let t0 = Instant::now();
+        let elect_by = t0 + drain_timeout.min(ELECTION_WAIT_MAX);
+        let st = loop {
+            match client.leader_status().await {
+                Ok(st) => break st,
+                Err(s) if Instant::now() >= elect_by => {
+                    return Err(Status::unavailable(format!(
+                        "the replicator has had no leader for {:?} ({}); nothing was changed",
+                        t0.elapsed(),
+                        s.message()
+                    )))
+                }
+                Err(_) => tokio::time::sleep(ELECTION_POLL).await,
+            }
+        };
+        let elect_ms = t0.elapsed().as_millis() as u64;
+        let t0 = Instant::now();
+        let epoch = Epoch(st.epoch + 1);
+        let bumped = client.bump_epoch(epoch).await.map_err(|s| {
+            Status::unavailable(format!(
+                "raise the replicator's epoch to {epoch}: {}; nothing was changed",
+                s.message()
+            ))
+        })?;
+        let from = Version(bumped.last_version);
+        tracing::warn!(
+            "promotion: raised the replicator's epoch to {} (the old primary is fenced); the \
+             log ends at version {from}",
+            bumped.epoch
+        );
+        let bump_ms = t0.elapsed().as_millis() as u64;
+
+        // 2. apply the rest of the log, then stop following
+        let t1 = Instant::now();
+        let mut changed = self.mirror.changed.subscribe();
+        let drained = tokio::time::timeout(drain_timeout, async {
+            while self.mirror.applied() < from {
+                let _ = tokio::time::timeout(Duration::from_millis(50), changed.changed()).await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            return Err(Status::deadline_exceeded(format!(
+                "raised the epoch to {epoch} (the old primary is fenced), but this mirror applied \
+                 only up to version {} of {from} within {drain_timeout:?}: it goes on following; \
+                 promote it again once it has caught up",
+                self.mirror.applied()
+            )));
+        }
+        let following = self.following.lock().take();
+        if let Some(f) = following {
+            f.stop.cancel();
+            if tokio::time::timeout(FOLLOWER_STOP, f.follower)
+                .await
+                .is_err()
+            {
+                return Err(Status::internal(format!(
+                    "the follower did not stop within {FOLLOWER_STOP:?}; nothing was committed \
+                     here (the epoch is {epoch})"
+                )));
+            }
+        }
+        let kv = self.mirror.kv.clone();
+        let at = joined(
+            "read the version",
+            tokio::task::spawn_blocking(move || kv.last_version()).await,
+        )?;
+        if at != from {
+            return Err(Status::internal(format!(
+                "the mirror is at version {at} after following stopped, not at the log's end \
+                 {from}: not promoted (restart it to follow again)"
+            )));
+        }
+        let drain_ms = t1.elapsed().as_millis() as u64;
+
+        // 3. take over: ids, the promotion on disk, then the shipper and the writes
+        let t2 = Instant::now();
+        self.take_slice_ranges().await?;
+        let blocks = self.mirror.blocks.stats();
+        let mut p = s::Promotion {
+            epoch: epoch.0,
+            from_version: from.0,
+            at_ms: strait_site::now_ms(),
+            elect_ms,
+            bump_ms,
+            drain_ms,
+            switch_ms: 0,
+            pending_blocks: blocks.pending_blocks,
+            pending_bytes: blocks.pending_bytes,
+        };
+        let kv = self.mirror.kv.clone();
+        let rec = p;
+        joined(
+            "record the promotion",
+            tokio::task::spawn_blocking(move || record(&kv, &rec)).await,
+        )?;
+        p.switch_ms = t2.elapsed().as_millis() as u64;
+        self.switch(&p)
+            .map_err(|e| Status::internal(format!("start as the primary: {e:#}")))?;
+        // this mirror's cursor no longer holds the log back
+        if let Err(s) = client.forget_mirror(&cfg.id).await {
+            tracing::warn!(
+                "promotion: drop this mirror's cursor at the replicator: {}",
+                s.message()
+            );
+        }
+        tracing::warn!(
+            "promoted to primary at epoch {epoch} from version {from}: a replicator leader after \
+             {elect_ms} ms, epoch raised in {bump_ms} ms, the log applied in {drain_ms} ms, switched in {} ms; {} blocks ({} bytes) \
+             were still to copy from the old primary's store",
+            p.switch_ms,
+            p.pending_blocks,
+            p.pending_bytes
+        );
+        Ok(p)
+    }
+
+    /// The slice ids the old primary gave this region's mounts through the mirror are theirs
+    /// here too, and the counter passes them: their blocks may be in this region's store.
+    async fn take_slice_ranges(&self) -> Result<(), Status> {
+        let ranges = self.forward.granted_ranges();
+        let mut top = 0u64;
+        for &(mount, first, end) in &ranges {
+            let count = u32::try_from(end.saturating_sub(first.0)).unwrap_or(u32::MAX);
+            self.server.grant_slices(mount, first, count);
+            top = top.max(end.saturating_sub(1));
+        }
+        let kv = self.mirror.kv.clone();
+        joined(
+            "raise the slice counter",
+            tokio::task::spawn_blocking(move || raise_counter(&kv, keys::NEXT_SLICE, top)).await,
+        )
+        .map(|_| ())
+    }
+
+    /// Become the primary of `p`'s epoch: ship from the engine's version on, take mutations,
+    /// answer every call here. Also what a restart of a promoted mirror does.
+    pub fn switch(&self, p: &s::Promotion) -> anyhow::Result<()> {
+        let cfg = &self.mirror.cfg;
+        let pc = &cfg.promotion;
+        let settings = strait_ship::Settings {
+            replicator: cfg.replicator.clone(),
+            creds: pc.credentials(&cfg.security)?,
+            epoch: Epoch(p.epoch),
+            heartbeat: Duration::from_millis(pc.heartbeat_ms),
+            durability: pc.durability,
+            replicated_timeout: Duration::from_millis(pc.replicated_timeout_ms),
+            lease: (pc.lease_ms > 0).then(|| Duration::from_millis(pc.lease_ms)),
+        };
+        let shipping = strait_ship::start(
+            self.mirror.kv.clone(),
+            self.signal.clone(),
+            &settings,
+            self.mirror.metrics.base.clone(),
+            self.stop.clone(),
+        )?;
+        if self.late.0.set(shipping).is_err() {
+            anyhow::bail!("the shipper was started already");
+        }
+        self.engine.allow_writes();
+        self.mirror.set_promoted(*p);
+        tracing::info!(
+            "serving as the primary at epoch {} (durability {}), shipping to {}",
+            p.epoch,
+            pc.durability,
+            cfg.replicator.join(", ")
+        );
+        Ok(())
+    }
+}
+
+/// Raise counter `name` of `kv` to at least `top`.
+fn raise_counter(kv: &DynKv, name: &str, top: u64) -> strait_fs_core::Result<i64> {
+    let key = keys::counter(name);
+    let cur = kv.incr(&key, 0)?;
+    let top = i64::try_from(top).unwrap_or(i64::MAX);
+    if top > cur {
+        return kv.incr(&key, top - cur);
+    }
+    Ok(cur)
+}
