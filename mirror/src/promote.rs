@@ -273,6 +273,8 @@ impl Promoter {
             switch_ms: 0,
             pending_blocks: blocks.pending_blocks,
             pending_bytes: blocks.pending_bytes,
+            // counted after the switch (`count_missing`)
+            ..Default::default()
         };
         let kv = self.mirror.kv.clone();
         let rec = p;
@@ -283,6 +285,7 @@ impl Promoter {
         p.switch_ms = t2.elapsed().as_millis() as u64;
         self.switch(&p)
             .map_err(|e| Status::internal(format!("start as the primary: {e:#}")))?;
+        tokio::spawn(count_missing(self.mirror.clone()));
         // this mirror's cursor no longer holds the log back
         if let Err(s) = client.forget_mirror(&cfg.id).await {
             tracing::warn!(
@@ -364,4 +367,51 @@ fn raise_counter(kv: &DynKv, name: &str, top: u64) -> strait_fs_core::Result<i64
         return kv.incr(&key, top - cur);
     }
     Ok(cur)
+}
+
+/// After a promotion: count the blocks live files reference that this region's store lacks,
+/// and record them with the promotion (`mirror status` shows them). In the background: a
+/// pass over every chunk must not delay the first write.
+async fn count_missing(mirror: Arc<Mirror>) {
+    let started = Instant::now();
+    let m = mirror.clone();
+    let counted = tokio::task::spawn_blocking(move || {
+        let missing = m.blocks.missing()?;
+        let Some(mut p) = m.promotion() else {
+            return Ok(None);
+        };
+        if let Some(x) = missing {
+            p.missing_counted = true;
+            p.missing_blocks = x.blocks;
+            p.missing_bytes = x.bytes;
+            p.missing_files = x.files;
+            record(&m.kv, &p)?;
+        }
+        Ok::<_, strait_fs_core::Error>(Some(p))
+    })
+    .await;
+    match counted {
+        Ok(Ok(Some(p))) if p.missing_counted => {
+            if p.missing_blocks > 0 {
+                tracing::warn!(
+                    "{} blocks ({} bytes) of {} files are not in this region's store: reads of \
+                     them fail with EIO while the old primary's store cannot be reached \
+                     (counted in {:?})",
+                    p.missing_blocks,
+                    p.missing_bytes,
+                    p.missing_files,
+                    started.elapsed()
+                );
+            } else {
+                tracing::info!(
+                    "every block the files reference is in this region's store (counted in {:?})",
+                    started.elapsed()
+                );
+            }
+            mirror.set_promoted(p);
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!("count the blocks missing from this region's store: {e}"),
+        Err(e) => tracing::warn!("count the blocks missing from this region's store: {e}"),
+    }
 }

@@ -343,6 +343,10 @@ pub struct Promotion {
     pub took_ms: u64,
     pub pending_blocks: u64,
     pub pending_bytes: u64,
+    /// Blocks live files reference that the region's store lacked (None: not counted yet).
+    pub missing_blocks: Option<u64>,
+    pub missing_bytes: Option<u64>,
+    pub missing_files: Option<u64>,
 }
 
 /// A mirror's data blocks, in `mirror status`.
@@ -382,6 +386,9 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
             took_ms: p.elect_ms + p.bump_ms + p.drain_ms + p.switch_ms,
             pending_blocks: p.pending_blocks,
             pending_bytes: p.pending_bytes,
+            missing_blocks: p.missing_counted.then_some(p.missing_blocks),
+            missing_bytes: p.missing_counted.then_some(p.missing_bytes),
+            missing_files: p.missing_counted.then_some(p.missing_files),
         }),
         mirror: m.id,
         addr: addr.to_string(),
@@ -652,16 +659,23 @@ fn print_table(r: &Report) {
     }
     for m in &r.mirrors {
         if let Some(p) = &m.promotion {
+            let missing = match (p.missing_blocks, p.missing_bytes, p.missing_files) {
+                (Some(0), _, _) => "every block its files reference is in its region".into(),
+                (Some(b), Some(bytes), Some(f)) => format!(
+                    "{b} blocks ({}) of {f} files are not in its region: reading them fails \
+                     with EIO while the old primary's store cannot be reached",
+                    super::human_bytes(bytes)
+                ),
+                _ => "the blocks missing from its region are being counted".into(),
+            };
             println!(
-                "{} was promoted to primary at epoch {}, from version {} on, {} ms after the \
-                 Unix epoch (took {} ms; {} blocks, {} not yet in its region then)",
+                "{} was promoted to primary at epoch {}, from version {} on, {:.0} s ago (took \
+                 {} ms); {missing}",
                 m.mirror,
                 p.epoch,
                 p.from_version + 1,
-                p.at_ms,
+                strait_site::now_ms().saturating_sub(p.at_ms) as f64 / 1e3,
                 p.took_ms,
-                p.pending_blocks,
-                super::human_bytes(p.pending_bytes)
             );
         }
     }

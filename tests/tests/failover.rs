@@ -392,3 +392,130 @@ fn an_isolated_primary_acknowledges_nothing_after_a_promotion() {
         assert!(!ok && out.contains(says), "promote {who} again: {out}");
     }
 }
+
+/// Data that never reached region B: with lazy copying, blocks written at A are only in A's
+/// store. A is lost with its store (its Garage killed too), B is promoted: the promotion
+/// counts those blocks and their files, and a read of them at B fails with EIO, never zeros.
+/// Files written at B after the promotion read back whole.
+#[test]
+fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
+    if !strait_tests::require_fuse() || !strait_tests::require_program("garage") {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        strait_bin: strait_tests::strait_bin(),
+        dir: dir.clone(),
+        delay_ms: 5,
+        mount: true,
+        window_ms: 5_000,
+        policy: "serve".into(),
+        source: "local".into(),
+        sync: "lazy".into(),
+        garage: true,
+        link_mb_s: 0.0,
+        primary_proxies: false,
+        primary_args: vec!["--durability".into(), "replicated".into()],
+        mirror_args: vec!["--promotion-durability".into(), "replicated".into()],
+        mount_args: vec![],
+        format_args: vec![],
+        tls: false,
+        witness: true,
+        hooks: Default::default(),
+    };
+    let mut cluster = Cluster::start(
+        &cfg,
+        &rt,
+        &|node, admin| {
+            rt.block_on(strait_replicator_client::has_leader(
+                &node.to_string(),
+                admin,
+            ))
+        },
+        &mut |_| {},
+    )
+    .expect("start the regions");
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    // two files, 9 MiB (three 4 MiB blocks) and 100 bytes, never read at B
+    let big: Vec<u8> = (0..9u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(ma.join("big"), &big).unwrap();
+    std::fs::write(ma.join("small"), "only in region A's store").unwrap();
+
+    cluster.signal("primary", libc::SIGKILL).unwrap();
+    cluster.signal("replicator1", libc::SIGKILL).unwrap();
+    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+    let garage_a = cluster.garage_pids()[0];
+    // SAFETY: kill has no memory effects; the pid is region A's Garage, started by the cluster
+    assert_eq!(unsafe { libc::kill(garage_a as i32, libc::SIGKILL) }, 0);
+
+    let admin = dir.join("tokens/admin.token");
+    let (ok, out) = strait(&[
+        "mirror",
+        "promote",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin.to_str().unwrap(),
+    ]);
+    assert!(ok, "promote: {out}");
+
+    // the count, once done, in `mirror status`
+    let mount_token = dir.join("tokens/mount.token");
+    let start = Instant::now();
+    let status = loop {
+        let (ok, status) = strait(&[
+            "mirror",
+            "status",
+            "--addr",
+            &topo.mirror,
+            "--token-file",
+            mount_token.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(ok, "mirror status: {status}");
+        let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let p = v["mirrors"][0]["promotion"].clone();
+        if !p["missing_blocks"].is_null() {
+            break p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the missing blocks were not counted within 30 s: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("missing: {status}");
+    assert_eq!(status["missing_files"], 2, "{status}");
+    assert_eq!(status["missing_blocks"], 4, "{status}");
+    assert_eq!(status["missing_bytes"], (9u64 << 20) + 24, "{status}");
+
+    // a read of them fails, it never returns zeros
+    for name in ["big", "small"] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = mb.join(name);
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::read(&path));
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Err(e)) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{name}: {e}");
+                eprintln!("missing: reading {name} at B: {e}");
+            }
+            Ok(Ok(data)) => panic!(
+                "{name} read {} bytes at B ({} zero) though its blocks are nowhere reachable",
+                data.len(),
+                data.iter().filter(|&&b| b == 0).count()
+            ),
+            Err(_) => panic!("reading {name} at B neither failed nor finished within 120 s"),
+        }
+    }
+    // what B writes now is whole
+    std::fs::write(mb.join("new"), &big[..5 << 20]).unwrap();
+    assert!(std::fs::read(mb.join("new")).unwrap() == big[..5 << 20]);
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}

@@ -45,6 +45,7 @@ mod synced;
 mod upload;
 
 pub use policy::Rules;
+pub use synced::Missing;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -16,10 +16,10 @@ use super::keys::{
 use super::{corrupt, Blocks};
 
 /// Pairs written per transaction while indexing a snapshot.
-const INDEX_BATCH: usize = 1000;
+pub(super) const INDEX_BATCH: usize = 1000;
 
 impl Blocks {
-    fn block_size_in(&self, t: &mut dyn KvTxn) -> strait_fs_core::Result<u32> {
+    pub(super) fn block_size_in(&self, t: &mut dyn KvTxn) -> strait_fs_core::Result<u32> {
         let bs = self.block_size.load(Ordering::Relaxed);
         if bs != 0 {
             return Ok(bs);

@@ -4,11 +4,20 @@
 use std::collections::HashSet;
 
 use strait_fs_core::kv::{self, DynKv, KvEngine};
+use strait_fs_core::layout;
 use strait_fs_core::meta::SliceRef;
 use strait_fs_core::SliceId;
 
 use super::keys::{group, synced_key, u32_at, OLD_MARK_LEN, OLD_SYNCED, SYNCED};
 use super::{kv_call, Blocks};
+
+/// What [`Blocks::missing`] counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Missing {
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+}
 
 /// Old marks moved, or marks cleared, per transaction (see [`move_old_marks`]).
 const MOVE_BATCH: usize = 1000;
@@ -117,6 +126,56 @@ impl Blocks {
         })
     }
 
+    /// The blocks the metadata references that this region's store does not hold (by its
+    /// marks), the bytes they hold and the files they belong to: what this region cannot
+    /// read without the primary's store. One pass over every chunk, a page per read.
+    /// Blocking. A mirror with no store of its own holds none: everything is missing, and
+    /// nothing is counted (None).
+    pub fn missing(&self) -> strait_fs_core::Result<Option<Missing>> {
+        if self.local.is_none() {
+            return Ok(None);
+        }
+        let mut out = Missing::default();
+        let mut after: Option<Vec<u8>> = None;
+        let mut last_ino = None;
+        loop {
+            let n = kv::read(self.kv.as_ref(), |t| {
+                let page = t.scan(
+                    &[strait_fs_core::meta::keys::CHUNK],
+                    after.as_deref(),
+                    super::queue::INDEX_BATCH,
+                )?;
+                let bs = self.block_size_in(t)?;
+                for (k, v) in &page {
+                    let ino = strait_fs_core::meta::keys::u64_at(k, 1)
+                        .ok_or_else(|| super::corrupt("chunk key".into()))?;
+                    let list: Vec<SliceRef> = strait_fs_core::changelog::decode(v)?;
+                    for s in list.iter().filter(|s| !s.id.is_hole()) {
+                        let count = layout::block_count(s.size, bs);
+                        let synced: HashSet<u32> = t
+                            .scan(&group(SYNCED, s.id.0), None, count as usize)?
+                            .iter()
+                            .filter_map(|(k, _)| u32_at(k, 9))
+                            .collect();
+                        for index in (0..count).filter(|i| !synced.contains(i)) {
+                            out.blocks += 1;
+                            out.bytes += layout::block_len(s.size, bs, index) as u64;
+                            if last_ino != Some(ino) {
+                                last_ino = Some(ino);
+                                out.files += 1;
+                            }
+                        }
+                    }
+                }
+                after = page.last().map(|p| p.0.clone());
+                Ok(page.len())
+            })?;
+            if n < super::queue::INDEX_BATCH {
+                return Ok(Some(out));
+            }
+        }
+    }
+
     pub(super) async fn is_marked(&self, id: SliceId, index: u32) -> bool {
         kv_call(&self.kv, move |kv| {
             kv::read(kv, |t| Ok(t.get(&synced_key(id, index))?.is_some()))
@@ -156,6 +215,69 @@ impl Blocks {
 mod tests {
     use super::*;
     use strait_fs_core::kv::memory::MemoryKv;
+
+    /// Every block the metadata references and no mark says is here, with its bytes and
+    /// files; a marked block is not missing.
+    #[tokio::test]
+    async fn the_missing_blocks_are_those_with_no_mark() {
+        use strait_fs_core::meta::{Ctx, MetaClient, ROOT_INO};
+        let memory = || -> DynKv { std::sync::Arc::new(MemoryKv::new()) };
+        let (kv, m) = strait_fs_core::meta::conformance::fresh(&memory);
+        let bs = m.settings().block_size;
+        let root = Ctx::root();
+        // file f: one slice of two blocks and a bit; file g: one block
+        let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+        let sf = SliceRef {
+            id: m.next_slice_id().unwrap(),
+            size: 2 * bs + 10,
+            off: 0,
+            len: 2 * bs + 10,
+            pos: 0,
+            crcs: vec![1, 2, 3],
+        };
+        m.write_slice(f, 0, sf.clone(), 1).unwrap();
+        let (g, _) = m.create(&root, ROOT_INO, b"g", 0o644, 0).unwrap();
+        let sg = SliceRef {
+            id: m.next_slice_id().unwrap(),
+            size: 100,
+            off: 0,
+            len: 100,
+            pos: 0,
+            crcs: vec![4],
+        };
+        m.write_slice(g, 0, sg.clone(), 1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::config::MirrorConfig {
+            data_url: format!("file://{}", dir.path().display()),
+            ..Default::default()
+        };
+        let blocks = Blocks::open(&cfg, kv).await.unwrap();
+        let missing = |b: &std::sync::Arc<Blocks>| {
+            let b = b.clone();
+            std::thread::spawn(move || b.missing().unwrap().unwrap())
+                .join()
+                .unwrap()
+        };
+        assert_eq!(
+            missing(&blocks),
+            Missing {
+                files: 2,
+                blocks: 4,
+                bytes: 2 * bs as u64 + 10 + 100
+            }
+        );
+        // g's block and f's first one are here
+        blocks.mark(sg.id, 0, true).await;
+        blocks.mark(sf.id, 0, true).await;
+        assert_eq!(
+            missing(&blocks),
+            Missing {
+                files: 1,
+                blocks: 2,
+                bytes: bs as u64 + 10
+            }
+        );
+    }
 
     #[test]
     fn old_marks_move_to_their_own_tag_and_change_records_stay() {
