@@ -96,6 +96,37 @@ pub struct PromotionConfig {
     pub replicated_timeout_ms: u64,
     /// 0: no lease.
     pub lease_ms: u64,
+    /// `manual` (`strait mirror promote`) or `auto`: this mirror promotes itself once the
+    /// replicator has taken nothing from the primary (no heartbeat, no append) for
+    /// `failover_after_ms`. Set it on one mirror, and only with a primary that runs with a
+    /// lease shorter than that (`lease_ms`), so that the old primary has stopped
+    /// acknowledging before this one starts.
+    pub failover: Failover,
+    pub failover_after_ms: u64,
+}
+
+/// The shortest `failover_after_ms`: several replicator heartbeats, so that an election alone
+/// never looks like a dead primary.
+pub const FAILOVER_AFTER_MS_MIN: u64 = 1000;
+
+/// Who promotes a mirror.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Failover {
+    #[default]
+    Manual,
+    Auto,
+}
+
+impl std::str::FromStr for Failover {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "manual" => Ok(Failover::Manual),
+            "auto" => Ok(Failover::Auto),
+            o => bail!("failover {o:?}: expected `manual` or `auto`"),
+        }
+    }
 }
 
 impl Default for PromotionConfig {
@@ -107,6 +138,8 @@ impl Default for PromotionConfig {
             heartbeat_ms: 200,
             replicated_timeout_ms: 30_000,
             lease_ms: 0,
+            failover: Failover::Manual,
+            failover_after_ms: 0,
         }
     }
 }
@@ -384,6 +417,12 @@ impl MirrorConfig {
         if p.replicated_timeout_ms == 0 {
             bail!("promotion.replicated_timeout_ms must be positive");
         }
+        if p.failover == Failover::Auto && p.failover_after_ms < FAILOVER_AFTER_MS_MIN {
+            bail!(
+                "promotion.failover = \"auto\" needs failover_after_ms of at least \
+                 {FAILOVER_AFTER_MS_MIN} (longer than the primary's lease_ms)"
+            );
+        }
         if p.lease_ms > 0 && p.lease_ms < 5 * p.heartbeat_ms {
             bail!(
                 "promotion.lease_ms is {}; it must be at least 5 heartbeats ({} ms) or 0",
@@ -477,6 +516,10 @@ durability = "local"
 heartbeat_ms = 200
 replicated_timeout_ms = 30000
 lease_ms = 0
+# "auto": promote itself once the replicator has taken nothing from the primary for
+# failover_after_ms (on one mirror only, and longer than the primary's lease_ms).
+failover = "manual"
+failover_after_ms = 0
 
 # A token per role (docs/security.md): mount (this region's mounts), admin (mirror pause,
 # fsck --compare, snapshots). Files whose first line is the token take precedence.

@@ -201,6 +201,12 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
             )
         })?;
     }
+    if promoted.is_none() && cfg.promotion.failover == crate::config::Failover::Auto {
+        tokio::spawn(promoter.clone().watch_primary(
+            Duration::from_millis(cfg.promotion.failover_after_ms),
+            stop.clone(),
+        ));
+    }
     let mut mirror_site = MirrorSite::new(mirror.clone());
     mirror_site.promoter = Some(promoter.clone());
     let site = SiteServiceServer::new(mirror_site)

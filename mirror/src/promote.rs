@@ -415,3 +415,119 @@ async fn count_missing(mirror: Arc<Mirror>) {
         Err(e) => tracing::warn!("count the blocks missing from this region's store: {e}"),
     }
 }
+
+/// How often `failover = "auto"` asks the replicator's leader what it last took from the
+/// primary.
+const WATCH_POLL: Duration = Duration::from_millis(200);
+
+/// What the replicator's leader last took from the primary: its last heartbeat (the primary's
+/// clock and version), the log's end and the epoch. Any change means the primary was heard
+/// (or another mirror was promoted).
+type Heard = (Option<(u64, u64)>, u64, u64);
+
+/// When a primary counts as gone for `failover = "auto"`.
+#[derive(Debug, Default)]
+pub struct Silence {
+    last: Option<Heard>,
+    /// When `last` was first seen, on this mirror's monotonic clock.
+    since: Option<Instant>,
+}
+
+impl Silence {
+    /// The leader answered `heard` at `now`; returns how long it has answered the same. Only
+    /// an answer counts: while the leader cannot be asked nothing is concluded, and the time
+    /// counts from the first answer that showed what the leader still shows, so it is never
+    /// longer than the primary's real silence (the leader's state holds every heartbeat the
+    /// replicator accepted).
+    pub fn observe(&mut self, heard: Heard, now: Instant) -> Duration {
+        if self.last != Some(heard) {
+            self.last = Some(heard);
+            self.since = Some(now);
+        }
+        self.since.map_or(Duration::ZERO, |s| now.duration_since(s))
+    }
+}
+
+impl Promoter {
+    /// `failover = "auto"`: promote this mirror once the replicator's leader has taken
+    /// nothing from the primary for `after`, until promoted or `stop`.
+    pub async fn watch_primary(self: Arc<Self>, after: Duration, stop: CancellationToken) {
+        let cfg = &self.mirror.cfg;
+        let client = match LogClient::new(&cfg.replicator, &self.mirror.replicator_creds) {
+            Ok(c) => c.with_attempts(1),
+            Err(s) => {
+                tracing::error!("automatic failover is off: {}", s.message());
+                return;
+            }
+        };
+        tracing::info!(
+            "automatic failover: this mirror promotes itself once the replicator has taken \
+             nothing from the primary for {after:?}"
+        );
+        let mut silence = Silence::default();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(WATCH_POLL) => {}
+            }
+            if self.mirror.promoted() {
+                return;
+            }
+            if matches!(self.mirror.phase(), Phase::Bootstrapping | Phase::Halted) {
+                silence = Silence::default();
+                continue;
+            }
+            let Ok(st) = client.leader_status().await else {
+                continue;
+            };
+            let heard = (
+                st.heartbeat
+                    .as_ref()
+                    .map(|h| (h.primary_clock_ms, h.latest_version)),
+                st.last_version,
+                st.epoch,
+            );
+            let quiet = silence.observe(heard, Instant::now());
+            if quiet < after {
+                continue;
+            }
+            tracing::warn!(
+                "the replicator has taken nothing from the primary for {quiet:?} (failover \
+                 after {after:?}): promoting this mirror"
+            );
+            match self.promote(DRAIN_TIMEOUT_DEFAULT).await {
+                Ok(_) => return,
+                Err(s) => {
+                    tracing::error!("automatic promotion failed: {}", s.message());
+                    silence = Silence::default();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silence_counts_from_the_first_answer_that_shows_the_same() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Silence::default();
+        let beat = |c, v| (Some((c, v)), v, 0);
+        assert_eq!(s.observe(beat(1, 5), at(0)), Duration::ZERO);
+        assert_eq!(s.observe(beat(1, 5), at(300)), Duration::from_millis(300));
+        // a heartbeat: the primary was heard, counting starts again
+        assert_eq!(s.observe(beat(2, 5), at(400)), Duration::ZERO);
+        // an append without a heartbeat in between also counts as heard
+        assert_eq!(s.observe((Some((2, 5)), 6, 0), at(500)), Duration::ZERO);
+        // no answer for a while (not observed), then the same state: silent since 500
+        assert_eq!(
+            s.observe((Some((2, 5)), 6, 0), at(3500)),
+            Duration::from_millis(3000)
+        );
+        // another epoch (someone promoted): heard
+        assert_eq!(s.observe((Some((2, 5)), 6, 1), at(3600)), Duration::ZERO);
+    }
+}

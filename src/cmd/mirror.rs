@@ -89,6 +89,12 @@ pub struct ServeArgs {
     /// Once promoted: `local` or `replicated` durability.
     #[arg(long)]
     pub promotion_durability: Option<String>,
+    /// `manual` or `auto`: promote itself once the replicator has taken nothing from the
+    /// primary for --failover-after-ms.
+    #[arg(long)]
+    pub failover: Option<String>,
+    #[arg(long)]
+    pub failover_after_ms: Option<u64>,
 }
 
 #[derive(clap::Subcommand)]
@@ -218,6 +224,12 @@ impl ServeArgs {
         }
         if let Some(v) = &self.promotion_durability {
             c.promotion.durability = v.parse()?;
+        }
+        if let Some(v) = &self.failover {
+            c.promotion.failover = v.parse()?;
+        }
+        if let Some(v) = self.failover_after_ms {
+            c.promotion.failover_after_ms = v;
         }
         if let Some(v) = &self.primary_data_url {
             c.primary_data_url = v.clone();

@@ -519,3 +519,114 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
         eprintln!("unmount: {e:#}");
     }
 }
+
+/// `failover = "auto"`: B's mirror promotes itself once the replicator has taken nothing
+/// from the primary for `failover_after_ms` (3 s; the primary's lease is 2 s). It does not
+/// while the primary is alive and idle; after every process of region A is killed, B's
+/// mount takes writes with no command, and every acknowledged create is there.
+#[test]
+fn with_automatic_failover_b_takes_over_when_region_a_dies() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        strait_bin: strait_tests::strait_bin(),
+        dir: dir.clone(),
+        delay_ms: 15,
+        mount: true,
+        window_ms: 5_000,
+        policy: "serve".into(),
+        source: "local".into(),
+        sync: "eager".into(),
+        garage: false,
+        link_mb_s: 0.0,
+        primary_proxies: false,
+        primary_args: vec![
+            "--durability".into(),
+            "replicated".into(),
+            "--lease-ms".into(),
+            "2000".into(),
+        ],
+        mirror_args: vec![
+            "--promotion-durability".into(),
+            "replicated".into(),
+            "--failover".into(),
+            "auto".into(),
+            "--failover-after-ms".into(),
+            "3000".into(),
+        ],
+        mount_args: vec![],
+        format_args: vec![],
+        tls: false,
+        witness: true,
+        hooks: Default::default(),
+    };
+    let mut cluster = Cluster::start(
+        &cfg,
+        &rt,
+        &|node, admin| {
+            rt.block_on(strait_replicator_client::has_leader(
+                &node.to_string(),
+                admin,
+            ))
+        },
+        &mut |_| {},
+    )
+    .expect("start the regions");
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        std::fs::write(ma.join(n), content(n)).unwrap();
+    }
+    // alive and idle for longer than failover_after_ms: no promotion
+    std::thread::sleep(Duration::from_secs(5));
+    let mount_token = dir.join("tokens/mount.token");
+    let status = || {
+        let (ok, out) = strait(&[
+            "mirror",
+            "status",
+            "--addr",
+            &topo.mirror,
+            "--token-file",
+            mount_token.to_str().unwrap(),
+        ]);
+        assert!(ok, "mirror status: {out}");
+        out
+    };
+    let before = status();
+    assert!(
+        !before.contains("promoted"),
+        "promoted while the primary was alive: {before}"
+    );
+
+    cluster.signal("primary", libc::SIGKILL).unwrap();
+    cluster.signal("replicator1", libc::SIGKILL).unwrap();
+    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+    let took = first_write(&mb, "after-failover", Duration::from_secs(60));
+    eprintln!(
+        "auto: B's mount acknowledged its first write {:.2} s after region A was killed \
+         (failover after 3 s of silence, the primary's lease 2 s; target: lease + 5 s)",
+        took.as_secs_f64()
+    );
+    for n in &names {
+        assert_eq!(std::fs::read_to_string(mb.join(n)).unwrap(), content(n));
+    }
+    let after = status();
+    assert!(
+        after.contains("was promoted to primary at epoch 1"),
+        "{after}"
+    );
+    let log = std::fs::read_to_string(dir.join("region-b/mirror.log")).unwrap_or_default();
+    let line = log
+        .lines()
+        .find(|l| l.contains("promoted to primary at epoch"))
+        .unwrap_or("");
+    eprintln!("auto: {line}");
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}
