@@ -67,6 +67,13 @@ pub enum Action {
     /// says `diverged`): write the changes only it holds to a file, load its metadata from a
     /// mirror, and keep the old metadata beside it. Run it with the primary stopped.
     SetAside(SetAsideArgs),
+    /// An old primary after a mirror was promoted in its place (it answers EROFS: fenced):
+    /// write the changes only it holds to a file (those it acknowledged and never shipped,
+    /// possible in `local` durability) and leave metadata a mirror can follow: its own when
+    /// the log continues it, else the new primary's (`--from-mirror` names the new primary),
+    /// the old kept beside it. Run it with the primary stopped, then start `strait mirror`
+    /// on the same engine.
+    Rejoin(SetAsideArgs),
 }
 
 #[derive(clap::Args)]
@@ -161,8 +168,10 @@ impl Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if let Some(Action::SetAside(s)) = a.action {
-        return set_aside::run(s);
+    match a.action {
+        Some(Action::SetAside(s)) => return set_aside::run(s, set_aside::Mode::SetAside),
+        Some(Action::Rejoin(s)) => return set_aside::run(s, set_aside::Mode::Rejoin),
+        None => {}
     }
     if a.example_config {
         print!("{}", PrimaryConfig::example_toml());

@@ -626,6 +626,270 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
         .find(|l| l.contains("promoted to primary at epoch"))
         .unwrap_or("");
     eprintln!("auto: {line}");
+
+    // A died idle, every change of it shipped: rejoining sets nothing aside and keeps its
+    // engine (the log continues it)
+    let admin_token = std::fs::read_to_string(dir.join("tokens/admin.token")).unwrap();
+    let list = work.path().join("divergence.txt");
+    let (ok, out) = strait(&[
+        "primary",
+        "rejoin",
+        "--meta-url",
+        &format!("rocksdb://{}", dir.join("region-a/meta").display()),
+        "--replicator",
+        &topo.replicator.join(","),
+        "--replicator-token",
+        admin_token.trim(),
+        "--from-mirror",
+        &topo.mirror,
+        "--token-file",
+        dir.join("tokens/admin.token").to_str().unwrap(),
+        "--out",
+        list.to_str().unwrap(),
+    ]);
+    assert!(ok && out.contains("nothing set aside"), "rejoin: {out}");
+    eprintln!("auto: {}", out.lines().last().unwrap_or_default());
+    let listed = std::fs::read_to_string(&list).unwrap();
+    assert_eq!(
+        listed.lines().filter(|l| !l.starts_with('#')).count(),
+        0,
+        "{listed}"
+    );
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}
+
+/// `local` durability, region A cut off (`dev fault isolate=a`): A acknowledges creates it
+/// can never ship; B is promoted and writes; after the heal A is fenced (EROFS). Stopped,
+/// `strait primary rejoin` lists exactly the creates only A acknowledged in its divergence
+/// file and loads B's metadata; `strait mirror` started on A's engine, at A's address, follows
+/// B: `fsck --compare` of B and A agrees, and A's mount, never remounted, reads B's writes
+/// and writes through to B.
+#[test]
+fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        strait_bin: strait_tests::strait_bin(),
+        dir: dir.clone(),
+        delay_ms: 5,
+        mount: true,
+        window_ms: 5_000,
+        policy: "serve".into(),
+        source: "local".into(),
+        sync: "eager".into(),
+        garage: false,
+        link_mb_s: 0.0,
+        primary_proxies: false,
+        primary_args: vec!["--durability".into(), "local".into()],
+        mirror_args: vec![],
+        mount_args: vec![],
+        format_args: vec![],
+        tls: false,
+        witness: true,
+        hooks: Default::default(),
+    };
+    let mut cluster = Cluster::start(
+        &cfg,
+        &rt,
+        &|node, admin| {
+            rt.block_on(strait_replicator_client::has_leader(
+                &node.to_string(),
+                admin,
+            ))
+        },
+        &mut |_| {},
+    )
+    .expect("start the regions");
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let tokens = dir.join("tokens");
+    let token = |role: &str| tokens.join(format!("{role}.token"));
+    let dir_s = dir.to_str().unwrap().to_string();
+    let fault = |what: &str| {
+        let (ok, out) = strait(&["dev", "fault", "--dir", &dir_s, what]);
+        assert!(ok, "dev fault {what}: {out}");
+        out
+    };
+
+    for i in 0..5 {
+        let n = format!("shipped-{i}");
+        std::fs::write(ma.join(&n), content(&n)).unwrap();
+    }
+    let start = Instant::now();
+    while files(&mb).len() < 5 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never saw A's creates"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // cut off, A goes on acknowledging in `local` durability: those creates never ship
+    assert!(fault("isolate=a").contains("isolated region A"));
+    let mut lost = vec![];
+    for i in 0..5 {
+        let n = format!("lost-{i}");
+        std::fs::write(ma.join(&n), content(&n)).unwrap();
+        lost.push(n);
+    }
+    let (ok, out) = strait(&[
+        "mirror",
+        "promote",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        token("admin").to_str().unwrap(),
+    ]);
+    assert!(ok, "promote: {out}");
+    std::fs::write(mb.join("at-b"), "written at B, the new primary").unwrap();
+    assert!(fault("heal").contains("healed"));
+    // A hears of the new epoch: fenced
+    let start = Instant::now();
+    loop {
+        match std::fs::write(ma.join("after-heal"), "x") {
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => break,
+            r => assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the old primary is not fenced 30 s after the heal: {r:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A stopped, then rejoined: what only it acknowledged goes to the divergence file
+    cluster.signal("primary", libc::SIGTERM).unwrap();
+    let start = Instant::now();
+    while !cluster.exited("primary").unwrap() {
+        assert!(start.elapsed() < Duration::from_secs(30), "A did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let meta_a = format!("rocksdb://{}", dir.join("region-a/meta").display());
+    let list = work.path().join("divergence.txt");
+    let admin_token = std::fs::read_to_string(token("admin")).unwrap();
+    let replicators = topo.replicator.join(",");
+    let (ok, out) = strait(&[
+        "primary",
+        "rejoin",
+        "--meta-url",
+        &meta_a,
+        "--replicator",
+        &replicators,
+        "--replicator-token",
+        admin_token.trim(),
+        "--from-mirror",
+        &topo.mirror,
+        "--token-file",
+        token("admin").to_str().unwrap(),
+        "--out",
+        list.to_str().unwrap(),
+    ]);
+    assert!(ok, "primary rejoin: {out}");
+    eprintln!("rejoin: {}", out.trim());
+    let listed = std::fs::read_to_string(&list).unwrap();
+    for n in &lost {
+        assert!(
+            listed.contains(&format!("{n:?}")),
+            "{n} not in the list:\n{listed}"
+        );
+    }
+    assert!(
+        !listed.contains("shipped-"),
+        "a shipped create in the list:\n{listed}"
+    );
+    eprintln!(
+        "rejoin: the divergence file lists {} changes",
+        listed.lines().filter(|l| !l.starts_with('#')).count()
+    );
+
+    // A as a mirror of B, at A's address: A's mount takes its session up again there
+    let log = work.path().join("mirror-a.log");
+    let mut mirror_a = Command::new(strait_tests::strait_bin())
+        .args([
+            "mirror",
+            "--id",
+            "region-a",
+            "--meta-url",
+            &meta_a,
+            "--listen",
+            &topo.primary,
+            "--metrics-listen",
+            "",
+            "--role-token-file",
+            &format!("mount={}", token("mount").display()),
+            "--role-token-file",
+            &format!("admin={}", token("admin").display()),
+            "--primary-token-file",
+            token("mirror").to_str().unwrap(),
+            "--replicator-token-file",
+            token("mirror").to_str().unwrap(),
+            "--primary",
+            &topo.mirror,
+            "--replicator",
+            &replicators,
+            "--data-url",
+            &topo.data_a,
+            "--primary-data-url",
+            &topo.data_b,
+            "--policy",
+            "forward",
+        ])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(work.path().join("mirror-a.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("strait mirror: serving")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60) && mirror_a.try_wait().unwrap().is_none(),
+            "A's mirror did not start: {}",
+            std::fs::read_to_string(work.path().join("mirror-a.err")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, cmp) = strait(&[
+        "fsck",
+        "--compare",
+        &topo.mirror,
+        &topo.primary,
+        "--token-file",
+        token("admin").to_str().unwrap(),
+    ]);
+    eprintln!("rejoin: fsck --compare: {}", cmp.trim());
+    // A's mount: B's write, none of A's lost ones, and writes go through to B
+    let start = Instant::now();
+    while !ma.join("at-b").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "A's mount never showed at-b: {:?}; its log ends:\n{}",
+            std::fs::metadata(ma.join("at-b")),
+            std::fs::read_to_string(dir.join("region-a/mount.log"))
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(15)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!ma.join("lost-0").exists(), "a lost create at A's mount");
+    std::fs::write(ma.join("from-a-again"), "A writes through B").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(mb.join("from-a-again")).unwrap(),
+        "A writes through B"
+    );
+    let _ = mirror_a.kill();
+    let _ = mirror_a.wait();
+    assert!(ok, "fsck --compare of B and the rejoined A: {cmp}");
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
     }

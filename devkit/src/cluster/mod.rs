@@ -425,6 +425,9 @@ impl Cluster {
                 format!("mount={}", token_file("mount")),
                 s("--role-token-file"),
                 format!("admin={}", token_file("admin")),
+                // promoted, it serves other mirrors (the old primary rejoined as one)
+                s("--role-token-file"),
+                format!("mirror={}", token_file("mirror")),
                 s("--primary-token-file"),
                 token_file("mirror"),
                 s("--replicator-token-file"),

@@ -11,6 +11,7 @@ use strait_fs_core::kv;
 use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::keys;
 use strait_fs_core::object::ObjectError;
+use strait_fs_core::vfs::cache::verify;
 use strait_fs_core::SliceId;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -69,8 +70,16 @@ impl Blocks {
             return Ok(());
         };
         let key = block_key(id, index, len);
-        if let Ok(Some(n)) = local.head(&key).await {
-            if n == len as u64 {
+        // marked: it landed here checked (an upload of this region's write, a read-through)
+        if self.is_marked(id, index).await {
+            self.done(k, len).await;
+            return Ok(());
+        }
+        // a copy already here (a write of this region, an earlier copy, an old primary's own
+        // store when it rejoined as a mirror) is kept when its checksum matches: a block under
+        // the same key with other bytes (an id a lost history used too) is copied over
+        if let Ok(d) = local.get(&key).await {
+            if verify(&key, &d, len, crc).is_ok() {
                 self.mark(id, index, true).await;
                 self.done(k, len).await;
                 return Ok(());

@@ -18,11 +18,30 @@ use strait_ship::history::{self as core, Divergence};
 
 use super::SetAsideArgs;
 
-pub fn run(a: SetAsideArgs) -> Result<()> {
+/// What the command is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A diverged primary that goes on as the primary.
+    SetAside,
+    /// An old primary that becomes a mirror of the new one (`strait primary rejoin`).
+    Rejoin,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::SetAside => "set-aside",
+            Mode::Rejoin => "rejoin",
+        }
+    }
+}
+
+pub fn run(a: SetAsideArgs, mode: Mode) -> Result<()> {
     let dir = match MetaUrl::parse(&a.meta_url)? {
         MetaUrl::RocksDb(p) => p,
         _ => bail!(
-            "set-aside swaps RocksDB directories: it takes rocksdb:// engines only, not {}",
+            "{} swaps RocksDB directories: it takes rocksdb:// engines only, not {}",
+            mode.name(),
             a.meta_url
         ),
     };
@@ -32,7 +51,7 @@ pub fn run(a: SetAsideArgs) -> Result<()> {
     if a.out.exists() {
         bail!("{} exists: name a new file with --out", a.out.display());
     }
-    super::super::runtime()?.block_on(set_aside(&a, &dir))
+    super::super::runtime()?.block_on(set_aside(&a, &dir, mode))
 }
 
 /// `DIR.NAME` beside the directory `dir`.
@@ -51,11 +70,12 @@ fn replicator_credentials(a: &SetAsideArgs) -> Result<strait_replicator_client::
         .context("--replicator-token")
 }
 
-async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
+async fn set_aside(a: &SetAsideArgs, dir: &Path, mode: Mode) -> Result<()> {
     let kv = strait_fs_core::kv::open(&a.meta_url).with_context(|| {
         format!(
-            "open {} (set-aside needs the primary stopped: is it still running?)",
-            a.meta_url
+            "open {} ({} needs the primary stopped: is it still running?)",
+            a.meta_url,
+            mode.name()
         )
     })?;
     let local = kv.last_version()?;
@@ -68,10 +88,46 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
          (leader {}, versions {} to {})",
         leader.addr, leader.earliest, leader.last
     );
-    let (first, why) = match core::compare(&kv, local, &leader, &creds)
+    let mut divergence = core::compare(&kv, local, &leader, &creds)
         .await
-        .map_err(|e| anyhow!(e))?
-    {
+        .map_err(|e| anyhow!(e))?;
+    if mode == Mode::Rejoin && local > leader.last {
+        if let Divergence::None { .. } = divergence {
+            // versions past the log's end were never shipped: only here, as the new primary
+            // writes its own under the same numbers
+            divergence = Divergence::Differs {
+                first: leader.last.next(),
+                seen: leader.last.next(),
+            };
+        }
+    }
+    let (first, why) = match divergence {
+        Divergence::None { compared } if mode == Mode::Rejoin => {
+            // the log continues this history: the engine stays, as a mirror's
+            let why = format!(
+                "this primary's history is the start of the replicator's ({compared} records \
+                 compared; this primary at version {local}, the replicator at {}): no change is \
+                 only here",
+                leader.last
+            );
+            write_list(a, mode, local, &leader, &why, &[])?;
+            let k = kv.clone();
+            let trimmed = tokio::task::spawn_blocking(move || empty_outbox(&k, local))
+                .await
+                .context("a task failed")??;
+            kv.sync()?;
+            println!(
+                "nothing set aside (the list in {} is empty): the replicator's log continues \
+                 this engine's history at version {}; its outbox ({trimmed} records) is \
+                 emptied. Start `strait mirror --meta-url {} --primary NEW_PRIMARY ...` on it: \
+                 it follows from version {}",
+                a.out.display(),
+                local.next(),
+                a.meta_url,
+                local.next()
+            );
+            return Ok(());
+        }
         Divergence::None { compared } => bail!(
             "this primary's history and the replicator's agree ({compared} records compared; \
              this primary at version {local}, the replicator at {}): nothing to set aside. \
@@ -111,7 +167,7 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
         .context("a task failed")?
         .map_err(|e| anyhow!(e))?;
     let floor = core::counters(&kv).map_err(|e| anyhow!(e))?;
-    write_list(a, local, &leader, &why, &lost)?;
+    write_list(a, mode, local, &leader, &why, &lost)?;
     eprintln!("{} changes set aside in {}", lost.len(), a.out.display());
 
     // the mirror's snapshot, into a new engine beside the old one
@@ -142,17 +198,39 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path) -> Result<()> {
             .and_then(|d| d.sync_all())
             .with_context(|| format!("sync {}", parent.display()))?;
     }
+    let next = match mode {
+        Mode::SetAside => "start the primary: it catches up from the replicator".to_string(),
+        Mode::Rejoin => format!(
+            "start `strait mirror --meta-url {} --primary NEW_PRIMARY ...` on it: it follows \
+             the replicator",
+            a.meta_url
+        ),
+    };
     println!(
-        "set aside {} changes in {}; the metadata is now the mirror's at version {} (the \
-         old engine is kept in {}); start the primary: it catches up from the replicator \
-         (version {})",
+        "set aside {} changes in {}; the metadata is now that of {} at version {} (the \
+         old engine is kept in {}); {next} (version {})",
         lost.len(),
         a.out.display(),
+        a.from_mirror,
         loaded.0,
         kept.display(),
         loaded.1
     );
     Ok(())
+}
+
+/// Delete every record of the outbox of `kv` (whose log ends at `local`): a mirror keeps no
+/// change log of its own. Returns how many were deleted.
+fn empty_outbox(kv: &strait_fs_core::kv::DynKv, local: Version) -> Result<u64> {
+    const BATCH: usize = 4096;
+    let mut n = 0u64;
+    loop {
+        let d = strait_fs_core::changelog::trim_log(kv.as_ref(), Version::ZERO, local, BATCH)?;
+        n += d as u64;
+        if d < BATCH {
+            return Ok(n);
+        }
+    }
 }
 
 /// Load the mirror's snapshot into a new engine at `loading`, check that the replicator's
@@ -193,6 +271,7 @@ async fn load_beside(
 /// The list of the changes set aside, written whole and synced before anything changes.
 fn write_list(
     a: &SetAsideArgs,
+    mode: Mode,
     local: Version,
     leader: &core::Leader,
     why: &str,
@@ -201,12 +280,13 @@ fn write_list(
     let tmp = a.out.with_extension("partial");
     let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
     let mut text = format!(
-        "# strait primary set-aside of {} at {} s since 1970\n\
+        "# strait primary {} of {} at {} s since 1970\n\
          # this primary's change log ended at version {local}; the replicator's leader ({}) held \
          versions {} to {}\n\
          # {why}\n\
          # {} changes; one per line: version, commit time (s since 1970), the change \
          (as `strait changelog` prints it)\n",
+        mode.name(),
         a.meta_url,
         std::time::UNIX_EPOCH.elapsed()?.as_secs(),
         leader.addr,
