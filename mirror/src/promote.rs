@@ -12,6 +12,9 @@
 //! - The id counters are past every id the log used (the replica's apply raises them, see
 //!   `changelog::apply_replica_with`) and past every slice id the old primary gave this
 //!   region's mounts through the mirror, whose blocks may be in this region's store.
+//! - A change a mount sends again (its answer from the old primary was lost) finds no request
+//!   record here (they are region-local, at the old primary): the time is noted as one of lost
+//!   records, so for a while such a change is answered EIO rather than made a second time.
 //! - The promotion is written in the metadata before the first change is taken, so a restart
 //!   comes back as the primary, shipping at the new epoch; it never follows again.
 //! - A promotion that fails before the epoch was raised changes nothing. One that fails after
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prost::Message;
 use strait_fs_core::kv::{self, tags, DynKv};
-use strait_fs_core::meta::{keys, Meta};
+use strait_fs_core::meta::{keys, now_ns, requests, Meta};
 use strait_fs_core::{Epoch, Version};
 use strait_proto::site as s;
 use strait_replicator_client::LogClient;
@@ -203,8 +206,11 @@ impl Promoter {
         let t0 = Instant::now();
         let epoch = Epoch(st.epoch + 1);
         let bumped = client.bump_epoch(epoch).await.map_err(|s| {
+            // refused (another promotion raised it first): nothing changed; no answer: it may
+            // have been raised, which fences the old primary, and promoting again goes on
             Status::unavailable(format!(
-                "raise the replicator's epoch to {epoch}: {}; nothing was changed",
+                "raise the replicator's epoch to {epoch}: {}; this mirror is not promoted (if \
+                 the epoch was raised all the same, the old primary is fenced: promote again)",
                 s.message()
             ))
         })?;
@@ -280,7 +286,14 @@ impl Promoter {
         let rec = p;
         joined(
             "record the promotion",
-            tokio::task::spawn_blocking(move || record(&kv, &rec)).await,
+            tokio::task::spawn_blocking(move || {
+                // the records of changes the old primary made for this region's mounts are
+                // there, not here: a change sent again that finds none is answered EIO for a
+                // while, never made a second time
+                requests::note_lost(kv.as_ref(), now_ns())?;
+                record(&kv, &rec)
+            })
+            .await,
         )?;
         p.switch_ms = t2.elapsed().as_millis() as u64;
         self.switch(&p)
@@ -295,8 +308,9 @@ impl Promoter {
         }
         tracing::warn!(
             "promoted to primary at epoch {epoch} from version {from}: a replicator leader after \
-             {elect_ms} ms, epoch raised in {bump_ms} ms, the log applied in {drain_ms} ms, switched in {} ms; {} blocks ({} bytes) \
-             were still to copy from the old primary's store",
+             {elect_ms} ms, epoch raised in {bump_ms} ms, the log applied in {drain_ms} ms, \
+             switched in {} ms; {} blocks ({} bytes) were still to copy from the old primary's \
+             store",
             p.switch_ms,
             p.pending_blocks,
             p.pending_bytes

@@ -50,6 +50,62 @@ fn strait(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// How the three regions of a test run.
+struct Regions {
+    delay_ms: u64,
+    policy: &'static str,
+    sync: &'static str,
+    garage: bool,
+    primary_args: &'static [&'static str],
+    mirror_args: &'static [&'static str],
+}
+
+/// Regions A, B and the witness C (replicator node 2), mounted, started in `dir`.
+fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> Cluster {
+    let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
+    let cfg = ClusterConfig {
+        strait_bin: strait_tests::strait_bin(),
+        dir: dir.to_path_buf(),
+        delay_ms: r.delay_ms,
+        mount: true,
+        window_ms: 5_000,
+        policy: r.policy.into(),
+        source: "local".into(),
+        sync: r.sync.into(),
+        garage: r.garage,
+        link_mb_s: 0.0,
+        primary_proxies: false,
+        primary_args: own(r.primary_args),
+        mirror_args: own(r.mirror_args),
+        mount_args: vec![],
+        format_args: vec![],
+        tls: false,
+        witness: true,
+        hooks: Default::default(),
+    };
+    let cluster = Cluster::start(
+        &cfg,
+        rt,
+        &|node, admin| {
+            rt.block_on(strait_replicator_client::has_leader(
+                &node.to_string(),
+                admin,
+            ))
+        },
+        &mut |_| {},
+    )
+    .expect("start the regions");
+    assert_eq!(cluster.topology().replicator_regions, ["A", "C", "B"]);
+    cluster
+}
+
+/// Region A is lost, all of it at once: the primary, replicator node 1 and the mount.
+fn kill_region_a(cluster: &mut Cluster) {
+    cluster.signal("primary", libc::SIGKILL).unwrap();
+    cluster.signal("replicator1", libc::SIGKILL).unwrap();
+    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+}
+
 /// Write at `dir` until one write is acknowledged; how long it took.
 fn first_write(dir: &Path, name: &str, limit: Duration) -> Duration {
     let start = Instant::now();
@@ -73,40 +129,19 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = ClusterConfig {
-        strait_bin: strait_tests::strait_bin(),
-        dir: dir.clone(),
-        delay_ms: 15,
-        mount: true,
-        window_ms: 5_000,
-        policy: "forward".into(),
-        source: "local".into(),
-        sync: "eager".into(),
-        garage: false,
-        link_mb_s: 0.0,
-        primary_proxies: false,
-        primary_args: vec!["--durability".into(), "replicated".into()],
-        mirror_args: vec!["--promotion-durability".into(), "replicated".into()],
-        mount_args: vec![],
-        format_args: vec![],
-        tls: false,
-        witness: true,
-        hooks: Default::default(),
-    };
-    let mut cluster = Cluster::start(
-        &cfg,
+    let mut cluster = three_regions(
+        &dir,
         &rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
+        Regions {
+            delay_ms: 15,
+            policy: "forward",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "replicated"],
+            mirror_args: &["--promotion-durability", "replicated"],
         },
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    );
     let topo = cluster.topology().clone();
-    assert_eq!(topo.replicator_regions, ["A", "C", "B"]);
     let (ma, mb): (PathBuf, PathBuf) =
         (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
     std::fs::create_dir(ma.join("d")).unwrap();
@@ -139,9 +174,7 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
     );
 
     // region A is lost, all of it at once
-    cluster.signal("primary", libc::SIGKILL).unwrap();
-    cluster.signal("replicator1", libc::SIGKILL).unwrap();
-    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+    kill_region_a(&mut cluster);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let acked: Vec<String> = acked.lock().unwrap().clone();
     eprintln!(
@@ -405,38 +438,18 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = ClusterConfig {
-        strait_bin: strait_tests::strait_bin(),
-        dir: dir.clone(),
-        delay_ms: 5,
-        mount: true,
-        window_ms: 5_000,
-        policy: "serve".into(),
-        source: "local".into(),
-        sync: "lazy".into(),
-        garage: true,
-        link_mb_s: 0.0,
-        primary_proxies: false,
-        primary_args: vec!["--durability".into(), "replicated".into()],
-        mirror_args: vec!["--promotion-durability".into(), "replicated".into()],
-        mount_args: vec![],
-        format_args: vec![],
-        tls: false,
-        witness: true,
-        hooks: Default::default(),
-    };
-    let mut cluster = Cluster::start(
-        &cfg,
+    let mut cluster = three_regions(
+        &dir,
         &rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
+        Regions {
+            delay_ms: 5,
+            policy: "serve",
+            sync: "lazy",
+            garage: true,
+            primary_args: &["--durability", "replicated"],
+            mirror_args: &["--promotion-durability", "replicated"],
         },
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    );
     let topo = cluster.topology().clone();
     let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
     // two files, 9 MiB (three 4 MiB blocks) and 100 bytes, never read at B
@@ -444,9 +457,7 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
     std::fs::write(ma.join("big"), &big).unwrap();
     std::fs::write(ma.join("small"), "only in region A's store").unwrap();
 
-    cluster.signal("primary", libc::SIGKILL).unwrap();
-    cluster.signal("replicator1", libc::SIGKILL).unwrap();
-    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+    kill_region_a(&mut cluster);
     let garage_a = cluster.garage_pids()[0];
     // SAFETY: kill has no memory effects; the pid is region A's Garage, started by the cluster
     assert_eq!(unsafe { libc::kill(garage_a as i32, libc::SIGKILL) }, 0);
@@ -532,50 +543,25 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = ClusterConfig {
-        strait_bin: strait_tests::strait_bin(),
-        dir: dir.clone(),
-        delay_ms: 15,
-        mount: true,
-        window_ms: 5_000,
-        policy: "serve".into(),
-        source: "local".into(),
-        sync: "eager".into(),
-        garage: false,
-        link_mb_s: 0.0,
-        primary_proxies: false,
-        primary_args: vec![
-            "--durability".into(),
-            "replicated".into(),
-            "--lease-ms".into(),
-            "2000".into(),
-        ],
-        mirror_args: vec![
-            "--promotion-durability".into(),
-            "replicated".into(),
-            "--failover".into(),
-            "auto".into(),
-            "--failover-after-ms".into(),
-            "3000".into(),
-        ],
-        mount_args: vec![],
-        format_args: vec![],
-        tls: false,
-        witness: true,
-        hooks: Default::default(),
-    };
-    let mut cluster = Cluster::start(
-        &cfg,
+    let mut cluster = three_regions(
+        &dir,
         &rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
+        Regions {
+            delay_ms: 15,
+            policy: "serve",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "replicated", "--lease-ms", "2000"],
+            mirror_args: &[
+                "--promotion-durability",
+                "replicated",
+                "--failover",
+                "auto",
+                "--failover-after-ms",
+                "3000",
+            ],
         },
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    );
     let topo = cluster.topology().clone();
     let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
     let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
@@ -603,9 +589,7 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
         "promoted while the primary was alive: {before}"
     );
 
-    cluster.signal("primary", libc::SIGKILL).unwrap();
-    cluster.signal("replicator1", libc::SIGKILL).unwrap();
-    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+    kill_region_a(&mut cluster);
     let took = first_write(&mb, "after-failover", Duration::from_secs(60));
     eprintln!(
         "auto: B's mount acknowledged its first write {:.2} s after region A was killed \
@@ -674,38 +658,18 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = ClusterConfig {
-        strait_bin: strait_tests::strait_bin(),
-        dir: dir.clone(),
-        delay_ms: 5,
-        mount: true,
-        window_ms: 5_000,
-        policy: "serve".into(),
-        source: "local".into(),
-        sync: "eager".into(),
-        garage: false,
-        link_mb_s: 0.0,
-        primary_proxies: false,
-        primary_args: vec!["--durability".into(), "local".into()],
-        mirror_args: vec![],
-        mount_args: vec![],
-        format_args: vec![],
-        tls: false,
-        witness: true,
-        hooks: Default::default(),
-    };
-    let mut cluster = Cluster::start(
-        &cfg,
+    let mut cluster = three_regions(
+        &dir,
         &rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
+        Regions {
+            delay_ms: 5,
+            policy: "serve",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "local"],
+            mirror_args: &[],
         },
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    );
     let topo = cluster.topology().clone();
     let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
     let tokens = dir.join("tokens");
