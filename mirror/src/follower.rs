@@ -440,6 +440,7 @@ async fn follow(
                 return Stop::Truncated(Version(e))
             }
             Some(pb::subscribe_reply::Kind::Records(r)) => {
+                mirror.on_epoch(r.epoch);
                 match apply_records(mirror, at, Version(r.first_version), r.records, stop).await {
                     Ok(v) => at = v,
                     Err(stop) => return stop,

@@ -90,6 +90,8 @@ pub struct Mirror {
     /// region's calls are answered here, mutations included, and nothing is forwarded.
     promoted: std::sync::atomic::AtomicBool,
     promotion: Mutex<Option<s::Promotion>>,
+    /// The epoch of the newest records received.
+    epoch: AtomicU64,
 }
 
 pub fn wall_us() -> u64 {
@@ -137,6 +139,7 @@ impl Mirror {
             seen: AtomicU64::new(0),
             promoted: std::sync::atomic::AtomicBool::new(false),
             promotion: Mutex::new(None),
+            epoch: AtomicU64::new(0),
         })
     }
 
@@ -292,6 +295,11 @@ impl Mirror {
         self.inner.lock().stream_ms = now;
     }
 
+    /// Records of `epoch` arrived.
+    pub fn on_epoch(&self, epoch: u64) {
+        self.epoch.fetch_max(epoch, Ordering::Relaxed);
+    }
+
     /// Whether this mirror is the primary now.
     pub fn promoted(&self) -> bool {
         self.promoted.load(Ordering::Acquire)
@@ -402,10 +410,22 @@ impl Mirror {
             Some(_) => "promoted",
             None => state_name(i.phase, &lag, self.cfg.window_ms, self.cfg.silence_ms),
         };
+        let (epoch, primary) = match &promotion {
+            Some(p) => (p.epoch, String::new()),
+            None => (self.epoch.load(Ordering::Relaxed), self.cfg.primary.clone()),
+        };
+        let pc = &self.cfg.promotion;
+        let failover = match pc.failover {
+            crate::config::Failover::Manual => "manual".to_string(),
+            crate::config::Failover::Auto => format!("auto after {} ms", pc.failover_after_ms),
+        };
         s::MirrorState {
             id: self.cfg.id.clone(),
             state: state.into(),
             promotion,
+            epoch,
+            primary,
+            failover,
             applied_version: i.lag.applied.0,
             latest_version: lag.latest.0,
             lag_versions: lag.versions,

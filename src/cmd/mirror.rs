@@ -344,6 +344,12 @@ pub struct Row {
     pub cursor_warning: String,
     /// Set once this mirror was promoted to primary.
     pub promotion: Option<Promotion>,
+    /// The epoch of the newest records it received, or its own once promoted.
+    pub epoch: u64,
+    /// The primary it forwards to (empty once it is the primary).
+    pub primary: String,
+    /// `manual`, or `auto after N ms`.
+    pub failover: String,
 }
 
 /// A mirror's promotion to primary, in `mirror status`.
@@ -391,6 +397,9 @@ pub struct Report {
 fn row_of(addr: &str, m: s::MirrorState) -> Row {
     Row {
         cursor_warning: String::new(),
+        epoch: m.epoch,
+        primary: m.primary,
+        failover: m.failover,
         promotion: m.promotion.map(|p| Promotion {
             epoch: p.epoch,
             from_version: p.from_version,
@@ -668,6 +677,18 @@ fn print_table(r: &Report) {
     }
     for m in r.mirrors.iter().filter(|m| !m.cursor_warning.is_empty()) {
         println!("warning: {}", m.cursor_warning);
+    }
+    for m in r.mirrors.iter().filter(|m| !m.addr.is_empty()) {
+        match &m.promotion {
+            None => println!(
+                "{}: epoch {}, primary {}, failover {}",
+                m.mirror, m.epoch, m.primary, m.failover
+            ),
+            Some(_) => println!(
+                "{}: the primary, epoch {}, failover {}",
+                m.mirror, m.epoch, m.failover
+            ),
+        }
     }
     for m in &r.mirrors {
         if let Some(p) = &m.promotion {

@@ -280,7 +280,9 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
     ]);
     assert!(ok, "mirror status: {status}");
     assert!(
-        status.contains("promoted") && status.contains("was promoted to primary at epoch"),
+        status.contains("promoted")
+            && status.contains("was promoted to primary at epoch 1")
+            && status.contains("the primary, epoch 1, failover manual"),
         "{status}"
     );
 
@@ -587,6 +589,11 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
     assert!(
         !before.contains("promoted"),
         "promoted while the primary was alive: {before}"
+    );
+    assert!(
+        before.contains("region-b: epoch 0, primary 127.0.0.1:")
+            && before.contains("failover auto after 3000 ms"),
+        "{before}"
     );
 
     kill_region_a(&mut cluster);
