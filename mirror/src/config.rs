@@ -103,6 +103,11 @@ pub struct PromotionConfig {
     /// acknowledging before this one starts.
     pub failover: Failover,
     pub failover_after_ms: u64,
+    /// Once promoted, dead slices' blocks are deleted from this region's store as the
+    /// primary does: a pass every `gc_interval_s` (0: only on demand, `strait gc`), once every
+    /// mirror has applied past a slice's death and `gc_mirror_grace_ms` has passed.
+    pub gc_interval_s: u64,
+    pub gc_mirror_grace_ms: u64,
 }
 
 /// The shortest `failover_after_ms`: several replicator heartbeats, so that an election alone
@@ -140,6 +145,8 @@ impl Default for PromotionConfig {
             lease_ms: 0,
             failover: Failover::Manual,
             failover_after_ms: 0,
+            gc_interval_s: 30,
+            gc_mirror_grace_ms: 60_000,
         }
     }
 }
@@ -520,6 +527,9 @@ lease_ms = 0
 # failover_after_ms (on one mirror only, and longer than the primary's lease_ms).
 failover = "manual"
 failover_after_ms = 0
+# Once promoted: dead slices' blocks deleted from this region's store, as the primary does.
+gc_interval_s = 30
+gc_mirror_grace_ms = 60000
 
 # A token per role (docs/security.md): mount (this region's mounts), admin (mirror pause,
 # fsck --compare, snapshots). Files whose first line is the token take precedence.

@@ -191,6 +191,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         })),
         stop: stop.clone(),
         busy: tokio::sync::Mutex::new(()),
+        gc: std::sync::OnceLock::new(),
     });
     if let Some(p) = &promoted {
         promoter.switch(p).with_context(|| {

@@ -136,6 +136,8 @@ pub struct Promoter {
     pub stop: CancellationToken,
     /// One promotion at a time.
     pub busy: tokio::sync::Mutex<()>,
+    /// Once promoted, with a store of its own: GC on demand (`strait gc`).
+    pub gc: OnceLock<strait_ship::gc::Gc>,
 }
 
 /// The result of an engine call on the blocking pool, as a status.
@@ -359,6 +361,30 @@ impl Promoter {
         )?;
         if self.late.0.set(shipping).is_err() {
             anyhow::bail!("the shipper was started already");
+        }
+        // dead slices' blocks, from this region's store, as a primary deletes them
+        if let Some(store) = self.mirror.blocks.local_store() {
+            let horizon = strait_ship::gc::MirrorHorizon::new(
+                &cfg.replicator,
+                &settings.creds,
+                Duration::from_millis(pc.gc_mirror_grace_ms),
+            )?;
+            let horizon = Arc::new(tokio::sync::Mutex::new(horizon));
+            if pc.gc_interval_s > 0 {
+                tokio::spawn(strait_ship::gc::run(
+                    self.engine.clone(),
+                    store.clone(),
+                    horizon.clone(),
+                    Duration::from_secs(pc.gc_interval_s),
+                    self.stop.clone(),
+                    self.mirror.metrics.base.clone(),
+                ));
+            }
+            let _ = self.gc.set(strait_ship::gc::Gc {
+                horizon,
+                store,
+                metrics: self.mirror.metrics.base.clone(),
+            });
         }
         self.engine.allow_writes();
         self.mirror.set_promoted(*p);

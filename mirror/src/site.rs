@@ -156,6 +156,12 @@ impl SiteService for MirrorSite {
     }
 
     async fn gc(&self, _req: Request<s::Empty>) -> Result<Response<s::GcReply>, Status> {
+        // promoted, with a store of its own: as the primary does
+        if let Some(p) = &self.promoter {
+            if let Some(gc) = p.gc.get() {
+                return Ok(Response::new(gc.on_demand(&p.engine).await?));
+            }
+        }
         Err(Status::unimplemented(
             "a mirror deletes its copies of a slice's blocks when it applies the primary's purge; run gc against the primary",
         ))

@@ -99,19 +99,19 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     if !cfg.read_only {
         match strait_fs_core::object::open(&format.data_url).await {
             Ok(store) => {
-                let horizon = crate::gc::MirrorHorizon::new(
+                let horizon = strait_ship::gc::MirrorHorizon::new(
                     &cfg.replicator,
                     &replicator_creds,
                     Duration::from_millis(cfg.gc_mirror_grace_ms),
                 )?;
                 let gc = Arc::new(tokio::sync::Mutex::new(horizon));
-                gc_handle = Some(crate::site::Gc {
+                gc_handle = Some(strait_ship::gc::Gc {
                     horizon: gc.clone(),
                     store: store.clone(),
                     metrics: metrics.clone(),
                 });
                 if cfg.gc_interval_s > 0 {
-                    tokio::spawn(collect_garbage(
+                    tokio::spawn(strait_ship::gc::run(
                         engine.clone(),
                         store,
                         gc,
@@ -262,35 +262,5 @@ async fn health(engine: Arc<Meta>) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             "the engine check did not finish\n".to_string(),
         ),
-    }
-}
-
-async fn collect_garbage(
-    engine: Arc<Meta>,
-    store: strait_fs_core::object::DynStore,
-    gc: Arc<tokio::sync::Mutex<crate::gc::MirrorHorizon>>,
-    period: Duration,
-    stop: CancellationToken,
-    metrics: Arc<Metrics>,
-) {
-    let mut pause = period;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        let r = gc.lock().await.pass(&engine, &store).await;
-        pause = period;
-        match r {
-            Ok(p) => {
-                metrics.slices_collected.inc_by(p.purged as u64);
-                metrics.gc_held.set(p.held as i64);
-                if p.purged > 0 {
-                    tracing::info!("deleted the blocks of {} dead slices", p.purged);
-                }
-                pause = strait_fs_core::vfs::gc::next_pass_in(p.purged + p.held, p.purged, period);
-            }
-            Err(e) => tracing::warn!("delete dead slices: {e}"),
-        }
     }
 }

@@ -6,7 +6,6 @@
 
 pub mod config;
 pub mod daemon;
-pub mod gc;
 pub mod site;
 
 /// The site daemon's metrics, which the shipper and GC count into.

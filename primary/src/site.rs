@@ -17,14 +17,7 @@ pub struct PrimarySite {
     pub engine: Arc<Meta>,
     pub replicator: Vec<String>,
     /// Deleting dead blocks (None: read-only, or the object store could not be opened).
-    pub gc: Option<Gc>,
-}
-
-/// What an on-demand GC pass needs.
-pub struct Gc {
-    pub horizon: Arc<tokio::sync::Mutex<crate::gc::MirrorHorizon>>,
-    pub store: strait_fs_core::object::DynStore,
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub gc: Option<strait_ship::gc::Gc>,
 }
 
 #[tonic::async_trait]
@@ -95,26 +88,7 @@ impl SiteService for PrimarySite {
                 "this primary deletes no blocks: it is read-only, or its object store could not be opened (see its log)",
             ));
         };
-        let p = gc
-            .horizon
-            .lock()
-            .await
-            .pass(&self.engine, &gc.store)
-            .await
-            .map_err(engine_status)?;
-        gc.metrics.slices_collected.inc_by(p.purged as u64);
-        gc.metrics.gc_held.set(p.held as i64);
-        tracing::info!(
-            "GC on demand: deleted the blocks of {} dead slices, kept {} for mirrors",
-            p.purged,
-            p.held
-        );
-        Ok(Response::new(s::GcReply {
-            purged: p.purged as u64,
-            held: p.held as u64,
-            horizon: p.horizon.unwrap_or(Version::ZERO).0,
-            has_mirrors: p.horizon.is_some(),
-        }))
+        Ok(Response::new(gc.on_demand(&self.engine).await?))
     }
 
     async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {

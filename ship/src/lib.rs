@@ -8,9 +8,11 @@
 //!   (its epoch, its lease), and, in `replicated` durability, when a version is replicated.
 //! - [`catchup`]: a primary whose metadata went back applies what it lost from the log.
 //! - [`history`]: this primary's history against the log: where they part.
+//! - [`gc`]: deleting dead slices' blocks once every mirror has applied past their death.
 
 pub mod catchup;
 pub mod fence;
+pub mod gc;
 pub mod history;
 pub mod shipper;
 pub mod tap;

@@ -58,6 +58,7 @@ struct Regions {
     garage: bool,
     primary_args: &'static [&'static str],
     mirror_args: &'static [&'static str],
+    format_args: &'static [&'static str],
 }
 
 /// Regions A, B and the witness C (replicator node 2), mounted, started in `dir`.
@@ -78,7 +79,7 @@ fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> Cluste
         primary_args: own(r.primary_args),
         mirror_args: own(r.mirror_args),
         mount_args: vec![],
-        format_args: vec![],
+        format_args: own(r.format_args),
         tls: false,
         witness: true,
         hooks: Default::default(),
@@ -139,6 +140,8 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
             garage: false,
             primary_args: &["--durability", "replicated"],
             mirror_args: &["--promotion-durability", "replicated"],
+            // dead slices go at the first GC pass
+            format_args: &["--gc-delay", "0"],
         },
     );
     let topo = cluster.topology().clone();
@@ -268,6 +271,21 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
         "new at B"
     );
     std::fs::rename(mb.join("d/new-at-b"), mb.join("d/renamed-at-b")).unwrap();
+    // dead slices at the new primary: its GC pass runs, as the primary's does
+    std::fs::write(mb.join("d/dead"), "soon dead").unwrap();
+    std::fs::remove_file(mb.join("d/dead")).unwrap();
+    let (ok, gc) = strait(&[
+        "gc",
+        &format!("strait://{}", topo.mirror),
+        "--skip-orphans",
+        "--token-file",
+        admin_token,
+    ]);
+    assert!(
+        ok && gc.contains("deleted the blocks of 1 dead slices"),
+        "gc at B: {gc}"
+    );
+    eprintln!("failover: gc at the promoted B: {}", gc.trim());
 
     let mirror_token = dir.join("tokens/mount.token");
     let (ok, status) = strait(&[
@@ -450,6 +468,7 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
             garage: true,
             primary_args: &["--durability", "replicated"],
             mirror_args: &["--promotion-durability", "replicated"],
+            format_args: &[],
         },
     );
     let topo = cluster.topology().clone();
@@ -562,6 +581,7 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
                 "--failover-after-ms",
                 "3000",
             ],
+            format_args: &[],
         },
     );
     let topo = cluster.topology().clone();
@@ -675,6 +695,7 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
             garage: false,
             primary_args: &["--durability", "local"],
             mirror_args: &[],
+            format_args: &[],
         },
     );
     let topo = cluster.topology().clone();

@@ -27,6 +27,8 @@ use strait_fs_core::object::DynStore;
 use strait_fs_core::{SliceId, Version};
 use strait_proto::replicator as pb;
 use strait_replicator_client::{Credentials, LogClient};
+use strait_site::metrics::Metrics;
+use tokio_util::sync::CancellationToken;
 
 /// Dead slices whose bound is remembered; beyond it the memory starts again (safe: a slice
 /// seen again gets a newer bound).
@@ -244,6 +246,74 @@ impl MirrorHorizon {
             held,
             horizon,
         })
+    }
+}
+
+/// What an on-demand GC pass (`strait gc` against the daemon) needs.
+pub struct Gc {
+    pub horizon: Arc<tokio::sync::Mutex<MirrorHorizon>>,
+    pub store: DynStore,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Gc {
+    /// One pass now (the site service's `Gc`).
+    pub async fn on_demand(
+        &self,
+        engine: &Arc<Meta>,
+    ) -> Result<strait_proto::site::GcReply, tonic::Status> {
+        let p = self
+            .horizon
+            .lock()
+            .await
+            .pass(engine, &self.store)
+            .await
+            .map_err(strait_site::snapshot::engine_status)?;
+        self.metrics.slices_collected.inc_by(p.purged as u64);
+        self.metrics.gc_held.set(p.held as i64);
+        tracing::info!(
+            "GC on demand: deleted the blocks of {} dead slices, kept {} for mirrors",
+            p.purged,
+            p.held
+        );
+        Ok(strait_proto::site::GcReply {
+            purged: p.purged as u64,
+            held: p.held as u64,
+            horizon: p.horizon.unwrap_or(Version::ZERO).0,
+            has_mirrors: p.horizon.is_some(),
+        })
+    }
+}
+
+/// Delete dead slices' blocks from `store`: a pass every `period` (sooner while a pass finds
+/// more), until `stop`.
+pub async fn run(
+    engine: Arc<Meta>,
+    store: DynStore,
+    gc: Arc<tokio::sync::Mutex<MirrorHorizon>>,
+    period: Duration,
+    stop: CancellationToken,
+    metrics: Arc<Metrics>,
+) {
+    let mut pause = period;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        let r = gc.lock().await.pass(&engine, &store).await;
+        pause = period;
+        match r {
+            Ok(p) => {
+                metrics.slices_collected.inc_by(p.purged as u64);
+                metrics.gc_held.set(p.held as i64);
+                if p.purged > 0 {
+                    tracing::info!("deleted the blocks of {} dead slices", p.purged);
+                }
+                pause = strait_fs_core::vfs::gc::next_pass_in(p.purged + p.held, p.purged, period);
+            }
+            Err(e) => tracing::warn!("delete dead slices: {e}"),
+        }
     }
 }
 
