@@ -751,6 +751,12 @@ mod tests {
         ) -> Result<tonic::Response<s::PromoteReply>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
+        async fn handover(
+            &self,
+            _req: tonic::Request<s::HandoverRequest>,
+        ) -> Result<tonic::Response<s::HandoverReply>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
         type SweepOrphansStream = strait_site::orphans::SweepStream;
         async fn sweep_orphans(
             &self,

@@ -15,6 +15,8 @@
 //! - A change a mount sends again (its answer from the old primary was lost) finds no request
 //!   record here (they are region-local, at the old primary): the time is noted as one of lost
 //!   records, so for a while such a change is answered EIO rather than made a second time.
+//!   Not in a planned switchover: the old primary refused every call (UNAVAILABLE) from
+//!   before its last version on, so a change sent again was never made there.
 //! - The promotion is written in the metadata before the first change is taken, so a restart
 //!   comes back as the primary, shipping at the new epoch; it never follows again.
 //! - A promotion that fails before the epoch was raised changes nothing. One that fails after
@@ -154,7 +156,12 @@ fn joined<T>(
 
 impl Promoter {
     /// Promote this mirror (the site service's `Promote`).
-    pub async fn promote(&self, drain_timeout: Duration) -> Result<s::Promotion, Status> {
+    /// `planned`: the old primary handed over first, so every change it made is in the log.
+    pub async fn promote(
+        &self,
+        drain_timeout: Duration,
+        planned: bool,
+    ) -> Result<s::Promotion, Status> {
         let Ok(_one) = self.busy.try_lock() else {
             return Err(Status::failed_precondition(
                 "a promotion of this mirror is under way",
@@ -292,7 +299,9 @@ impl Promoter {
                 // the records of changes the old primary made for this region's mounts are
                 // there, not here: a change sent again that finds none is answered EIO for a
                 // while, never made a second time
-                requests::note_lost(kv.as_ref(), now_ns())?;
+                if !planned {
+                    requests::note_lost(kv.as_ref(), now_ns())?;
+                }
                 record(&kv, &rec)
             })
             .await,
@@ -535,7 +544,7 @@ impl Promoter {
                 "the replicator has taken nothing from the primary for {quiet:?} (failover \
                  after {after:?}): promoting this mirror"
             );
-            match self.promote(DRAIN_TIMEOUT_DEFAULT).await {
+            match self.promote(DRAIN_TIMEOUT_DEFAULT, false).await {
                 Ok(_) => return,
                 Err(s) => {
                     tracing::error!("automatic promotion failed: {}", s.message());

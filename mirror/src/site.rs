@@ -221,13 +221,26 @@ impl SiteService for MirrorSite {
                 "the mirror is still starting: try again in a moment",
             ));
         };
-        let timeout = match req.into_inner().timeout_ms {
+        let r = req.into_inner();
+        let timeout = match r.timeout_ms {
             0 => crate::promote::DRAIN_TIMEOUT_DEFAULT,
             t => Duration::from_millis(t.min(DIGEST_TIMEOUT_MS_MAX)),
         };
-        let promotion = p.promote(timeout).await?;
+        let promotion = p.promote(timeout, r.planned).await?;
         Ok(Response::new(s::PromoteReply {
             promotion: Some(promotion),
+        }))
+    }
+
+    async fn handover(
+        &self,
+        _req: Request<s::HandoverRequest>,
+    ) -> Result<Response<s::HandoverReply>, Status> {
+        Err(Status::failed_precondition(if self.mirror.promoted() {
+            "a planned switchover away from a promoted mirror is not built: promote another \
+             mirror without --planned"
+        } else {
+            "a mirror hands nothing over: Handover is the primary's call"
         }))
     }
 

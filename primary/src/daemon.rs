@@ -62,6 +62,8 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     // the shipper outlives the service by a moment at shutdown, to ship what is left
     let ship_stop = CancellationToken::new();
     let mut shipped = None;
+    // a planned switchover (`Handover`)
+    let handover = Arc::new(strait_ship::fence::Handover::default());
     if let Some(signal) = signal {
         let settings = strait_ship::Settings {
             replicator: cfg.replicator.clone(),
@@ -83,7 +85,10 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             server = server.replicated(wait);
         }
         // a primary whose epoch another primary superseded commits nothing more
-        server = server.fenced_by(shipping.fence);
+        server = server.fenced_by(Arc::new(strait_ship::fence::HandoverFence {
+            inner: shipping.fence,
+            handover: handover.clone(),
+        }));
         shipped = Some(shipping.shipper.watch());
         tracing::info!(
             "shipping the change log to the replicator at {} (epoch {}, durability {})",
@@ -152,6 +157,8 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             engine: engine.clone(),
             replicator: cfg.replicator.clone(),
             gc: gc_handle,
+            shipped: shipped.clone(),
+            handover,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);

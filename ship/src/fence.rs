@@ -135,3 +135,48 @@ pub async fn wait_committed(
         )),
     }
 }
+
+/// A planned switchover at the old primary (`Handover`): until its deadline every call is
+/// answered UNAVAILABLE, which mounts send again, so nothing commits here while a mirror
+/// takes over; the mirror's mounts' calls then land at the new primary.
+#[derive(Default)]
+pub struct Handover {
+    until: parking_lot::Mutex<Option<Instant>>,
+}
+
+impl Handover {
+    /// Refuse calls for `hold`.
+    pub fn start(&self, hold: Duration) {
+        *self.until.lock() = Some(Instant::now() + hold);
+    }
+
+    /// Whether calls are refused now.
+    pub fn active(&self) -> bool {
+        self.until.lock().is_some_and(|u| Instant::now() < u)
+    }
+}
+
+/// [`EpochFence`] with a [`Handover`] in front of it.
+pub struct HandoverFence {
+    pub inner: Arc<EpochFence>,
+    pub handover: Arc<Handover>,
+}
+
+impl strait_site::WriteFence for HandoverFence {
+    fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        if self.handover.active() {
+            return Box::pin(async {
+                Some(
+                    "this primary is handing over to a mirror being promoted (a planned \
+                     switchover)"
+                        .to_string(),
+                )
+            });
+        }
+        self.inner.unsettled()
+    }
+
+    fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
+        self.inner.refused()
+    }
+}

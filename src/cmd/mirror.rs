@@ -124,6 +124,13 @@ pub struct PromoteArgs {
     /// in seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout_s: u64,
+    /// A switchover with the old primary alive: it stops taking calls and ships its tail
+    /// first, so nothing it acknowledged is lost, in `local` durability too.
+    #[arg(long)]
+    pub planned: bool,
+    /// With --planned: the old primary's address (default: the one the mirror forwards to).
+    #[arg(long, requires = "planned")]
+    pub primary: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -497,12 +504,42 @@ async fn promote(p: &PromoteArgs) -> Result<s::Promotion> {
     if p.timeout_s == 0 || p.timeout_s > 600 {
         anyhow::bail!("--timeout-s {}: expected 1 to 600", p.timeout_s);
     }
-    let primary = strait_mirror::follower::Primary::new(&p.addr, &p.client.credentials()?)?;
-    let mut c = primary.site();
+    let creds = p.client.credentials()?;
+    let mirror = strait_mirror::follower::Primary::new(&p.addr, &creds)?;
+    if p.planned {
+        let old = match &p.primary {
+            Some(a) => a.clone(),
+            None => site_status(&p.addr, &creds)
+                .await?
+                .mirror
+                .map(|m| m.primary)
+                .filter(|a| !a.is_empty())
+                .with_context(|| format!("{} names no primary: give --primary", p.addr))?,
+        };
+        let mut c = strait_mirror::follower::Primary::new(&old, &creds)?.site();
+        let r = tokio::time::timeout(
+            Duration::from_secs(p.timeout_s + 30),
+            c.handover(s::HandoverRequest {
+                hold_ms: 0,
+                timeout_ms: p.timeout_s * 1000,
+            }),
+        )
+        .await
+        .with_context(|| format!("{old} did not hand over within {} s", p.timeout_s + 30))?
+        .map_err(|st| anyhow::anyhow!("hand over at the primary {old}: {}", st.message()))?
+        .into_inner();
+        eprintln!(
+            "the primary {old} handed over at version {} ({} ms): it refuses calls while the \
+             mirror takes over",
+            r.last_version, r.drained_ms
+        );
+    }
+    let mut c = mirror.site();
     let r = tokio::time::timeout(
         Duration::from_secs(p.timeout_s + 30),
         c.promote(s::PromoteRequest {
             timeout_ms: p.timeout_s * 1000,
+            planned: p.planned,
         }),
     )
     .await
