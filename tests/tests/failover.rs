@@ -117,6 +117,39 @@ fn write_synced(path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> std::io::Resu
     f.sync_all()
 }
 
+/// `strait primary rejoin` of region A's stopped primary in the dev cluster at `dir`, from
+/// the new primary B, the list written to `list`: whether it succeeded, and what it printed.
+fn rejoin(dir: &Path, topo: &strait_devkit::cluster::Topology, list: &Path) -> (bool, String) {
+    let admin = dir.join("tokens/admin.token");
+    let admin_token = std::fs::read_to_string(&admin).unwrap();
+    strait(&[
+        "primary",
+        "rejoin",
+        "--meta-url",
+        &format!("rocksdb://{}", dir.join("region-a/meta").display()),
+        "--replicator",
+        &topo.replicator.join(","),
+        "--replicator-token",
+        admin_token.trim(),
+        "--from-mirror",
+        &topo.mirror,
+        "--token-file",
+        admin.to_str().unwrap(),
+        "--out",
+        list.to_str().unwrap(),
+    ])
+}
+
+/// Stop region A's primary (SIGTERM) and wait until it is gone.
+fn stop_primary(cluster: &mut Cluster) {
+    cluster.signal("primary", libc::SIGTERM).unwrap();
+    let start = Instant::now();
+    while !cluster.exited("primary").unwrap() {
+        assert!(start.elapsed() < Duration::from_secs(30), "A did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Write at `dir` until one write is acknowledged; how long it took.
 fn first_write(dir: &Path, name: &str, limit: Duration) -> Duration {
     let start = Instant::now();
@@ -650,24 +683,8 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
 
     // A died idle, every change of it shipped: rejoining sets nothing aside and keeps its
     // engine (the log continues it)
-    let admin_token = std::fs::read_to_string(dir.join("tokens/admin.token")).unwrap();
     let list = work.path().join("divergence.txt");
-    let (ok, out) = strait(&[
-        "primary",
-        "rejoin",
-        "--meta-url",
-        &format!("rocksdb://{}", dir.join("region-a/meta").display()),
-        "--replicator",
-        &topo.replicator.join(","),
-        "--replicator-token",
-        admin_token.trim(),
-        "--from-mirror",
-        &topo.mirror,
-        "--token-file",
-        dir.join("tokens/admin.token").to_str().unwrap(),
-        "--out",
-        list.to_str().unwrap(),
-    ]);
+    let (ok, out) = rejoin(&dir, &topo, &list);
     assert!(ok && out.contains("nothing set aside"), "rejoin: {out}");
     eprintln!("auto: {}", out.lines().last().unwrap_or_default());
     let listed = std::fs::read_to_string(&list).unwrap();
@@ -765,32 +782,11 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
     }
 
     // A stopped, then rejoined: what only it acknowledged goes to the divergence file
-    cluster.signal("primary", libc::SIGTERM).unwrap();
-    let start = Instant::now();
-    while !cluster.exited("primary").unwrap() {
-        assert!(start.elapsed() < Duration::from_secs(30), "A did not stop");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    stop_primary(&mut cluster);
     let meta_a = format!("rocksdb://{}", dir.join("region-a/meta").display());
-    let list = work.path().join("divergence.txt");
-    let admin_token = std::fs::read_to_string(token("admin")).unwrap();
     let replicators = topo.replicator.join(",");
-    let (ok, out) = strait(&[
-        "primary",
-        "rejoin",
-        "--meta-url",
-        &meta_a,
-        "--replicator",
-        &replicators,
-        "--replicator-token",
-        admin_token.trim(),
-        "--from-mirror",
-        &topo.mirror,
-        "--token-file",
-        token("admin").to_str().unwrap(),
-        "--out",
-        list.to_str().unwrap(),
-    ]);
+    let list = work.path().join("divergence.txt");
+    let (ok, out) = rejoin(&dir, &topo, &list);
     assert!(ok, "primary rejoin: {out}");
     eprintln!("rejoin: {}", out.trim());
     let listed = std::fs::read_to_string(&list).unwrap();
@@ -1028,8 +1024,10 @@ fn a_planned_switchover_under_load_loses_nothing_in_local_durability() {
         assert_eq!(at_b_now.get(n), Some(&content(n)), "{n} at B");
     }
 
-    // the old primary stopped (its writer's last call fails), then rejoined: nothing only it held
-    cluster.signal("primary", libc::SIGTERM).unwrap();
+    // the old primary stopped, and its mount, where a call still waits (it would wait out the
+    // mount's retries): its writer's last call fails; rejoined, it holds nothing of its own
+    stop_primary(&mut cluster);
+    cluster.signal_mount(0, libc::SIGKILL).unwrap();
     let a = at_a.join().unwrap();
     eprintln!(
         "planned: A's writer: {} creates acknowledged, the longest took {:.2} s; its last call: {:?}",
@@ -1052,29 +1050,8 @@ fn a_planned_switchover_under_load_loses_nothing_in_local_durability() {
                 .join("\n")
         );
     }
-    let start = Instant::now();
-    while !cluster.exited("primary").unwrap() {
-        assert!(start.elapsed() < Duration::from_secs(30), "A did not stop");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let admin_token = std::fs::read_to_string(&admin).unwrap();
     let list = work.path().join("divergence.txt");
-    let (ok, out) = strait(&[
-        "primary",
-        "rejoin",
-        "--meta-url",
-        &format!("rocksdb://{}", dir.join("region-a/meta").display()),
-        "--replicator",
-        &topo.replicator.join(","),
-        "--replicator-token",
-        admin_token.trim(),
-        "--from-mirror",
-        &topo.mirror,
-        "--token-file",
-        &admin,
-        "--out",
-        list.to_str().unwrap(),
-    ]);
+    let (ok, out) = rejoin(&dir, &topo, &list);
     assert!(ok && out.contains("nothing set aside"), "rejoin: {out}");
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
