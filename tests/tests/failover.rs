@@ -150,6 +150,16 @@ fn stop_primary(cluster: &mut Cluster) {
     }
 }
 
+/// A child process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Write at `dir` until one write is acknowledged; how long it took.
 fn first_write(dir: &Path, name: &str, limit: Duration) -> Duration {
     let start = Instant::now();
@@ -807,47 +817,47 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
 
     // A as a mirror of B, at A's address: A's mount takes its session up again there
     let log = work.path().join("mirror-a.log");
-    let mut mirror_a = Command::new(strait_tests::strait_bin())
-        .args([
-            "mirror",
-            "--id",
-            "region-a",
-            "--meta-url",
-            &meta_a,
-            "--listen",
-            &topo.primary,
-            "--metrics-listen",
-            "",
-            "--role-token-file",
-            &format!("mount={}", token("mount").display()),
-            "--role-token-file",
-            &format!("admin={}", token("admin").display()),
-            "--primary-token-file",
-            token("mirror").to_str().unwrap(),
-            "--replicator-token-file",
-            token("mirror").to_str().unwrap(),
-            "--primary",
-            &topo.mirror,
-            "--replicator",
-            &replicators,
-            "--data-url",
-            &topo.data_a,
-            "--primary-data-url",
-            &topo.data_b,
-            "--policy",
-            "forward",
-        ])
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(work.path().join("mirror-a.err")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(strait_tests::strait_bin());
+    cmd.args([
+        "mirror",
+        "--id",
+        "region-a",
+        "--meta-url",
+        &meta_a,
+        "--listen",
+        &topo.primary,
+        "--metrics-listen",
+        "",
+        "--role-token-file",
+        &format!("mount={}", token("mount").display()),
+        "--role-token-file",
+        &format!("admin={}", token("admin").display()),
+        "--primary-token-file",
+        token("mirror").to_str().unwrap(),
+        "--replicator-token-file",
+        token("mirror").to_str().unwrap(),
+        "--primary",
+        &topo.mirror,
+        "--replicator",
+        &replicators,
+        "--data-url",
+        &topo.data_a,
+        "--primary-data-url",
+        &topo.data_b,
+        "--policy",
+        "forward",
+    ])
+    .stdout(std::fs::File::create(&log).unwrap())
+    .stderr(std::fs::File::create(work.path().join("mirror-a.err")).unwrap());
+    // tied to this process, and stopped when the test ends, however it ends
+    let mut mirror_a = Killed(strait_devkit::process::spawn_tied(cmd).unwrap());
     let start = Instant::now();
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
         .contains("strait mirror: serving")
     {
         assert!(
-            start.elapsed() < Duration::from_secs(60) && mirror_a.try_wait().unwrap().is_none(),
+            start.elapsed() < Duration::from_secs(60) && mirror_a.0.try_wait().unwrap().is_none(),
             "A's mirror did not start: {}",
             std::fs::read_to_string(work.path().join("mirror-a.err")).unwrap_or_default()
         );
@@ -913,8 +923,7 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
         std::fs::read_to_string(mb.join("from-a-again")).unwrap(),
         "A writes through B"
     );
-    let _ = mirror_a.kill();
-    let _ = mirror_a.wait();
+    drop(mirror_a);
     assert!(ok, "fsck --compare of B and the rejoined A: {cmp}");
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
