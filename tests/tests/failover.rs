@@ -923,11 +923,13 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
         std::fs::read_to_string(mb.join("from-a-again")).unwrap(),
         "A writes through B"
     );
-    drop(mirror_a);
     assert!(ok, "fsck --compare of B and the rejoined A: {cmp}");
+    // unmounted while A's mirror still answers: a mount whose daemon is gone would keep
+    // retrying a call and outlive its unmount
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
     }
+    drop(mirror_a);
 }
 
 /// A planned switchover under load (`strait mirror promote --planned`), in `local` durability:
