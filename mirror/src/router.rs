@@ -324,17 +324,8 @@ impl Router {
                 ),
             }
         }
-        let slices = match method {
-            "WriteSlice" => decode::<w::WriteSliceRequest>(&bytes)
-                .map(|r| r.slice.into_iter().collect::<Vec<_>>()),
-            "CompactChunk" => decode::<w::CompactChunkRequest>(&bytes).map(|r| r.new),
-            _ => Ok(vec![]),
-        };
-        let slices: Vec<strait_fs_core::meta::SliceRef> = match slices {
-            Ok(s) => match strait_proto::slices_from_wire(s) {
-                Ok(s) => s,
-                Err(e) => return status_reply(Status::invalid_argument(e.0)),
-            },
+        let slices = match written_slices(method, &bytes) {
+            Ok(s) => s,
             Err(s) => return status_reply(s),
         };
         if let Some(id) = self.forward.foreign(mount, slices.iter().map(|s| s.id)) {
@@ -603,13 +594,8 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
-        let slices = match method {
-            "WriteSlice" => decode::<w::WriteSliceRequest>(&bytes)
-                .map(|r| r.slice.into_iter().collect::<Vec<_>>()),
-            _ => decode::<w::CompactChunkRequest>(&bytes).map(|r| r.new),
-        };
         // a request that does not decode goes on as it is: the service says what is wrong
-        if let Ok(Ok(slices)) = slices.map(strait_proto::slices_from_wire) {
+        if let Ok(slices) = written_slices(method, &bytes) {
             self.mirror
                 .blocks
                 .mark_written(&slices, self.block_size)
@@ -679,6 +665,22 @@ impl Router {
             }
         }
     }
+}
+
+/// The slices a `WriteSlice` or `CompactChunk` request writes (none for another method).
+fn written_slices(
+    method: &str,
+    bytes: &[u8],
+) -> Result<Vec<strait_fs_core::meta::SliceRef>, Status> {
+    let slices = match method {
+        "WriteSlice" => decode::<w::WriteSliceRequest>(bytes)?
+            .slice
+            .into_iter()
+            .collect::<Vec<_>>(),
+        "CompactChunk" => decode::<w::CompactChunkRequest>(bytes)?.new,
+        _ => return Ok(vec![]),
+    };
+    strait_proto::slices_from_wire(slices).map_err(|e| Status::invalid_argument(e.0))
 }
 
 /// The mount's session at this mirror, as its call names it (0: none).

@@ -76,6 +76,26 @@ fn unsynced_bitmap(blocks: usize, synced: &HashSet<u32>) -> Vec<u8> {
     }
 }
 
+/// Record that `blocks` (slice id, block index) are in this region's store, in one
+/// transaction.
+pub(super) async fn mark_present(kv: &DynKv, blocks: Vec<(SliceId, u32)>) -> Result<(), String> {
+    let n = blocks.len();
+    let r = kv_call(kv, move |kv| {
+        kv::txn(kv, |t| {
+            for &(id, index) in &blocks {
+                t.put(&synced_key(id, index), &[]);
+            }
+            Ok(())
+        })
+    })
+    .await;
+    match r {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(format!("mark {n} blocks written here: {e}")),
+        None => Err(format!("mark {n} blocks written here: the call panicked")),
+    }
+}
+
 /// Record that block `index` of slice `id` is in this region's store (`synced`) or not.
 pub(super) async fn mark(kv: &DynKv, id: SliceId, index: u32, synced: bool) -> Result<(), String> {
     let r = kv_call(kv, move |kv| {

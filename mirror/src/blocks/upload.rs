@@ -84,10 +84,14 @@ impl Blocks {
         if self.local.is_none() {
             return;
         }
-        for s in slices.iter().filter(|s| !s.id.is_hole()) {
-            for index in 0..block_count(s.size, bs) {
-                self.mark(s.id, index, true).await;
-            }
+        let blocks: Vec<_> = slices
+            .iter()
+            .filter(|s| !s.id.is_hole())
+            .flat_map(|s| (0..block_count(s.size, bs)).map(move |i| (s.id, i)))
+            .collect();
+        // one transaction for the write's blocks: this is the new primary's write path
+        if let Err(e) = super::synced::mark_present(&self.kv, blocks).await {
+            self.error(e);
         }
     }
 }
