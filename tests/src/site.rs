@@ -255,7 +255,14 @@ pub fn block_files(dir: &std::path::Path) -> std::collections::BTreeMap<String, 
                     .next()
                     .is_some_and(|n| n.split('_').count() == 3)
                 {
-                    out.insert(rel, std::fs::read(&p).unwrap());
+                    // GC may delete a block between the listing and the read
+                    match std::fs::read(&p) {
+                        Ok(bytes) => {
+                            out.insert(rel, bytes);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => panic!("reading {}: {e}", p.display()),
+                    }
                 }
             }
         }
