@@ -246,8 +246,25 @@ impl LogClient {
     }
 
     pub async fn bump_epoch(&self, epoch: Epoch) -> Result<pb::BumpEpochReply, Status> {
-        self.leader_call("bump epoch", |mut c| async move {
-            c.bump_epoch(pb::BumpEpochRequest { epoch: epoch.0 }).await
+        self.bump_epoch_naming(epoch, None).await
+    }
+
+    /// Raise the epoch to `epoch`, naming its primary (a promoted mirror names itself): the
+    /// other mirrors read it from the status and forward their writes there.
+    pub async fn bump_epoch_naming(
+        &self,
+        epoch: Epoch,
+        primary: Option<pb::PrimaryAt>,
+    ) -> Result<pb::BumpEpochReply, Status> {
+        self.leader_call("bump epoch", |mut c| {
+            let primary = primary.clone();
+            async move {
+                c.bump_epoch(pb::BumpEpochRequest {
+                    epoch: epoch.0,
+                    primary,
+                })
+                .await
+            }
         })
         .await
     }

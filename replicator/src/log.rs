@@ -78,6 +78,57 @@ pub enum Command {
     /// log's purge or the primary's GC. Appended last: the variants before keep their
     /// numbers in logs and snapshots written before it existed.
     ForgetMirror { mirror: String },
+    /// Fence every writer of an older epoch, naming the primary of the new one (a promoted
+    /// mirror), so that the other mirrors forward their writes there. Appended last, as
+    /// `ForgetMirror` was.
+    Promote { epoch: Epoch, primary: PrimaryAt },
+}
+
+/// Where the primary of an epoch serves, as the other regions reach it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrimaryAt {
+    /// Its name (a promoted mirror's id).
+    pub id: String,
+    /// Its metadata service, `host:port`.
+    pub addr: String,
+    /// Its object store; empty: unchanged.
+    pub data_url: String,
+}
+
+/// The longest name, address or URL a [`PrimaryAt`] may hold.
+pub const PRIMARY_AT_FIELD_MAX: usize = 1024;
+
+impl PrimaryAt {
+    /// Why these fields cannot name a primary, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, v) in [
+            ("id", &self.id),
+            ("address", &self.addr),
+            ("data URL", &self.data_url),
+        ] {
+            if v.len() > PRIMARY_AT_FIELD_MAX {
+                return Err(format!(
+                    "the primary's {what} is {} bytes, more than {PRIMARY_AT_FIELD_MAX}",
+                    v.len()
+                ));
+            }
+            if v.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return Err(format!(
+                    "the primary's {what} {v:?} holds whitespace or a control character"
+                ));
+            }
+        }
+        if self.addr.is_empty() {
+            return Err("the primary's address is empty".into());
+        }
+        match self.addr.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+            _ => Err(format!(
+                "the primary's address {:?} is not host:port",
+                self.addr
+            )),
+        }
+    }
 }
 
 /// How much of the log is kept for mirrors that fall behind. A mirror whose position falls
@@ -183,6 +234,10 @@ pub struct LogState {
     /// versions both have (strait-primary's `history`). None until a purge.
     #[serde(default)]
     pub purged_last: Option<(Version, Vec<u8>)>,
+    /// The primary the current epoch named (a promotion), with that epoch. None until a
+    /// promotion names one, and again after an epoch raised without a name.
+    #[serde(default)]
+    pub primary: Option<(Epoch, PrimaryAt)>,
 }
 
 impl LogState {
@@ -350,6 +405,25 @@ pub fn apply(
     effect
 }
 
+/// Raise the epoch to `epoch`, naming its primary (or none).
+fn bump_epoch(state: &mut LogState, epoch: Epoch, primary: Option<PrimaryAt>) -> Effect {
+    if epoch <= state.epoch {
+        return refused(AppendError::StaleEpoch {
+            current: state.epoch,
+            got: epoch,
+        });
+    }
+    state.epoch = epoch;
+    state.primary = primary.map(|p| (epoch, p));
+    Effect {
+        outcome: Outcome::Epoch {
+            epoch,
+            last_version: state.last_version,
+        },
+        ..Effect::default()
+    }
+}
+
 fn apply_command(
     state: &mut LogState,
     cmd: Command,
@@ -367,22 +441,8 @@ fn apply_command(
                 ..Effect::default()
             },
         },
-        Command::BumpEpoch { epoch } => {
-            if epoch <= state.epoch {
-                return refused(AppendError::StaleEpoch {
-                    current: state.epoch,
-                    got: epoch,
-                });
-            }
-            state.epoch = epoch;
-            Effect {
-                outcome: Outcome::Epoch {
-                    epoch,
-                    last_version: state.last_version,
-                },
-                ..Effect::default()
-            }
-        }
+        Command::BumpEpoch { epoch } => bump_epoch(state, epoch, None),
+        Command::Promote { epoch, primary } => bump_epoch(state, epoch, Some(primary)),
         Command::Heartbeat {
             epoch,
             primary_clock_ms,
@@ -641,11 +701,13 @@ mod tests {
             appended_bytes: 12345,
             marks: [(Version(7), mark)].into(),
             purged_last: None,
+            primary: None,
         };
-        // `purged_last` came later, as the last field: the old bytes and a None (one zero
-        // byte) are the new encoding (the store completes old states so when it reads them)
+        // `purged_last` and `primary` came later, as the last fields: the old bytes and a None
+        // each (one zero byte) are the new encoding (the store completes old states so when
+        // it reads them)
         let mut bytes = postcard::to_stdvec(&old).unwrap();
-        bytes.push(0);
+        bytes.extend([0, 0]);
         assert_eq!(postcard::to_stdvec(&new).unwrap(), bytes);
         assert_eq!(postcard::from_bytes::<LogState>(&bytes).unwrap(), new);
 
@@ -746,6 +808,70 @@ mod tests {
         };
         assert!(matches!(run(&mut s, &mut log, hb), Outcome::Refused(_)));
         assert_eq!(s.heartbeat, None);
+    }
+
+    #[test]
+    fn a_promotion_names_the_primary_of_its_epoch_until_the_next_bump() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        let b = PrimaryAt {
+            id: "region-b".into(),
+            addr: "10.0.2.1:7100".into(),
+            data_url: "s3://b?endpoint=http://10.0.2.1:3900".into(),
+        };
+        let promote = |epoch, p: &PrimaryAt| Command::Promote {
+            epoch: Epoch(epoch),
+            primary: p.clone(),
+        };
+        assert!(matches!(
+            run(&mut s, &mut log, promote(2, &b)),
+            Outcome::Epoch { .. }
+        ));
+        assert_eq!(s.primary, Some((Epoch(2), b.clone())));
+        // a stale promotion changes nothing
+        let c = PrimaryAt {
+            id: "region-c".into(),
+            ..b.clone()
+        };
+        assert!(matches!(
+            run(&mut s, &mut log, promote(2, &c)),
+            Outcome::Refused(AppendError::StaleEpoch { .. })
+        ));
+        assert_eq!(s.primary, Some((Epoch(2), b.clone())));
+        // an epoch raised without a name names no primary
+        run(&mut s, &mut log, Command::BumpEpoch { epoch: Epoch(3) });
+        assert_eq!(s.primary, None);
+        assert_eq!(s.epoch, Epoch(3));
+    }
+
+    #[test]
+    fn a_primary_is_named_by_a_host_and_port_without_whitespace() {
+        let ok = PrimaryAt {
+            id: "b".into(),
+            addr: "[::1]:7100".into(),
+            data_url: String::new(),
+        };
+        assert_eq!(ok.check(), Ok(()));
+        for addr in [
+            "",
+            "host",
+            ":7100",
+            "host:port",
+            "host:99999",
+            "a b:1",
+            "h:1\n",
+        ] {
+            let p = PrimaryAt {
+                addr: addr.into(),
+                ..ok.clone()
+            };
+            assert!(p.check().is_err(), "{addr:?} passed");
+        }
+        let long = PrimaryAt {
+            data_url: "x".repeat(PRIMARY_AT_FIELD_MAX + 1),
+            ..ok
+        };
+        assert!(long.check().unwrap_err().contains("more than"));
     }
 
     #[test]

@@ -194,8 +194,21 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         &self,
         req: Request<pb::BumpEpochRequest>,
     ) -> Result<Response<pb::BumpEpochReply>, Status> {
-        let epoch = Epoch(req.into_inner().epoch);
-        match self.write(Command::BumpEpoch { epoch }).await? {
+        let req = req.into_inner();
+        let epoch = Epoch(req.epoch);
+        let cmd = match req.primary {
+            None => Command::BumpEpoch { epoch },
+            Some(p) => {
+                let primary = crate::log::PrimaryAt {
+                    id: p.id,
+                    addr: p.addr,
+                    data_url: p.data_url,
+                };
+                primary.check().map_err(Status::invalid_argument)?;
+                Command::Promote { epoch, primary }
+            }
+        };
+        match self.write(cmd).await? {
             Outcome::Epoch {
                 epoch,
                 last_version,
@@ -368,6 +381,12 @@ impl pb::replicator_server::Replicator for ReplicatorService {
                 .as_ref()
                 .map(|(_, d)| d.clone())
                 .unwrap_or_default(),
+            primary: log.primary.as_ref().map(|(e, p)| pb::PrimaryAt {
+                id: p.id.clone(),
+                addr: p.addr.clone(),
+                data_url: p.data_url.clone(),
+                epoch: e.0,
+            }),
         }))
     }
 

@@ -102,7 +102,10 @@ async fn every_call_needs_a_token_of_a_role_its_method_admits() {
     assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
     assert!(s.message().contains("primary"), "{}", s.message());
     let s = mirror
-        .bump_epoch(pb::BumpEpochRequest { epoch: 9 })
+        .bump_epoch(pb::BumpEpochRequest {
+            epoch: 9,
+            primary: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");

@@ -190,8 +190,21 @@ async fn appends_follow_the_log_rules_through_raft() {
         assert_eq!(s.code(), code, "{s:?}");
         assert_eq!(refusal(&s), kind, "{s:?}");
     }
+    // a promotion: the new epoch names its primary, and every node shows it
+    let named = pb::PrimaryAt {
+        id: "region-b".into(),
+        addr: "127.0.0.1:7440".into(),
+        data_url: "file:///srv/region-b".into(),
+        epoch: 2,
+    };
     let e = lc
-        .bump_epoch(pb::BumpEpochRequest { epoch: 2 })
+        .bump_epoch(pb::BumpEpochRequest {
+            epoch: 2,
+            primary: Some(pb::PrimaryAt {
+                epoch: 0,
+                ..named.clone()
+            }),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -228,6 +241,7 @@ async fn appends_follow_the_log_rules_through_raft() {
                 .into_inner();
             if st.last_version == 3 && st.epoch == 2 {
                 assert_eq!(st.members.len(), 3);
+                assert_eq!(st.primary.as_ref(), Some(&named), "node {id}");
                 break;
             }
             assert!(

@@ -449,6 +449,19 @@ async fn admin(action: Action) -> Result<()> {
                 "change log  epoch {}, versions {}..={}",
                 s.epoch, s.earliest_version, s.last_version
             );
+            if let Some(p) = &s.primary {
+                println!(
+                    "promoted    epoch {} names {} at {} the primary{}",
+                    p.epoch,
+                    p.id,
+                    p.addr,
+                    if p.data_url.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (store {})", p.data_url)
+                    }
+                );
+            }
             if s.served_version > s.last_version {
                 println!(
                     "early       versions up to {} are known committed at the leader and served \

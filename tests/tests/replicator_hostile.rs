@@ -138,7 +138,11 @@ fn cluster(work: &std::path::Path, rt: &tokio::runtime::Runtime) -> (Cluster, So
     rt.block_on(async {
         c.wait_leader(Duration::from_secs(30)).await;
         let p = as_role(Role::Primary);
-        let bump = pb::BumpEpochRequest { epoch: 2 }.encode_to_vec();
+        let bump = pb::BumpEpochRequest {
+            epoch: 2,
+            primary: None,
+        }
+        .encode_to_vec();
         call(addr, &p, "BumpEpoch", bump).await.expect("bump");
         let recs = vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()];
         call(addr, &p, "Append", append(2, 1, recs))
@@ -327,6 +331,53 @@ fn malformed_and_hostile_calls_get_clear_statuses_and_change_nothing() {
             .encode_to_vec(),
             Code::InvalidArgument,
         ),
+        // a promotion that names no usable primary raises nothing, though its epoch is new
+        (
+            "epoch: bad primary",
+            p,
+            "BumpEpoch",
+            pb::BumpEpochRequest {
+                epoch: 3,
+                primary: Some(pb::PrimaryAt {
+                    id: "c".into(),
+                    addr: "no-port".into(),
+                    ..Default::default()
+                }),
+            }
+            .encode_to_vec(),
+            Code::InvalidArgument,
+        ),
+        (
+            "epoch: bad primary",
+            p,
+            "BumpEpoch",
+            pb::BumpEpochRequest {
+                epoch: 3,
+                primary: Some(pb::PrimaryAt {
+                    id: "c".repeat(5000),
+                    addr: "127.0.0.1:7440".into(),
+                    ..Default::default()
+                }),
+            }
+            .encode_to_vec(),
+            Code::InvalidArgument,
+        ),
+        (
+            "epoch: bad primary",
+            p,
+            "BumpEpoch",
+            pb::BumpEpochRequest {
+                epoch: 3,
+                primary: Some(pb::PrimaryAt {
+                    id: "c".into(),
+                    addr: "127.0.0.1:7440".into(),
+                    data_url: "s3://x\n?endpoint=evil".into(),
+                    epoch: 0,
+                }),
+            }
+            .encode_to_vec(),
+            Code::InvalidArgument,
+        ),
         (
             "admin: bad request",
             Role::Admin,
@@ -495,19 +546,31 @@ fn malformed_and_hostile_calls_get_clear_statuses_and_change_nothing() {
             "epoch: stale",
             p,
             "BumpEpoch",
-            pb::BumpEpochRequest { epoch: 2 }.encode_to_vec(),
+            pb::BumpEpochRequest {
+                epoch: 2,
+                primary: None,
+            }
+            .encode_to_vec(),
         ),
         (
             "epoch: stale",
             p,
             "BumpEpoch",
-            pb::BumpEpochRequest { epoch: 1 }.encode_to_vec(),
+            pb::BumpEpochRequest {
+                epoch: 1,
+                primary: None,
+            }
+            .encode_to_vec(),
         ),
         (
             "epoch: stale",
             Role::Admin,
             "BumpEpoch",
-            pb::BumpEpochRequest { epoch: 0 }.encode_to_vec(),
+            pb::BumpEpochRequest {
+                epoch: 0,
+                primary: None,
+            }
+            .encode_to_vec(),
         ),
         (
             "admin: bad request",

@@ -30,18 +30,21 @@ pub(super) struct SmState {
     pub(super) log: ChangeLogState,
 }
 
-/// Decode a stored [`SmState`]. A state written before [`ChangeLogState::purged_last`]
-/// existed ends one field short; that `Option` is the encoding's very last field, so a `None`
-/// (postcard: one zero byte) completes it.
+/// Decode a stored [`SmState`]. A state written before [`ChangeLogState::purged_last`] or
+/// [`ChangeLogState::primary`] existed ends one or two fields short; those `Option`s are the
+/// encoding's last fields, so a `None` each (postcard: one zero byte) completes it.
 pub(super) fn decode_state(what: &str, b: &[u8]) -> Result<SmState, SErr> {
-    match decode(what, b) {
-        Ok(s) => Ok(s),
-        Err(e) => {
+    let e = match decode(what, b) {
+        Ok(s) => return Ok(s),
+        Err(e) => e,
+    };
+    (1..=2)
+        .find_map(|missing| {
             let mut longer = b.to_vec();
-            longer.push(0);
-            postcard::from_bytes(&longer).map_err(|_| e)
-        }
-    }
+            longer.resize(b.len() + missing, 0);
+            postcard::from_bytes(&longer).ok()
+        })
+        .ok_or(e)
 }
 
 /// The change log as a Raft state machine. Readers (subscriptions, status) use [`ChangeLog`].
@@ -324,23 +327,34 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 mod tests {
     use super::*;
 
-    /// A state stored before `purged_last` existed (one field short) reads as one with none.
+    /// A state stored before `purged_last` or `primary` existed (two or one fields short)
+    /// reads as one with none.
     #[test]
-    fn a_state_stored_before_purged_last_reads_with_none() {
+    fn a_state_stored_before_purged_last_or_primary_reads_with_none() {
         let mut state = SmState {
             log: ChangeLogState::new(),
             ..SmState::default()
         };
         state.log.earliest_version = Version(7);
         let mut old = encode(&state).unwrap();
-        assert_eq!(
-            old.pop(),
-            Some(0),
-            "the None of purged_last ends the encoding"
-        );
+        assert_eq!(old.pop(), Some(0), "the None of primary ends the encoding");
+        assert_eq!(old.pop(), Some(0), "the None of purged_last before it");
         let read = decode_state("an old state", &old).unwrap();
         assert_eq!(read.log, state.log);
         state.log.purged_last = Some((Version(6), vec![1; 32]));
+        // one written before `primary` existed
+        let mut old = encode(&state).unwrap();
+        assert_eq!(old.pop(), Some(0), "the None of primary ends the encoding");
+        let read = decode_state("a state without primary", &old).unwrap();
+        assert_eq!(read.log, state.log);
+        state.log.primary = Some((
+            strait_ids::Epoch(2),
+            crate::log::PrimaryAt {
+                id: "b".into(),
+                addr: "10.0.0.2:7100".into(),
+                data_url: "s3://b".into(),
+            },
+        ));
         let read = decode_state("a new state", &encode(&state).unwrap()).unwrap();
         assert_eq!(read.log, state.log);
         assert!(decode_state("garbage", &[0xff; 3]).is_err());
