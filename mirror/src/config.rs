@@ -108,6 +108,14 @@ pub struct PromotionConfig {
     /// mirror has applied past a slice's death and `gc_mirror_grace_ms` has passed.
     pub gc_interval_s: u64,
     pub gc_mirror_grace_ms: u64,
+    /// The address (`host:port`) the other regions reach this mirror's service at, named in
+    /// the epoch it raises: the other mirrors forward their writes there. Empty: `listen`,
+    /// unless that is a wildcard address (0.0.0.0, [::]); then the promotion names no
+    /// address and the other mirrors keep their `primary` setting.
+    pub advertise: String,
+    /// This region's object store as the other regions reach it, named in the epoch too: the
+    /// other mirrors read and upload the new primary's blocks there. Empty: `data_url`.
+    pub advertise_data_url: String,
 }
 
 /// The shortest `failover_after_ms`: several replicator heartbeats, so that an election alone
@@ -147,24 +155,67 @@ impl Default for PromotionConfig {
             failover_after_ms: 0,
             gc_interval_s: 30,
             gc_mirror_grace_ms: 60_000,
+            advertise: String::new(),
+            advertise_data_url: String::new(),
         }
     }
 }
 
 impl PromotionConfig {
+    /// What a promotion of the mirror `id` serving at `listen` with the store `data_url`
+    /// names as the new primary; None when no address for it is known (`listen` is a wildcard
+    /// and `advertise` is empty).
+    pub fn advertised(
+        &self,
+        id: &str,
+        listen: &str,
+        data_url: &str,
+    ) -> Option<strait_proto::replicator::PrimaryAt> {
+        let addr = if !self.advertise.is_empty() {
+            self.advertise.clone()
+        } else {
+            let (host, port) = listen.rsplit_once(':')?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            // a wildcard, or a port the system picks, names nothing others can reach
+            if port == "0"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_unspecified())
+            {
+                return None;
+            }
+            listen.to_string()
+        };
+        Some(strait_proto::replicator::PrimaryAt {
+            id: id.to_string(),
+            addr,
+            data_url: if self.advertise_data_url.is_empty() {
+                data_url.to_string()
+            } else {
+                self.advertise_data_url.clone()
+            },
+            epoch: 0,
+        })
+    }
+
     /// What the promoted mirror presents to the replicator (the role `primary`), with the TLS
-    /// settings of `sec`.
+    /// settings of `sec`: `replicator_token`, or, without one, the mirror's certificate alone
+    /// (its subject must name the role `primary` too, `OU=mirror,primary`: the replicator
+    /// refuses the promotion otherwise, saying which roles it takes).
     pub fn credentials(&self, sec: &strait_auth::Security) -> Result<strait_auth::Credentials> {
         let token = match &self.replicator_token_file {
             Some(f) => strait_auth::read_token_file(f)?,
             None => self.replicator_token.clone(),
         };
-        if token.is_empty() {
+        let certified = sec.tls_ca_file.is_some() && sec.tls_cert_file.is_some();
+        if token.is_empty() && !certified {
             bail!(
-                "this mirror has no token of the role primary for the replicator: set                  `replicator_token` (or `replicator_token_file`) in its [promotion] settings"
+                "this mirror has no credential of the role primary for the replicator: set \
+                 `replicator_token` (or `replicator_token_file`) in its [promotion] settings, \
+                 or give it a certificate naming the roles mirror and primary with `tls_ca_file`"
             );
         }
-        sec.credentials(Some(token.as_str()))
+        sec.credentials(Some(token.as_str()).filter(|t| !t.is_empty()))
             .context("the credentials of the promoted mirror")
     }
 }
@@ -430,6 +481,17 @@ impl MirrorConfig {
                  {FAILOVER_AFTER_MS_MIN} (longer than the primary's lease_ms)"
             );
         }
+        if !p.advertise.is_empty() {
+            host_port("promotion.advertise", &p.advertise)?;
+        }
+        if !p.advertise_data_url.is_empty() {
+            strait_fs_core::url::DataUrl::parse(&p.advertise_data_url).map_err(|e| {
+                anyhow::anyhow!(
+                    "promotion.advertise_data_url {:?}: {e}",
+                    p.advertise_data_url
+                )
+            })?;
+        }
         if p.lease_ms > 0 && p.lease_ms < 5 * p.heartbeat_ms {
             bail!(
                 "promotion.lease_ms is {}; it must be at least 5 heartbeats ({} ms) or 0",
@@ -530,6 +592,11 @@ failover_after_ms = 0
 # Once promoted: dead slices' blocks deleted from this region's store, as the primary does.
 gc_interval_s = 30
 gc_mirror_grace_ms = 60000
+# Named in the epoch a promotion raises, so that the other mirrors forward their writes to
+# this one and read its blocks: its address and its store as the other regions reach them
+# ("" = listen, unless a wildcard such as 0.0.0.0; and data_url).
+advertise = ""
+advertise_data_url = ""
 
 # A token per role (docs/security.md): mount (this region's mounts), admin (mirror pause,
 # fsck --compare, snapshots). Files whose first line is the token take precedence.
@@ -590,10 +657,51 @@ mod tests {
                 window_ms: 0,
                 ..ok.clone()
             },
+            MirrorConfig {
+                promotion: PromotionConfig {
+                    advertise: "no-port".into(),
+                    ..Default::default()
+                },
+                ..ok.clone()
+            },
+            MirrorConfig {
+                promotion: PromotionConfig {
+                    advertise_data_url: "ftp://nowhere".into(),
+                    ..Default::default()
+                },
+                ..ok.clone()
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
         assert!(toml::from_str::<MirrorConfig>("policy = \"sometimes\"").is_err());
+    }
+
+    #[test]
+    fn a_promotion_names_the_advertised_address_or_a_listen_address_that_is_not_a_wildcard() {
+        let p = PromotionConfig::default();
+        let named = p
+            .advertised("b", "10.0.2.1:7440", "s3://b?endpoint=http://10.0.2.1:3900")
+            .expect("a named address");
+        assert_eq!(
+            (
+                named.id.as_str(),
+                named.addr.as_str(),
+                named.data_url.as_str()
+            ),
+            ("b", "10.0.2.1:7440", "s3://b?endpoint=http://10.0.2.1:3900")
+        );
+        assert_eq!(p.advertised("b", "0.0.0.0:7440", ""), None);
+        assert_eq!(p.advertised("b", "[::]:7440", ""), None);
+        assert_eq!(p.advertised("b", "127.0.0.1:0", ""), None);
+        let p = PromotionConfig {
+            advertise: "mirror-b.example.net:7440".into(),
+            advertise_data_url: "s3://b".into(),
+            ..Default::default()
+        };
+        let named = p.advertised("b", "0.0.0.0:7440", "file:///srv/b").unwrap();
+        assert_eq!(named.addr, "mirror-b.example.net:7440");
+        assert_eq!(named.data_url, "s3://b");
     }
 
     #[test]

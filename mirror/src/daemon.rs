@@ -98,6 +98,15 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         primary.clone(),
         follow_stop.clone(),
     ));
+    // a promotion elsewhere names the new primary: forward there (it may have happened before
+    // this start, so this runs before the first bootstrap, which asks the primary too)
+    let late_forward = crate::new_primary::LateForward::default();
+    tokio::spawn(crate::new_primary::run(
+        mirror.clone(),
+        primary.clone(),
+        late_forward.clone(),
+        follow_stop.clone(),
+    ));
     if applied == Version::ZERO {
         println!(
             "strait mirror: bootstrapping from the primary at {}",
@@ -172,6 +181,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     tokio::spawn(blocks.clone().run_copier(stop.clone()));
     tokio::spawn(blocks.clone().run_deleter(stop.clone()));
     let forward = ForwardSession::new(primary.clone(), &cfg.id, engine.clone());
+    let _ = late_forward.set(forward.clone());
     let router = Router::new(
         server.clone(),
         mirror.clone(),
@@ -190,6 +200,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
             follower,
         })),
         stop: stop.clone(),
+        ship_stop: CancellationToken::new(),
         busy: tokio::sync::Mutex::new(()),
         gc: std::sync::OnceLock::new(),
     });
@@ -312,6 +323,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     if let Some(f) = following {
         let _ = f.follower.await;
     }
+    // a promoted mirror ships what is left, as a stopping primary does
+    promoter.drain().await;
     let kv2 = kv.clone();
     tokio::task::spawn_blocking(move || kv2.sync())
         .await

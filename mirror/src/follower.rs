@@ -61,10 +61,11 @@ enum Stop {
     Cancelled,
 }
 
-/// An authorised channel to the primary (or to any site daemon, for the CLI).
+/// An authorised channel to the primary (or to any site daemon, for the CLI). Its clones
+/// share one address: [`Primary::switch`] (the epoch named another primary) moves them all.
 #[derive(Clone)]
 pub struct Primary {
-    pub channel: Channel,
+    link: Arc<parking_lot::RwLock<Link>>,
     /// What the mirror (or a command acting for an operator) presents to the daemon.
     pub creds: Credentials,
     /// `authorization: Bearer ...` of `creds`, for calls forwarded as raw HTTP/2 requests
@@ -72,18 +73,29 @@ pub struct Primary {
     pub authorization: Option<http::HeaderValue>,
 }
 
+/// Where [`Primary`] calls go.
+struct Link {
+    addr: String,
+    channel: Channel,
+}
+
+/// A lazily connected channel to `addr` presenting `creds`.
+fn channel(addr: &str, creds: &Credentials) -> anyhow::Result<Channel> {
+    Ok(creds
+        .endpoint(addr)?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .connect_lazy())
+}
+
 impl Primary {
     /// A lazily connected channel to the site daemon at `addr` (`host:port`) presenting
     /// `creds` (a token, and TLS when they name a CA).
     pub fn new(addr: &str, creds: &Credentials) -> anyhow::Result<Self> {
-        let channel = creds
-            .endpoint(addr)?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .max_frame_size(strait_proto::HTTP2_FRAME_BYTES)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .connect_lazy();
+        let channel = channel(addr, creds)?;
         let authorization = match creds.token_str() {
             Some(t) => Some(
                 http::HeaderValue::from_str(&format!("Bearer {t}"))
@@ -92,19 +104,50 @@ impl Primary {
             None => None,
         };
         Ok(Primary {
-            channel,
+            link: Arc::new(parking_lot::RwLock::new(Link {
+                addr: addr.to_string(),
+                channel,
+            })),
             creds: creds.clone(),
             authorization,
         })
     }
 
+    /// The address calls go to.
+    pub fn addr(&self) -> String {
+        self.link.read().addr.clone()
+    }
+
+    /// Send every later call (of this value and its clones) to `addr`; false when they went
+    /// there already. Calls under way finish where they were sent.
+    pub fn switch(&self, addr: &str) -> anyhow::Result<bool> {
+        if self.link.read().addr == addr {
+            return Ok(false);
+        }
+        let channel = channel(addr, &self.creds)?;
+        let mut l = self.link.write();
+        if l.addr == addr {
+            return Ok(false);
+        }
+        *l = Link {
+            addr: addr.to_string(),
+            channel,
+        };
+        Ok(true)
+    }
+
+    /// The channel to the current address.
+    pub fn channel(&self) -> Channel {
+        self.link.read().channel.clone()
+    }
+
     pub fn site(&self) -> SiteServiceClient<Conn> {
-        SiteServiceClient::with_interceptor(self.channel.clone(), self.creds.bearer())
+        SiteServiceClient::with_interceptor(self.channel(), self.creds.bearer())
             .max_decoding_message_size(META_MESSAGE_BYTES_MAX)
     }
 
     pub fn meta(&self) -> MetaServiceClient<Conn> {
-        MetaServiceClient::with_interceptor(self.channel.clone(), self.creds.bearer())
+        MetaServiceClient::with_interceptor(self.channel(), self.creds.bearer())
             .max_decoding_message_size(META_MESSAGE_BYTES_MAX)
     }
 }
@@ -660,7 +703,6 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
 pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
     let every = Duration::from_millis(mirror.cfg.clock_poll_ms);
     let mut warned = false;
-    let mut site = primary.site();
     let mut first = true;
     loop {
         // the first poll at once: until one is answered the lag is unknown
@@ -672,6 +714,8 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
         }
         first = false;
         let requested = mirror.mono_ms();
+        // a client per poll: the primary may have moved (a promotion elsewhere)
+        let mut site = primary.site();
         let call = site.status(strait_proto::site::Empty {});
         match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
             Ok(Ok(r)) => {

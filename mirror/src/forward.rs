@@ -53,6 +53,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ForwardSession {
     pub(crate) primary: Primary,
     sid: AtomicU64,
+    /// The session at the previous primary, named when the first session at a new one is
+    /// opened (a promoted mirror's engine lists the sessions the old primary had).
+    resume: AtomicU64,
     info: String,
     lock: tokio::sync::Mutex<()>,
     /// The region's handles (the mirror's engine: its table is shared by every session).
@@ -81,6 +84,7 @@ impl ForwardSession {
         Arc::new(ForwardSession {
             primary,
             sid: AtomicU64::new(0),
+            resume: AtomicU64::new(0),
             info: format!("mirror {mirror_id}: forwarded calls and the region's open files"),
             lock: tokio::sync::Mutex::new(()),
             engine,
@@ -137,11 +141,16 @@ impl ForwardSession {
             .client()
             .open_session(w::OpenSessionRequest {
                 info: self.info.clone(),
-                resume_session: stale,
+                resume_session: if stale != 0 {
+                    stale
+                } else {
+                    self.resume.load(Ordering::Relaxed)
+                },
                 open_inodes,
             })
             .await?
             .into_inner();
+        self.resume.store(0, Ordering::Relaxed);
         self.sid.store(r.session, Ordering::Relaxed);
         {
             let mut g = self.granted.lock();
@@ -155,6 +164,21 @@ impl ForwardSession {
             self.held.lock().len()
         );
         Ok(r.session)
+    }
+
+    /// The primary moved (the epoch named another): the next call opens the session at the
+    /// new one (taking the old one up when its engine lists it), with the files held, and no
+    /// slice id the old primary gave is taken any more (the new one knows nothing of them; a
+    /// mount writes such a slice again under an id from the new primary).
+    pub(crate) async fn primary_moved(&self) {
+        let _g = self.lock.lock().await;
+        let old = self.sid.swap(0, Ordering::Relaxed);
+        if old != 0 {
+            self.resume.store(old, Ordering::Relaxed);
+        }
+        let mut g = self.granted.lock();
+        g.at_primary = 0;
+        g.by_mount.clear();
     }
 
     /// Ask for a sync of the holds soon (a handle was opened in the region).

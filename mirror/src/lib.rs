@@ -14,6 +14,7 @@
 //! - [`site`]: digests at a chosen version and the mirror's status, for `fsck --compare`
 //!   and `mirror status`.
 //! - [`promote`]: becoming the primary in place (`strait mirror promote`).
+//! - [`new_primary`]: following a primary promoted elsewhere (its name is in the epoch).
 //! - [`daemon`]: starting and stopping it all.
 
 pub mod blocks;
@@ -24,6 +25,7 @@ pub mod follower;
 pub mod forward;
 pub mod lag;
 pub mod metrics;
+pub mod new_primary;
 pub mod promote;
 pub mod router;
 pub mod site;

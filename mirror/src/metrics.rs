@@ -36,6 +36,7 @@ pub struct Metrics {
     pub deleted_blocks: IntCounter,
     pub uploaded_blocks: IntCounter,
     pub block_errors: IntCounter,
+    pub primary_moves: IntCounter,
 }
 
 /// Move a counter up to `v` (the value kept elsewhere).
@@ -170,6 +171,11 @@ impl Metrics {
                 "strait_mirror_block_errors_total",
                 "Failed block copies, fetches, uploads and deletions",
             ),
+            primary_moves: counter(
+                "strait_mirror_primary_moves_total",
+                "Times the replicator's epoch named a new primary (a promotion elsewhere) and this \
+                 mirror moved its forwarded writes and block reads there",
+            ),
             base,
         };
         for c in [
@@ -198,6 +204,7 @@ impl Metrics {
             Box::new(m.deleted_blocks.clone()),
             Box::new(m.uploaded_blocks.clone()),
             Box::new(m.block_errors.clone()),
+            Box::new(m.primary_moves.clone()),
         ] {
             m.base
                 .registry

@@ -119,6 +119,31 @@ impl ReplicationWait for LateShipping {
     }
 }
 
+/// How long a stopping promoted mirror waits for its shipper to send what is left.
+const SHIP_DRAIN: Duration = Duration::from_secs(5);
+
+impl Promoter {
+    /// At shutdown, once the service stopped: wait (at most [`SHIP_DRAIN`]) until the
+    /// replicator holds every version committed here, as `strait primary` does, then stop
+    /// the shipper. What is not shipped by then stays in the outbox and goes at the next start.
+    pub async fn drain(&self) {
+        if let Some(shipping) = self.late.0.get() {
+            let mut rx = shipping.shipper.watch();
+            let kv = self.mirror.kv.clone();
+            if let Ok(Ok(latest)) = tokio::task::spawn_blocking(move || kv.last_version()).await {
+                match strait_ship::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
+                    Ok(()) => tracing::info!("the replicator holds every version up to {latest}"),
+                    Err(why) => tracing::warn!(
+                        "stopping with versions the replicator does not hold yet ({why}); they \
+                         are in the outbox and are shipped at the next start"
+                    ),
+                }
+            }
+        }
+        self.ship_stop.cancel();
+    }
+}
+
 /// What follows the old primary: stopped at the promotion.
 pub struct Following {
     pub stop: CancellationToken,
@@ -134,8 +159,10 @@ pub struct Promoter {
     pub late: Arc<LateShipping>,
     pub signal: Arc<CommitSignal>,
     pub following: Mutex<Option<Following>>,
-    /// The daemon's stop: the shipper runs until it.
+    /// The daemon's stop: GC runs until it.
     pub stop: CancellationToken,
+    /// The shipper's stop: after the daemon's, once what is left is shipped ([`Promoter::drain`]).
+    pub ship_stop: CancellationToken,
     /// One promotion at a time.
     pub busy: tokio::sync::Mutex<()>,
     /// Once promoted, with a store of its own: GC on demand (`strait gc`).
@@ -214,7 +241,17 @@ impl Promoter {
         let elect_ms = t0.elapsed().as_millis() as u64;
         let t0 = Instant::now();
         let epoch = Epoch(st.epoch + 1);
-        let bumped = client.bump_epoch(epoch).await.map_err(|s| {
+        // named in the epoch: the other mirrors forward their writes here
+        let named = cfg
+            .promotion
+            .advertised(&cfg.id, &cfg.listen, &cfg.data_url);
+        if named.is_none() {
+            tracing::warn!(
+                "promotion: this mirror listens on {} and [promotion] advertise is not set, so                  the new epoch names no address for it: the other mirrors keep forwarding to                  the primary in their settings",
+                cfg.listen
+            );
+        }
+        let bumped = client.bump_epoch_naming(epoch, named).await.map_err(|s| {
             // refused (another promotion raised it first): nothing changed; no answer: it may
             // have been raised, which fences the old primary, and promoting again goes on
             Status::unavailable(format!(
@@ -366,7 +403,7 @@ impl Promoter {
             self.signal.clone(),
             &settings,
             self.mirror.metrics.base.clone(),
-            self.stop.clone(),
+            self.ship_stop.clone(),
         )?;
         if self.late.0.set(shipping).is_err() {
             anyhow::bail!("the shipper was started already");

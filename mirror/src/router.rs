@@ -207,7 +207,7 @@ impl Router {
             *req.uri_mut() = uri
                 .build()
                 .map_err(|e| Forwarding::NotSent(format!("forward uri: {e}")))?;
-            let mut ch = self.forward.primary.channel.clone();
+            let mut ch = self.forward.primary.channel();
             let ch = match tower::ServiceExt::ready(&mut ch).await {
                 Ok(ch) => ch,
                 Err(e) => return Err(Forwarding::NotSent(chain(&e))),

@@ -92,6 +92,9 @@ pub struct Mirror {
     promotion: Mutex<Option<s::Promotion>>,
     /// The epoch of the newest records received.
     epoch: AtomicU64,
+    /// Where this mirror forwards its region's writes: `primary` in the settings until an
+    /// epoch names another ([`crate::new_primary`]).
+    primary_addr: Mutex<String>,
 }
 
 pub fn wall_us() -> u64 {
@@ -115,6 +118,7 @@ impl Mirror {
             received: applied,
             ..Default::default()
         };
+        let cfg_primary = cfg.primary.clone();
         Arc::new(Mirror {
             cfg,
             replicator_creds,
@@ -140,6 +144,7 @@ impl Mirror {
             promoted: std::sync::atomic::AtomicBool::new(false),
             promotion: Mutex::new(None),
             epoch: AtomicU64::new(0),
+            primary_addr: Mutex::new(cfg_primary),
         })
     }
 
@@ -295,6 +300,20 @@ impl Mirror {
         self.inner.lock().stream_ms = now;
     }
 
+    /// Where this mirror forwards its region's writes.
+    pub fn primary_addr(&self) -> String {
+        self.primary_addr.lock().clone()
+    }
+
+    pub fn set_primary_addr(&self, addr: &str) {
+        *self.primary_addr.lock() = addr.to_string();
+    }
+
+    /// The epoch of the newest records received.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
     /// Records of `epoch` arrived.
     pub fn on_epoch(&self, epoch: u64) {
         self.epoch.fetch_max(epoch, Ordering::Relaxed);
@@ -412,7 +431,7 @@ impl Mirror {
         };
         let (epoch, primary) = match &promotion {
             Some(p) => (p.epoch, String::new()),
-            None => (self.epoch.load(Ordering::Relaxed), self.cfg.primary.clone()),
+            None => (self.epoch.load(Ordering::Relaxed), self.primary_addr()),
         };
         let pc = &self.cfg.promotion;
         let failover = match pc.failover {

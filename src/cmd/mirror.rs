@@ -95,6 +95,14 @@ pub struct ServeArgs {
     pub failover: Option<String>,
     #[arg(long)]
     pub failover_after_ms: Option<u64>,
+    /// Once promoted: the address (host:port) the other regions reach this mirror at, named
+    /// in the epoch so that the other mirrors forward their writes here (default: --listen).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Once promoted: this region's object store as the other regions reach it (default:
+    /// --data-url).
+    #[arg(long)]
+    pub advertise_data_url: Option<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -237,6 +245,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.failover_after_ms {
             c.promotion.failover_after_ms = v;
+        }
+        if let Some(v) = &self.advertise {
+            c.promotion.advertise = v.clone();
+        }
+        if let Some(v) = &self.advertise_data_url {
+            c.promotion.advertise_data_url = v.clone();
         }
         if let Some(v) = &self.primary_data_url {
             c.primary_data_url = v.clone();

@@ -15,29 +15,53 @@ pub(super) type Cell = tokio::sync::OnceCell<Result<Bytes, Status>>;
 
 impl Blocks {
     /// Fetch a block from the primary's store and check it (twice, in case it was damaged
-    /// on the way).
+    /// on the way). After a promotion, a block the new primary's store lacks is looked for in
+    /// the stores of the primaries before it, newest first.
     pub(super) async fn fetch_primary(
         &self,
         key: &str,
         len: u32,
         crc: u32,
     ) -> Result<Bytes, ObjectError> {
-        let primary = self.primary().await.map_err(ObjectError::Fatal)?;
-        let mut last = String::new();
-        for _ in 0..2 {
-            let data = retry(
-                &format!("read block {key} from the primary's store"),
-                || primary.get(key),
-            )
-            .await?;
-            match verify(key, &data, len, crc) {
-                Ok(()) => return Ok(data),
-                Err(e) => last = e.to_string(),
+        let stores = self.primary_stores().await.map_err(ObjectError::Fatal)?;
+        let mut failed: Option<ObjectError> = None;
+        let mut not_found = None;
+        for (url, store) in &stores {
+            let mut last = String::new();
+            for _ in 0..2 {
+                let got = retry(
+                    &format!("read block {key} from the primary's store"),
+                    || store.get(key),
+                )
+                .await;
+                match got {
+                    Ok(data) => match verify(key, &data, len, crc) {
+                        Ok(()) => return Ok(data),
+                        Err(e) => last = e.to_string(),
+                    },
+                    Err(ObjectError::NotFound(e)) => {
+                        not_found = Some(ObjectError::NotFound(e));
+                        last.clear();
+                        break;
+                    }
+                    Err(e) => {
+                        last.clear();
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if !last.is_empty() {
+                failed = Some(ObjectError::Fatal(format!(
+                    "{last} (the copy of the block in {url})"
+                )));
             }
         }
-        Err(ObjectError::Fatal(format!(
-            "{last} (the primary's copy of the block)"
-        )))
+        // not found anywhere is final (the copier drops the block); a store that could not
+        // answer may still hold it
+        Err(failed
+            .or(not_found)
+            .unwrap_or_else(|| ObjectError::NotFound(key.to_string())))
     }
 
     /// A block a mount is waiting for (FetchBlock): from this region's store when it is

@@ -136,8 +136,12 @@ pub struct Blocks {
     kv: DynKv,
     /// This region's store (None: the mirror has none; its mounts read the primary's).
     local: Option<DynStore>,
-    primary: tokio::sync::OnceCell<DynStore>,
+    /// The store of the primary this mirror first followed, with its URL.
+    primary: tokio::sync::OnceCell<(String, DynStore)>,
     primary_url: String,
+    /// The stores of the primaries promoted since (newest first): blocks are read from the
+    /// newest that holds them, and uploaded to the newest.
+    promoted: parking_lot::RwLock<Vec<(String, DynStore)>>,
     block_size: AtomicU32,
     concurrency: usize,
     limiter: Limiter,
@@ -191,6 +195,7 @@ impl Blocks {
             local,
             primary: tokio::sync::OnceCell::new(),
             primary_url: cfg.primary_data_url.clone(),
+            promoted: parking_lot::RwLock::new(Vec::new()),
             block_size: AtomicU32::new(0),
             concurrency: cfg.sync_concurrency.max(1),
             limiter: Limiter {
@@ -216,8 +221,9 @@ impl Blocks {
         self.local.clone()
     }
 
-    /// The primary's store: `primary_data_url`, or the one in the file system's settings.
-    async fn primary(&self) -> Result<&DynStore, String> {
+    /// The store of the primary first followed: `primary_data_url`, or the one in the file
+    /// system's settings.
+    async fn first_primary(&self) -> Result<&(String, DynStore), String> {
         self.primary
             .get_or_try_init(|| async {
                 let url = if self.primary_url.is_empty() {
@@ -232,11 +238,63 @@ impl Blocks {
                 } else {
                     self.primary_url.clone()
                 };
-                strait_fs_core::object::open(&url)
+                let store = strait_fs_core::object::open(&url)
                     .await
-                    .map_err(|e| format!("open the primary's object store {url}: {e}"))
+                    .map_err(|e| format!("open the primary's object store {url}: {e}"))?;
+                Ok((url, store))
             })
             .await
+    }
+
+    /// The current primary's store: where blocks written here are uploaded.
+    async fn primary(&self) -> Result<DynStore, String> {
+        if let Some((_, s)) = self.promoted.read().first() {
+            return Ok(s.clone());
+        }
+        Ok(self.first_primary().await?.1.clone())
+    }
+
+    /// Every primary's store, the current one first: a block the current primary's store
+    /// lacks (not copied there yet, or never) is looked for in the ones before it.
+    async fn primary_stores(&self) -> Result<Vec<(String, DynStore)>, String> {
+        let mut v = self.promoted.read().clone();
+        match self.first_primary().await {
+            Ok((url, s)) => {
+                if !v.iter().any(|(u, _)| u == url) {
+                    v.push((url.clone(), s.clone()));
+                }
+            }
+            Err(e) if v.is_empty() => return Err(e),
+            Err(e) => tracing::debug!("{e}"),
+        }
+        Ok(v)
+    }
+
+    /// The epoch names a new primary whose store is `url`: blocks are uploaded there from now
+    /// on, and looked for there first. False when it was the current one already.
+    pub async fn primary_moved(&self, url: &str) -> anyhow::Result<bool> {
+        use anyhow::Context;
+        if self.promoted.read().first().is_some_and(|(u, _)| u == url) {
+            return Ok(false);
+        }
+        if self.promoted.read().is_empty() && self.primary.get().is_some_and(|(u, _)| u == url) {
+            return Ok(false);
+        }
+        let store = strait_fs_core::object::open(url)
+            .await
+            .with_context(|| format!("open the new primary's object store {url}"))?;
+        let mut l = self.promoted.write();
+        l.retain(|(u, _)| u != url);
+        l.insert(0, (url.to_string(), store));
+        Ok(true)
+    }
+
+    /// The URL of the current primary's store, when known.
+    pub fn primary_url(&self) -> Option<String> {
+        if let Some((u, _)) = self.promoted.read().first() {
+            return Some(u.clone());
+        }
+        self.primary.get().map(|(u, _)| u.clone())
     }
 
     fn error(&self, msg: String) {

@@ -28,6 +28,7 @@ impl Blocks {
             return Ok(());
         };
         let primary = self.primary().await?;
+        let primary = &primary;
         for s in slices.iter().filter(|s| !s.id.is_hole()) {
             for index in 0..block_count(s.size, bs) {
                 let len = block_len(s.size, bs, index);
