@@ -59,10 +59,45 @@ struct Regions {
     primary_args: &'static [&'static str],
     mirror_args: &'static [&'static str],
     format_args: &'static [&'static str],
+    /// Mutual TLS on every link (`strait dev up --tls`); the mirror's certificate names the
+    /// roles mirror and primary, and it has no token of the role primary.
+    tls: bool,
+}
+
+/// Regions A's and B's mounts, unmounted (lazily) and their processes killed when dropped:
+/// a test that fails leaves no mount behind (the cluster stops only its daemons).
+struct Mounts(Vec<(PathBuf, u32)>);
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for (point, pid) in &self.0 {
+            let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap_or_default()
+                .contains(&format!(" {} ", point.display()));
+            if mounted {
+                let _ = Command::new("umount").arg("-l").arg(point).status();
+            }
+            // a mount whose daemon is gone may outlive its unmount, retrying a call
+            kill_mount_process(*pid, point);
+        }
+    }
+}
+
+/// SIGKILL `pid` if it still is the `strait mount` of `point`.
+fn kill_mount_process(pid: u32, point: &Path) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let ours =
+        args.contains(&b"mount".as_slice()) && args.contains(&point.as_os_str().as_encoded_bytes());
+    if ours {
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
 }
 
 /// Regions A, B and the witness C (replicator node 2), mounted, started in `dir`.
-fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> Cluster {
+fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> (Cluster, Mounts) {
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
     let cfg = ClusterConfig {
         strait_bin: strait_tests::strait_bin(),
@@ -80,7 +115,7 @@ fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> Cluste
         mirror_args: own(r.mirror_args),
         mount_args: vec![],
         format_args: own(r.format_args),
-        tls: false,
+        tls: r.tls,
         witness: true,
         hooks: Default::default(),
     };
@@ -97,7 +132,15 @@ fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> Cluste
     )
     .expect("start the regions");
     assert_eq!(cluster.topology().replicator_regions, ["A", "C", "B"]);
-    cluster
+    let t = cluster.topology();
+    let mounts = Mounts(
+        [&t.mount_a, &t.mount_b]
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, m)| Some((m.clone()?, cluster.mount_pid(i).ok()?)))
+            .collect(),
+    );
+    (cluster, mounts)
 }
 
 /// Region A is lost, all of it at once: the primary, replicator node 1 and the mount.
@@ -168,7 +211,8 @@ fn first_write(dir: &Path, name: &str, limit: Duration) -> Duration {
             Ok(()) => return start.elapsed(),
             Err(e) => assert!(
                 start.elapsed() < limit,
-                "no write at B's mount acknowledged within {limit:?}: {e}"
+                "no write at {} acknowledged within {limit:?}: {e}",
+                dir.display()
             ),
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -183,7 +227,7 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cluster = three_regions(
+    let (mut cluster, _mounts) = three_regions(
         &dir,
         &rt,
         Regions {
@@ -195,6 +239,7 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
             mirror_args: &["--promotion-durability", "replicated"],
             // dead slices go at the first GC pass
             format_args: &["--gc-delay", "0"],
+            tls: false,
         },
     );
     let topo = cluster.topology().clone();
@@ -511,7 +556,7 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cluster = three_regions(
+    let (mut cluster, _mounts) = three_regions(
         &dir,
         &rt,
         Regions {
@@ -522,6 +567,7 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
             primary_args: &["--durability", "replicated"],
             mirror_args: &["--promotion-durability", "replicated"],
             format_args: &[],
+            tls: false,
         },
     );
     let topo = cluster.topology().clone();
@@ -617,7 +663,7 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cluster = three_regions(
+    let (mut cluster, _mounts) = three_regions(
         &dir,
         &rt,
         Regions {
@@ -635,6 +681,7 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
                 "3000",
             ],
             format_args: &[],
+            tls: false,
         },
     );
     let topo = cluster.topology().clone();
@@ -722,7 +769,7 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cluster = three_regions(
+    let (mut cluster, _mounts) = three_regions(
         &dir,
         &rt,
         Regions {
@@ -733,6 +780,7 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
             primary_args: &["--durability", "local"],
             mirror_args: &[],
             format_args: &[],
+            tls: false,
         },
     );
     let topo = cluster.topology().clone();
@@ -945,7 +993,7 @@ fn a_planned_switchover_under_load_loses_nothing_in_local_durability() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut cluster = three_regions(
+    let (mut cluster, _mounts) = three_regions(
         &dir,
         &rt,
         Regions {
@@ -956,6 +1004,7 @@ fn a_planned_switchover_under_load_loses_nothing_in_local_durability() {
             primary_args: &["--durability", "local"],
             mirror_args: &["--promotion-durability", "local"],
             format_args: &[],
+            tls: false,
         },
     );
     let topo = cluster.topology().clone();
@@ -1064,6 +1113,363 @@ fn a_planned_switchover_under_load_loses_nothing_in_local_durability() {
     let list = work.path().join("divergence.txt");
     let (ok, out) = rejoin(&dir, &topo, &list);
     assert!(ok && out.contains("nothing set aside"), "rejoin: {out}");
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}
+
+/// A mount of the dev cluster's region at `addr`, started in the background by `strait mount`:
+/// unmounted (lazily) and its process killed when dropped, however the test ends.
+struct ExtraMount {
+    point: PathBuf,
+    pid: u32,
+}
+
+impl ExtraMount {
+    fn start(addr: &str, point: PathBuf, token: &Path, cache: &Path, log: &Path) -> Self {
+        std::fs::create_dir_all(&point).unwrap();
+        let (ok, out) = strait(&[
+            "mount",
+            &format!("strait://{addr}"),
+            point.to_str().unwrap(),
+            "--token-file",
+            token.to_str().unwrap(),
+            "--background",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ]);
+        assert!(ok, "mount {addr}: {out}");
+        let pid = out
+            .split("(pid ")
+            .nth(1)
+            .and_then(|r| r.split([',', ')']).next())
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no pid in what `strait mount` printed: {out}"));
+        ExtraMount { point, pid }
+    }
+}
+
+impl Drop for ExtraMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.point).status();
+        kill_mount_process(self.pid, &self.point);
+    }
+}
+
+/// Wait until `path` holds `want`.
+fn wait_content(path: &Path, want: &str, limit: Duration, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(t) if t == want => return start.elapsed(),
+            r => assert!(
+                start.elapsed() < limit,
+                "{what}: {} did not read {want:?} within {limit:?}: {r:?}",
+                path.display()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A second mirror, in region C, follows region A until A is lost and B is promoted; then,
+/// never restarted, it learns the new primary from the epoch B raised (the replicator's
+/// status names it), forwards its mount's writes to B, reads the blocks B's mount writes from
+/// B's store, and agrees with B (`fsck --compare`). B, promoted in `local` durability and
+/// stopped right after a burst of creates, ships them before it exits: C gets every one.
+#[test]
+fn a_second_mirror_follows_the_promotion_and_forwards_its_writes_to_the_new_primary() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut cluster, _mounts) = three_regions(
+        &dir,
+        &rt,
+        Regions {
+            delay_ms: 15,
+            policy: "forward",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "replicated"],
+            mirror_args: &[],
+            format_args: &[],
+            tls: false,
+        },
+    );
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let tokens = dir.join("tokens");
+    let token = |role: &str| tokens.join(format!("{role}.token"));
+
+    // mirror C: its own metadata and store, following A through the replicator
+    let c = work.path().join("region-c");
+    std::fs::create_dir_all(c.join("store")).unwrap();
+    let c_addr = format!("127.0.0.1:{}", strait_tests::free_port());
+    let log = c.join("mirror.log");
+    let mut cmd = Command::new(strait_tests::strait_bin());
+    cmd.args([
+        "mirror",
+        "--id",
+        "region-c",
+        "--meta-url",
+        &format!("rocksdb://{}", c.join("meta").display()),
+        "--listen",
+        &c_addr,
+        "--metrics-listen",
+        "",
+        "--role-token-file",
+        &format!("mount={}", token("mount").display()),
+        "--role-token-file",
+        &format!("admin={}", token("admin").display()),
+        "--primary-token-file",
+        token("mirror").to_str().unwrap(),
+        "--replicator-token-file",
+        token("mirror").to_str().unwrap(),
+        "--primary",
+        &topo.primary,
+        "--replicator",
+        &topo.replicator.join(","),
+        "--data-url",
+        &format!("file://{}", c.join("store").display()),
+        "--primary-data-url",
+        &topo.data_a,
+        // reads answered here, never forwarded: C is read after B stopped
+        "--policy",
+        "serve",
+    ])
+    .stdout(std::fs::File::create(&log).unwrap())
+    .stderr(std::fs::File::create(c.join("mirror.err")).unwrap());
+    let mut mirror_c = Killed(strait_devkit::process::spawn_tied(cmd).unwrap());
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("strait mirror: serving")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60) && mirror_c.0.try_wait().unwrap().is_none(),
+            "C's mirror did not start: {}",
+            std::fs::read_to_string(c.join("mirror.err")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mc = ExtraMount::start(
+        &c_addr,
+        c.join("mnt"),
+        &token("mount"),
+        &c.join("cache"),
+        &c.join("mount.log"),
+    );
+
+    // before: A writes, C reads; C writes through A
+    write_synced(ma.join("from-a"), "written at A").unwrap();
+    wait_content(
+        &mc.point.join("from-a"),
+        "written at A",
+        Duration::from_secs(30),
+        "C before the loss",
+    );
+    write_synced(mc.point.join("from-c-before"), "written at C through A").unwrap();
+    wait_content(
+        &mb.join("from-c-before"),
+        "written at C through A",
+        Duration::from_secs(30),
+        "B before the loss",
+    );
+
+    kill_region_a(&mut cluster);
+    let (ok, out) = strait(&[
+        "mirror",
+        "promote",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        token("admin").to_str().unwrap(),
+    ]);
+    assert!(ok, "promote: {out}");
+    let promoted_at = Instant::now();
+
+    // C's mount, never remounted, writes through B
+    let took = first_write(&mc.point, "from-c-after", Duration::from_secs(60));
+    eprintln!(
+        "second mirror: the first write at C's mount acknowledged {:.2} s after the promote \
+         command returned ({:.2} s of retries)",
+        promoted_at.elapsed().as_secs_f64(),
+        took.as_secs_f64()
+    );
+    wait_content(
+        &mb.join("from-c-after"),
+        "written at B after the promotion",
+        Duration::from_secs(10),
+        "B, the new primary, holds C's write",
+    );
+    // B's mount writes; C reads it, its blocks from B's store
+    let big: String = (0..200_000).map(|i| format!("{i:07}\n")).collect();
+    write_synced(mb.join("from-b"), &big).unwrap();
+    let seen = wait_content(
+        &mc.point.join("from-b"),
+        &big,
+        Duration::from_secs(30),
+        "C reads B's write",
+    );
+    eprintln!(
+        "second mirror: B's write of {} bytes read at C's mount after {:.2} s",
+        big.len(),
+        seen.as_secs_f64()
+    );
+
+    // C's status names B as its primary, at the new epoch
+    let (ok, status) = strait(&[
+        "mirror",
+        "status",
+        "--addr",
+        &c_addr,
+        "--token-file",
+        token("mount").to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "mirror status at C: {status}");
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let row = &v["mirrors"][0];
+    assert_eq!(row["primary"], topo.mirror.as_str(), "{status}");
+    assert!(row["epoch"].as_u64().unwrap_or(0) >= 1, "{status}");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.contains("strait mirror: the primary moved to region-b"),
+        "C's output: {text}"
+    );
+
+    let (ok, cmp) = strait(&[
+        "fsck",
+        "--compare",
+        &topo.mirror,
+        &c_addr,
+        "--token-file",
+        token("admin").to_str().unwrap(),
+    ]);
+    eprintln!("second mirror: fsck --compare B C: {}", cmp.trim());
+    assert!(ok, "fsck --compare of B and C: {cmp}");
+
+    // B (in `local` durability) stopped right after a burst of creates ships them first: C,
+    // following the log, gets every one
+    let burst: Vec<String> = (0..20).map(|i| format!("burst-{i:02}")).collect();
+    for n in &burst {
+        write_synced(mb.join(n), n).unwrap();
+    }
+    cluster.signal("mirror", libc::SIGTERM).unwrap();
+    let start = Instant::now();
+    while !cluster.exited("mirror").unwrap() {
+        assert!(start.elapsed() < Duration::from_secs(30), "B did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let b_log = std::fs::read_to_string(dir.join("region-b/mirror.log")).unwrap_or_default();
+    assert!(
+        b_log.contains("the replicator holds every version up to"),
+        "the stopping promoted mirror did not wait for its shipper: {}",
+        b_log.lines().rev().take(10).collect::<Vec<_>>().join("\n")
+    );
+    let stopped = Instant::now();
+    for n in &burst {
+        wait_content(
+            &mc.point.join(n),
+            n,
+            Duration::from_secs(30),
+            "C has every create B acknowledged before it stopped",
+        );
+    }
+    eprintln!(
+        "second mirror: B stopped after a burst of {} creates; C had all of them {:.2} s later",
+        burst.len(),
+        stopped.elapsed().as_secs_f64()
+    );
+    // B's mount cannot reach its daemon any more: killed, not unmounted (it would retry)
+    cluster.signal_mount(1, libc::SIGKILL).unwrap();
+
+    drop(mc);
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+    drop(mirror_c);
+}
+
+/// Mutual TLS on every link, and the mirror holds no token of the role primary: its
+/// certificate (`OU=mirror,primary`) is what it presents to the replicator once promoted.
+/// Region A is lost; the promotion over TLS succeeds, B's mount writes, and every create A's
+/// mount acknowledged is at B.
+#[test]
+fn a_mirror_with_a_certificate_and_no_primary_token_is_promoted_over_tls() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut cluster, _mounts) = three_regions(
+        &dir,
+        &rt,
+        Regions {
+            delay_ms: 15,
+            policy: "forward",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "replicated"],
+            mirror_args: &[],
+            format_args: &[],
+            tls: true,
+        },
+    );
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let pki = topo
+        .pki
+        .clone()
+        .expect("a TLS cluster has its certificates");
+    let pid = cluster.pid("mirror").unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(
+        cmdline.contains("--tls-cert") && !cmdline.contains("promotion-token"),
+        "the TLS mirror should have a certificate and no token of the role primary: {cmdline}"
+    );
+    let mut acked = vec![];
+    for i in 0..10 {
+        let n = format!("tls-{i}");
+        write_synced(ma.join(&n), content(&n)).unwrap();
+        acked.push(n);
+    }
+    kill_region_a(&mut cluster);
+    let p = |f: &str| pki.join(f).to_string_lossy().into_owned();
+    let (ok, out) = strait(&[
+        "mirror",
+        "promote",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        dir.join("tokens/admin.token").to_str().unwrap(),
+        "--tls-ca",
+        &p("ca.pem"),
+        "--tls-cert",
+        &p("admin.pem"),
+        "--tls-key",
+        &p("admin.key"),
+    ]);
+    assert!(ok, "promote over TLS, by certificate: {out}");
+    let took = first_write(&mb, "after-tls-promotion", Duration::from_secs(30));
+    eprintln!(
+        "tls: promoted by its certificate; B's mount wrote {:.2} s after",
+        took.as_secs_f64()
+    );
+    for n in &acked {
+        assert_eq!(
+            std::fs::read_to_string(mb.join(n)).unwrap(),
+            content(n),
+            "{n} at B"
+        );
+    }
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
     }

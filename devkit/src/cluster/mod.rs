@@ -139,7 +139,11 @@ impl Cluster {
             progress("creating a CA and certificates (mutual TLS on every link)");
             let holders: Vec<(&str, &[strait_auth::Role])> = vec![
                 ("primary", &[strait_auth::Role::Primary]),
-                (MIRROR_ID, &[strait_auth::Role::Mirror]),
+                // promoted, it appends to the log: its certificate is its credential
+                (
+                    MIRROR_ID,
+                    &[strait_auth::Role::Mirror, strait_auth::Role::Primary],
+                ),
                 ("replicator1", &[strait_auth::Role::Peer]),
                 ("replicator2", &[strait_auth::Role::Peer]),
                 ("replicator3", &[strait_auth::Role::Peer]),
@@ -432,10 +436,6 @@ impl Cluster {
                 token_file("mirror"),
                 s("--replicator-token-file"),
                 token_file("mirror"),
-                // `strait mirror promote` makes it the primary: the replicator's token of
-                // that role
-                s("--promotion-token-file"),
-                token_file("primary"),
                 s("--primary"),
                 s(to_primary.addr()),
                 s("--replicator"),
@@ -452,6 +452,12 @@ impl Cluster {
                 a.sync.clone(),
             ]
             .into_iter()
+            // `strait mirror promote` makes it the primary: the replicator's token of that
+            // role, or with TLS its certificate alone, which names the role too
+            .chain(match a.tls {
+                false => vec![s("--promotion-token-file"), token_file("primary")],
+                true => vec![],
+            })
             .chain(server_tls(MIRROR_ID))
             .chain(a.mirror_args.iter().cloned())
             .collect::<Vec<_>>(),
