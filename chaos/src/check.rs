@@ -49,7 +49,7 @@ impl Tally {
 }
 
 /// How stale a register read may be, in ms, by reader's and writer's region.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Bounds {
     /// Reads at the mirror are bounded at all (policy `forward` or `wait`).
     pub mirror_bounded: bool,
@@ -57,6 +57,19 @@ pub struct Bounds {
     pub mirror_ms: u64,
     /// The kernel's attribute and entry cache at a mount other than the writer's.
     pub other_mount_ms: u64,
+    /// When the primary was in region B (a `switchover`, from its start to the end of the way
+    /// back), ms since the run began: region A was a mirror then, so a read at A of a write
+    /// made at B is bounded as a mirror's read is (`mirror_ms`), until `mirror_ms` after.
+    pub swapped: Vec<(u64, u64)>,
+}
+
+impl Bounds {
+    /// Whether a read that began at `t` ms may have been served by region A as a mirror.
+    fn a_was_mirror(&self, t: u64) -> bool {
+        self.swapped
+            .iter()
+            .any(|&(from, to)| from <= t && t <= to + self.mirror_ms)
+    }
 }
 
 /// One line of an excerpt.
@@ -224,6 +237,12 @@ pub fn registers(events: &[Event], bounds: Bounds, tally: &mut Tally) {
                 (Region::B, Region::A) if !bounds.mirror_bounded => continue,
                 (Region::B, Region::A) => bounds.mirror_ms,
                 (r, w) if r == w => 0,
+                (Region::A, Region::B) if bounds.a_was_mirror(g.invoke_ms) => {
+                    if !bounds.mirror_bounded {
+                        continue;
+                    }
+                    bounds.mirror_ms
+                }
                 _ => bounds.other_mount_ms,
             };
             if ack + bound < g.invoke_ms {
@@ -415,7 +434,40 @@ mod tests {
         mirror_bounded: true,
         mirror_ms: 3_000,
         other_mount_ms: 1_000,
+        swapped: Vec::new(),
     };
+
+    #[test]
+    fn while_the_primary_was_in_region_b_a_read_at_a_is_bounded_as_a_mirrors() {
+        let h = vec![
+            put(0, Region::B, 5, (10_000, 10_100)),
+            // 2 s after B's write: past the other mount's bound, within a mirror's
+            get(1, Region::A, 0, 0, (12_100, 12_110)),
+            // past the mirror's bound too
+            get(1, Region::A, 0, 0, (13_500, 13_510)),
+        ];
+        let mut t = Tally::default();
+        registers(&h, B, &mut t);
+        assert_eq!(t.count(4), 2, "A is the primary: both reads are late");
+        let mut t = Tally::default();
+        let swapped = Bounds {
+            swapped: vec![(9_000, 11_000)],
+            ..B
+        };
+        registers(&h, swapped.clone(), &mut t);
+        assert_eq!(t.count(4), 1, "A was a mirror: only the second is late");
+        // policy serve: a mirror's reads are not bounded, A's then neither
+        let mut t = Tally::default();
+        registers(
+            &h,
+            Bounds {
+                mirror_bounded: false,
+                ..swapped
+            },
+            &mut t,
+        );
+        assert_eq!(t.count(4), 0);
+    }
 
     #[test]
     fn a_stale_read_at_the_mirror_past_the_bound_is_a_violation() {

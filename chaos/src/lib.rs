@@ -359,9 +359,15 @@ fn drive(
     ));
     let mut faults = vec![];
     let mut last_heal_ms = 0;
+    // when the primary was in region B (the checkers bound region A's reads as a mirror's)
+    let mut swapped: Vec<(u64, u64)> = vec![];
+    let mut swapped_since: Option<u64> = None;
     for s in schedule {
         sleep_until(start, s.at_ms);
         let began = start.elapsed();
+        if s.fault == Fault::Switchover {
+            swapped_since.get_or_insert(began.as_millis() as u64);
+        }
         let (note, err) = match nemesis.inject(cluster, &s.fault) {
             Ok(note) => (note, None),
             Err(e) => (None, Some(e)),
@@ -382,6 +388,10 @@ fn drive(
         let healed = nemesis.heal(cluster, &s.fault);
         let took = start.elapsed() - began;
         last_heal_ms = start.elapsed().as_millis() as u64;
+        if let (Fault::Switchover, Ok(_), Some(from)) = (&s.fault, &healed, swapped_since) {
+            swapped.push((from, last_heal_ms));
+            swapped_since = None;
+        }
         let healed = match healed {
             Ok(note) => {
                 if note.is_some() || took > SLOW_STEP {
@@ -404,6 +414,9 @@ fn drive(
     stop.store(true, Ordering::Relaxed);
     for e in nemesis.heal_all(cluster) {
         say(&format!("heal: {e}"));
+    }
+    if let Some(from) = swapped_since {
+        swapped.push((from, start.elapsed().as_millis() as u64));
     }
     // clients finish their last call; one stuck long after the heal is a liveness failure
     let mut tally = Tally::default();
@@ -441,6 +454,7 @@ fn drive(
         mirror_bounded: cfg.policy != "serve",
         mirror_ms: cfg.window_ms + 2 * max_delay + attr_ms,
         other_mount_ms: attr_ms,
+        swapped,
     };
     check::registers(&events, bounds, &mut tally);
 

@@ -23,7 +23,7 @@ use crate::s3proxy::{S3Faults, S3Mode, S3Proxy};
 use crate::workload::MountState;
 
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 17] = [
+pub const KINDS: [&str; 18] = [
     "kill",
     "stop",
     "partition",
@@ -41,6 +41,7 @@ pub const KINDS: [&str; 17] = [
     "disk-full",
     "clock-jump",
     "power-loss",
+    "switchover",
 ];
 
 /// What a `disk-full` fault may fill: the primary's or the mirror's metadata directory
@@ -165,6 +166,10 @@ pub enum Fault {
     /// directory not synced since it was written is lost ([`crate::lazyfs`]); it is started
     /// again when the fault ends.
     PowerLoss(String),
+    /// The primary moves to region B (a planned switchover: B's mirror promoted, A's old
+    /// primary rejoined and serving as B's mirror at its own address), and back when the
+    /// fault ends ([`Cluster::switch_to_b`], [`Cluster::switch_back_to_a`]).
+    Switchover,
 }
 
 /// A fault and when it holds.
@@ -258,6 +263,7 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
             "power-loss" => Fault::PowerLoss(
                 POWER_TARGETS[rng.random_range(0..POWER_TARGETS.len())].to_string(),
             ),
+            "switchover" => Fault::Switchover,
             _ => Fault::StopGarage(rng.random_range(0..2)),
         };
         out.push(Scheduled {
@@ -443,6 +449,7 @@ impl Nemesis {
         match fault {
             Fault::Kill(name) => c.signal(name, libc::SIGKILL)?,
             Fault::Stop(name) => c.signal(name, libc::SIGSTOP)?,
+            Fault::Switchover => return Ok(Some(c.switch_to_b()?)),
             Fault::Partition => self.each_proxy(c, crosses, |_, f| {
                 f.up.blackhole = true;
                 f.down.blackhole = true;
@@ -580,6 +587,7 @@ impl Nemesis {
     pub fn heal(&self, c: &mut Cluster, fault: &Fault) -> Result<Option<String>> {
         match fault {
             Fault::Kill(name) => c.restart(name, Some(Duration::from_secs(120)))?,
+            Fault::Switchover => return Ok(Some(c.switch_back_to_a()?)),
             Fault::PowerLoss(target) => {
                 // the replicator nodes first: a primary may wait for them before it serves
                 for d in powered_by(target).into_iter().rev() {
@@ -676,6 +684,16 @@ impl Nemesis {
                 Ok(false) => {}
                 Err(e) => errors.push(format!("{name}: {e:#}")),
             }
+        }
+        // the primary back in region A, where the checkers look for it
+        match c.primary_in_b() {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(e) = c.switch_back_to_a() {
+                    errors.push(format!("switch the primary back to region A: {e:#}"));
+                }
+            }
+            Err(e) => errors.push(format!("{e:#}")),
         }
         for region in 0..self.instruments.mounts.len() {
             match c.mount_runs(region) {

@@ -76,6 +76,21 @@ pub fn recorded(kv: &DynKv) -> anyhow::Result<Option<s::Promotion>> {
     }
 }
 
+/// Remove the record of this engine's promotion (`strait primary rejoin` of a promoted
+/// mirror's engine, the way back after a switchover): started again, `strait mirror` on it
+/// follows the log instead of coming back as the primary. Whether there was one.
+pub fn forget(kv: &DynKv) -> anyhow::Result<bool> {
+    let had = recorded(kv)?.is_some();
+    if had {
+        kv::txn(kv.as_ref(), |t| {
+            t.delete(&promotion_key());
+            Ok(())
+        })?;
+        kv.sync()?;
+    }
+    Ok(had)
+}
+
 fn record(kv: &DynKv, p: &s::Promotion) -> strait_fs_core::Result<()> {
     let b = p.encode_to_vec();
     kv::txn(kv.as_ref(), |t| {
@@ -88,19 +103,33 @@ fn record(kv: &DynKv, p: &s::Promotion) -> strait_fs_core::Result<()> {
 /// The shipper's fence and replication wait, given to the metadata service when the daemon
 /// starts and filled in at the promotion. Until then the engine is read-only (mutations are
 /// forwarded, or answer EROFS), and neither is asked anything that matters.
+/// Once promoted, a planned switchover away from this mirror refuses every call for a while
+/// (`Handover`), as a primary's does.
 #[derive(Default)]
-pub struct LateShipping(OnceLock<Shipping>);
+pub struct LateShipping {
+    shipping: OnceLock<Shipping>,
+    handover: strait_ship::handover::Handover,
+}
 
 impl WriteFence for LateShipping {
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
-        match self.0.get() {
+        match self.shipping.get() {
             Some(s) => s.fence.refused(),
             None => Box::pin(async { None }),
         }
     }
 
     fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
-        match self.0.get() {
+        if self.handover.active() {
+            return Box::pin(async {
+                Some(
+                    "this promoted mirror is handing over to another being promoted (a \
+                     planned switchover)"
+                        .to_string(),
+                )
+            });
+        }
+        match self.shipping.get() {
             Some(s) => s.fence.unsettled(),
             None => Box::pin(async { None }),
         }
@@ -112,10 +141,24 @@ impl ReplicationWait for LateShipping {
         &self,
         version: Version,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        match self.0.get().and_then(|s| s.wait.as_ref()) {
+        match self.shipping.get().and_then(|s| s.wait.as_ref()) {
             Some(w) => w.wait(version),
             None => Box::pin(async { Ok(()) }),
         }
+    }
+}
+
+impl Promoter {
+    /// A planned switchover away from this promoted mirror (`Handover`, asked by `strait
+    /// mirror promote --planned` of another): as `strait primary` hands over.
+    pub async fn hand_over(&self, req: s::HandoverRequest) -> Result<s::HandoverReply, Status> {
+        let Some(shipping) = self.late.shipping.get() else {
+            return Err(Status::failed_precondition(
+                "a mirror hands nothing over: Handover is the primary's call",
+            ));
+        };
+        let shipped = shipping.shipper.watch();
+        strait_ship::handover::hand_over(&self.late.handover, &self.mirror.kv, &shipped, req).await
     }
 }
 
@@ -127,7 +170,7 @@ impl Promoter {
     /// replicator holds every version committed here, as `strait primary` does, then stop
     /// the shipper. What is not shipped by then stays in the outbox and goes at the next start.
     pub async fn drain(&self) {
-        if let Some(shipping) = self.late.0.get() {
+        if let Some(shipping) = self.late.shipping.get() {
             let mut rx = shipping.shipper.watch();
             let kv = self.mirror.kv.clone();
             if let Ok(Ok(latest)) = tokio::task::spawn_blocking(move || kv.last_version()).await {
@@ -405,7 +448,7 @@ impl Promoter {
             self.mirror.metrics.base.clone(),
             self.ship_stop.clone(),
         )?;
-        if self.late.0.set(shipping).is_err() {
+        if self.late.shipping.set(shipping).is_err() {
             anyhow::bail!("the shipper was started already");
         }
         // dead slices' blocks, from this region's store, as a primary deletes them

@@ -234,14 +234,16 @@ impl SiteService for MirrorSite {
 
     async fn handover(
         &self,
-        _req: Request<s::HandoverRequest>,
+        req: Request<s::HandoverRequest>,
     ) -> Result<Response<s::HandoverReply>, Status> {
-        Err(Status::failed_precondition(if self.mirror.promoted() {
-            "a planned switchover away from a promoted mirror is not built: promote another \
-             mirror without --planned"
-        } else {
-            "a mirror hands nothing over: Handover is the primary's call"
-        }))
+        match &self.promoter {
+            Some(p) if self.mirror.promoted() => {
+                p.hand_over(req.into_inner()).await.map(Response::new)
+            }
+            _ => Err(Status::failed_precondition(
+                "a mirror hands nothing over: Handover is the primary's call",
+            )),
+        }
     }
 
     async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {

@@ -63,7 +63,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let ship_stop = CancellationToken::new();
     let mut shipped = None;
     // a planned switchover (`Handover`)
-    let handover = Arc::new(strait_ship::fence::Handover::default());
+    let handover = Arc::new(strait_ship::handover::Handover::default());
     if let Some(signal) = signal {
         let settings = strait_ship::Settings {
             replicator: cfg.replicator.clone(),
@@ -85,7 +85,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             server = server.replicated(wait);
         }
         // a primary whose epoch another primary superseded commits nothing more
-        server = server.fenced_by(Arc::new(strait_ship::fence::HandoverFence {
+        server = server.fenced_by(Arc::new(strait_ship::handover::HandoverFence {
             inner: shipping.fence,
             handover: handover.clone(),
         }));

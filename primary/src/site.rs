@@ -20,16 +20,8 @@ pub struct PrimarySite {
     pub gc: Option<strait_ship::gc::Gc>,
     /// What the replicator holds (None: this primary ships nothing).
     pub shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
-    pub handover: Arc<strait_ship::fence::Handover>,
+    pub handover: Arc<strait_ship::handover::Handover>,
 }
-
-/// How long `Handover` refuses calls and waits for the replicator, unless asked otherwise.
-const HANDOVER_DEFAULT_MS: u64 = 30_000;
-/// The longest hold a `Handover` takes.
-const HANDOVER_HOLD_MS_MAX: u64 = 600_000;
-/// The version must stay the same this long before a handover answers: calls that passed
-/// the fence before the handover began commit first.
-const HANDOVER_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[tonic::async_trait]
 impl SiteService for PrimarySite {
@@ -88,63 +80,19 @@ impl SiteService for PrimarySite {
         &self,
         req: Request<s::HandoverRequest>,
     ) -> Result<Response<s::HandoverReply>, Status> {
-        let r = req.into_inner();
         let Some(shipped) = &self.shipped else {
             return Err(Status::failed_precondition(
                 "this primary ships no change log (no replicator): no mirror can take over",
             ));
         };
-        if let Some(why) = &shipped.borrow().fenced {
-            return Err(Status::failed_precondition(format!(
-                "this primary is fenced already: {why}"
-            )));
-        }
-        let ms =
-            |v: u64| std::time::Duration::from_millis(if v == 0 { HANDOVER_DEFAULT_MS } else { v });
-        if r.hold_ms > HANDOVER_HOLD_MS_MAX {
-            return Err(Status::invalid_argument(format!(
-                "hold_ms {}: at most {HANDOVER_HOLD_MS_MAX}",
-                r.hold_ms
-            )));
-        }
-        let (hold, timeout) = (ms(r.hold_ms), ms(r.timeout_ms));
-        let started = std::time::Instant::now();
-        self.handover.start(hold);
-        tracing::warn!("handing over: every call is refused (UNAVAILABLE) for {hold:?}");
-        let last = |kv: strait_fs_core::kv::DynKv| async move {
-            tokio::task::spawn_blocking(move || kv.last_version())
-                .await
-                .map_err(|e| Status::internal(format!("read the version: {e}")))?
-                .map_err(engine_status)
-        };
-        // until the version stops moving, and the replicator holds it
-        let mut at = last(self.engine.kv().clone()).await?;
-        loop {
-            let mut rx = shipped.clone();
-            let left = timeout.saturating_sub(started.elapsed());
-            strait_ship::fence::wait_committed(&mut rx, at, left)
-                .await
-                .map_err(|why| {
-                    Status::unavailable(format!(
-                        "the replicator does not hold every version of this primary: {why}"
-                    ))
-                })?;
-            tokio::time::sleep(HANDOVER_QUIET).await;
-            let now = last(self.engine.kv().clone()).await?;
-            if now == at {
-                break;
-            }
-            at = now;
-        }
-        let drained_ms = started.elapsed().as_millis() as u64;
-        tracing::warn!(
-            "handed over at version {at} ({drained_ms} ms): a mirror may be promoted now; \
-             calls are refused for {hold:?} more, or until this primary is fenced"
-        );
-        Ok(Response::new(s::HandoverReply {
-            last_version: at.0,
-            drained_ms,
-        }))
+        strait_ship::handover::hand_over(
+            &self.handover,
+            self.engine.kv(),
+            shipped,
+            req.into_inner(),
+        )
+        .await
+        .map(Response::new)
     }
 
     async fn promote(

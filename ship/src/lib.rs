@@ -9,10 +9,12 @@
 //! - [`catchup`]: a primary whose metadata went back applies what it lost from the log.
 //! - [`history`]: this primary's history against the log: where they part.
 //! - [`gc`]: deleting dead slices' blocks once every mirror has applied past their death.
+//! - [`handover`]: a planned switchover at the primary that hands over to a mirror.
 
 pub mod catchup;
 pub mod fence;
 pub mod gc;
+pub mod handover;
 pub mod history;
 pub mod shipper;
 pub mod tap;

@@ -1474,3 +1474,117 @@ fn a_mirror_with_a_certificate_and_no_primary_token_is_promoted_over_tls() {
         eprintln!("unmount: {e:#}");
     }
 }
+
+/// The primary moves to region B and back under load, as an operator does it (planned both
+/// ways, `Cluster::switch_to_b` and `switch_back_to_a`: promote, rejoin the old primary,
+/// start it as a mirror in its place), in `local` durability. Writers at both mounts, never
+/// remounted, create files throughout; some calls fail while a daemon is replaced, none that
+/// was acknowledged is lost: every acknowledged create is at both mounts at the end, and
+/// `fsck --compare` of A (the primary again) and B agrees.
+#[test]
+fn switching_to_b_and_back_under_load_loses_nothing() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut cluster, _mounts) = three_regions(
+        &dir,
+        &rt,
+        Regions {
+            delay_ms: 15,
+            policy: "forward",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "local"],
+            mirror_args: &[],
+            format_args: &[],
+            tls: false,
+        },
+    );
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawn = |region: &'static str, d: PathBuf| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut acked, mut failed) = (vec![], BTreeMap::<String, u32>::new());
+            for i in 0.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let name = format!("{region}-{i:05}");
+                match write_synced(d.join(&name), content(&name)) {
+                    Ok(()) => acked.push(name),
+                    Err(e) => {
+                        *failed.entry(e.to_string()).or_default() += 1;
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+            (acked, failed)
+        })
+    };
+    let at_a = spawn("a", ma.clone());
+    let at_b = spawn("b", mb.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    let there = cluster.switch_to_b().expect("switch to B");
+    eprintln!("switch: {there}");
+    assert!(cluster.primary_in_b().unwrap(), "B is not the primary");
+    std::thread::sleep(Duration::from_secs(3));
+    let back = cluster.switch_back_to_a().expect("switch back to A");
+    eprintln!("switch: {back}");
+    assert!(!cluster.primary_in_b().unwrap(), "B is still the primary");
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (a_acked, a_failed) = at_a.join().unwrap();
+    let (b_acked, b_failed) = at_b.join().unwrap();
+    eprintln!(
+        "switch: A's writer: {} acknowledged, failed: {a_failed:?}; B's writer: {} \
+         acknowledged, failed: {b_failed:?}",
+        a_acked.len(),
+        b_acked.len()
+    );
+    assert!(
+        a_acked.len() > 10 && b_acked.len() > 10,
+        "the writers hardly wrote"
+    );
+    // B, a mirror again, catches up; every acknowledged create is at both mounts
+    for m in [&ma, &mb] {
+        let start = Instant::now();
+        loop {
+            let now = files(m);
+            let missing: Vec<&String> = a_acked
+                .iter()
+                .chain(&b_acked)
+                .filter(|n| now.get(*n) != Some(&content(n)))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{} acknowledged creates not at {} within 30 s, e.g. {:?}",
+                missing.len(),
+                m.display(),
+                &missing[..missing.len().min(5)]
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let (ok, cmp) = strait(&[
+        "fsck",
+        "--compare",
+        &topo.primary,
+        &topo.mirror,
+        "--token-file",
+        dir.join("tokens/admin.token").to_str().unwrap(),
+    ]);
+    eprintln!("switch: fsck --compare A B: {}", cmp.trim());
+    assert!(ok, "fsck --compare of A and B after the way back: {cmp}");
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}

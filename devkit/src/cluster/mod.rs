@@ -33,6 +33,7 @@ use crate::{Faults, Garage, Proxy};
 mod children;
 mod config;
 mod control;
+mod switchover;
 
 pub use children::{detach, detach_all_under, run_strait};
 pub use config::{
@@ -49,6 +50,8 @@ use control::serve_control;
 /// then the Garages; [`Cluster::unmount`] first unmounts the regions.
 pub struct Cluster {
     topology: Topology,
+    /// The working directory (`DIR` of `dev up`): regions, tokens, logs.
+    dir: PathBuf,
     strait_bin: PathBuf,
     /// Every fault proxy, by name: `a-to-replicator3`, `b-to-replicator1`,
     /// `b-to-replicator2`, `b-to-primary`, `b-to-s3` (with Garage) cross the link between the
@@ -547,6 +550,7 @@ impl Cluster {
         std::fs::write(a.dir.join("dev.json"), &json).context("write dev.json")?;
         Ok(Cluster {
             topology: topo,
+            dir: a.dir.clone(),
             strait_bin: cfg.strait_bin.clone(),
             proxies,
             mounts,
@@ -622,7 +626,39 @@ impl Cluster {
         let mark = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         let child = kids.start(name, &log, &args, true)?;
         kids.kid(name)?.child = child;
-        let line = match name {
+        self.wait_serving(name, mark, wait)
+    }
+
+    /// Replace daemon `name` (stopped already, or SIGKILLed now) by `strait ARGS`, its output
+    /// appended to the same log; wait for its "serving" line when `wait`.
+    pub(super) fn replace(
+        &mut self,
+        name: &str,
+        args: Vec<String>,
+        wait: Option<Duration>,
+    ) -> Result<()> {
+        let kids = &mut self.parts.kids;
+        let k = kids.kid(name)?;
+        let _ = k.child.kill();
+        let _ = k.child.wait();
+        let log = k.log.clone();
+        let mark = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        let child = kids.start(name, &log, &args, true)?;
+        let k = kids.kid(name)?;
+        k.child = child;
+        k.args = args;
+        self.wait_serving(name, mark, wait)
+    }
+
+    /// Wait until daemon `name` prints its "serving" line (`strait primary` or `strait
+    /// mirror`, by the program it runs) past byte `mark` of its log.
+    fn wait_serving(&mut self, name: &str, mark: u64, wait: Option<Duration>) -> Result<()> {
+        let kids = &mut self.parts.kids;
+        let (log, program) = {
+            let k = kids.kid(name)?;
+            (k.log.clone(), k.args.first().cloned().unwrap_or_default())
+        };
+        let line = match program.as_str() {
             "primary" => "strait primary: serving",
             "mirror" => "strait mirror: serving",
             _ => return Ok(()),

@@ -115,6 +115,13 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path, mode: Mode) -> Result<()> {
             let trimmed = tokio::task::spawn_blocking(move || empty_outbox(&k, local))
                 .await
                 .context("a task failed")??;
+            // a promoted mirror's engine (the way back after a switchover) follows again
+            if strait_mirror::promote::forget(&kv)? {
+                eprintln!(
+                    "this engine was a promoted mirror's: its promotion is forgotten, so \
+                     `strait mirror` on it follows the log"
+                );
+            }
             kv.sync()?;
             println!(
                 "nothing set aside (the list in {} is empty): the replicator's log continues \

@@ -1,0 +1,226 @@
+//! Moving the primary to region B and back, as an operator does it: `strait mirror promote
+//! --planned`, then `strait primary rejoin` of the old primary's engine and `strait mirror` on
+//! it in the old primary's place (docs/operations.md, "A planned switchover", "The old primary
+//! rejoins", "Switching back"). The switchover tests and the chaos harness's `switchover`
+//! fault run these.
+//!
+//! Region A's daemon keeps its name (`primary`) and its address whatever it runs: after the
+//! first switch it is a mirror of B, after the way back a promoted mirror, the primary again
+//! (and so on, for the next switch). Region B's (`mirror`) is the promoted mirror in between,
+//! and the mirror it was after.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::children::{run_strait, s};
+use super::{Cluster, MIRROR_ID};
+
+/// How long a daemon may take to stop (it ships what is left first), and to serve again.
+const STOP_WITHIN: Duration = Duration::from_secs(30);
+const SERVE_WITHIN: Duration = Duration::from_secs(60);
+
+/// The value of flag `flag` in `args`.
+fn arg_of(args: &[String], flag: &str) -> Result<String> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .with_context(|| format!("no {flag} among {}", args.join(" ")))
+}
+
+impl Cluster {
+    fn token_file(&self, role: &str) -> String {
+        self.dir
+            .join("tokens")
+            .join(format!("{role}.token"))
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn kid_args(&mut self, name: &str) -> Result<Vec<String>> {
+        Ok(self.parts.kids.kid(name)?.args.clone())
+    }
+
+    fn run(&self, args: &[&str]) -> Result<String> {
+        run_strait(&self.strait_bin, &self.parts.kids.env, args)
+    }
+
+    /// SIGTERM daemon `name` and wait until it is gone (SIGKILL after [`STOP_WITHIN`]).
+    fn stop(&mut self, name: &str) -> Result<()> {
+        self.signal(name, libc::SIGTERM)?;
+        let start = Instant::now();
+        while !self.exited(name)? {
+            if start.elapsed() > STOP_WITHIN {
+                self.signal(name, libc::SIGKILL)?;
+                bail!("{name} did not stop within {STOP_WITHIN:?} of SIGTERM: killed");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// `strait primary rejoin` of the stopped daemon's engine `meta`, from the new primary
+    /// at `from`, its list of what it alone held in its region's directory.
+    fn rejoin(&self, meta: &str, from: &str, region: &str) -> Result<String> {
+        let admin = self.token_file("admin");
+        let replicator_token =
+            std::fs::read_to_string(&admin).with_context(|| format!("read {admin}"))?;
+        let list = self.dir.join(region).join(format!(
+            "rejoin-{}.txt",
+            std::time::UNIX_EPOCH.elapsed()?.as_millis()
+        ));
+        let out = self.run(&[
+            "primary",
+            "rejoin",
+            "--meta-url",
+            meta,
+            "--replicator",
+            &self.topology.replicator.join(","),
+            "--replicator-token",
+            replicator_token.trim(),
+            "--from-mirror",
+            from,
+            "--token-file",
+            &admin,
+            "--out",
+            &list.to_string_lossy(),
+        ])?;
+        Ok(out.trim().to_string())
+    }
+
+    /// `strait mirror promote --planned` of the mirror at `addr` (the old primary, which hands
+    /// over, at `old`).
+    fn promote_planned(&self, addr: &str, old: &str) -> Result<String> {
+        let out = self.run(&[
+            "mirror",
+            "promote",
+            "--addr",
+            addr,
+            "--planned",
+            "--primary",
+            old,
+            "--token-file",
+            &self.token_file("admin"),
+        ])?;
+        Ok(out.trim().to_string())
+    }
+
+    /// Whether the primary is in region B ([`Cluster::switch_to_b`] without the way back).
+    pub fn primary_in_b(&mut self) -> Result<bool> {
+        Ok(
+            self.kid_args("primary")?.first().map(String::as_str) == Some("mirror")
+                && self.promoted_b()?,
+        )
+    }
+
+    /// Whether region B's mirror says it is the primary (`mirror status`).
+    fn promoted_b(&self) -> Result<bool> {
+        let out = self.run(&[
+            "mirror",
+            "status",
+            "--addr",
+            &self.topology.mirror,
+            "--token-file",
+            &self.token_file("admin"),
+            "--json",
+        ])?;
+        let v: serde_json::Value =
+            serde_json::from_str(&out).context("mirror status --json is not JSON")?;
+        Ok(!v["mirrors"][0]["promotion"].is_null())
+    }
+
+    /// Make region B's mirror the primary (a planned switchover: nothing acknowledged is
+    /// lost), and region A's old primary a mirror of it, at its own address, so that A's
+    /// mount goes on through it. Returns what happened, for a log.
+    pub fn switch_to_b(&mut self) -> Result<String> {
+        if self.topology.pki.is_some() {
+            bail!(
+                "a switchover of a --tls cluster is not built here: the primary's certificate \
+                 names no role mirror, which it needs once it rejoins"
+            );
+        }
+        let start = Instant::now();
+        let (a, b) = (self.topology.primary.clone(), self.topology.mirror.clone());
+        if self.promoted_b()? {
+            bail!("region B's mirror is the primary already");
+        }
+        let old = self.kid_args("primary")?;
+        self.promote_planned(&b, &a)
+            .context("promote region B's mirror")?;
+        self.stop("primary")?;
+        let meta = arg_of(&old, "--meta-url")?;
+        self.rejoin(&meta, &b, "region-a")
+            .context("rejoin region A's old primary")?;
+        let mirror_args = self.kid_args("mirror")?;
+        let t = &self.topology;
+        let args: Vec<String> = vec![
+            s("mirror"),
+            s("--id"),
+            s("region-a"),
+            s("--meta-url"),
+            meta,
+            s("--listen"),
+            arg_of(&old, "--listen")?,
+            s("--metrics-listen"),
+            arg_of(&old, "--metrics-listen")?,
+            s("--role-token-file"),
+            format!("mount={}", self.token_file("mount")),
+            s("--role-token-file"),
+            format!("admin={}", self.token_file("admin")),
+            s("--role-token-file"),
+            format!("mirror={}", self.token_file("mirror")),
+            s("--primary-token-file"),
+            self.token_file("mirror"),
+            s("--replicator-token-file"),
+            self.token_file("mirror"),
+            // the way back promotes it
+            s("--promotion-token-file"),
+            self.token_file("primary"),
+            s("--primary"),
+            b.clone(),
+            s("--replicator"),
+            arg_of(&old, "--replicator")?,
+            s("--data-url"),
+            t.data_a.clone(),
+            s("--primary-data-url"),
+            t.data_b.clone(),
+            s("--policy"),
+            arg_of(&mirror_args, "--policy")?,
+            s("--window-ms"),
+            arg_of(&mirror_args, "--window-ms")?,
+            s("--sync"),
+            arg_of(&mirror_args, "--sync")?,
+        ];
+        self.replace("primary", args, Some(SERVE_WITHIN))
+            .context("start region A's engine as a mirror of B")?;
+        Ok(format!(
+            "region B's mirror ({MIRROR_ID}) is the primary, region A's old primary its mirror \
+             at {a} ({:.1} s)",
+            start.elapsed().as_secs_f64()
+        ))
+    }
+
+    /// The way back after [`Cluster::switch_to_b`]: region A's mirror is promoted (B hands
+    /// over), and region B's promoted mirror, stopped, rejoins and starts again as the mirror
+    /// it was.
+    pub fn switch_back_to_a(&mut self) -> Result<String> {
+        let start = Instant::now();
+        let (a, b) = (self.topology.primary.clone(), self.topology.mirror.clone());
+        if !self.primary_in_b()? {
+            bail!("the primary is not in region B (never switched there?)");
+        }
+        self.promote_planned(&a, &b)
+            .context("promote region A's mirror")?;
+        self.stop("mirror")?;
+        let meta = arg_of(&self.kid_args("mirror")?, "--meta-url")?;
+        self.rejoin(&meta, &a, "region-b")
+            .context("rejoin region B's promoted mirror")?;
+        self.restart("mirror", Some(SERVE_WITHIN))
+            .context("start region B's mirror again")?;
+        Ok(format!(
+            "region A's mirror is the primary again, region B's its mirror ({:.1} s)",
+            start.elapsed().as_secs_f64()
+        ))
+    }
+}
