@@ -13,7 +13,9 @@
 //!    state its history allows (a write applied twice, a stale read at the writer's own
 //!    mount, a clean error that no state explains all fail it);
 //! 4. a read at the mirror started more than the window (plus one link round trip and the
-//!    kernel's attribute cache) after a write at the primary was acknowledged sees it;
+//!    kernel's attribute cache) after a write at the primary was acknowledged sees it (while
+//!    a `switchover` has the primary in region B, the same bound holds region A's reads of
+//!    B's writes);
 //! 5. every byte read is a byte some write wrote ([`payload`]);
 //! 6. after the heal, `strait fsck --compare` agrees within 30 s and the mirror's mount reads
 //!    every client's files as the primary's does;
