@@ -152,10 +152,14 @@ pjdfstest_redis_garage() {
 # findings (docs/chaos.md).
 CHAOS_KINDS_1=kill,stop,partition,partition-one-way,partition-mirror-primary,partition-replication
 CHAOS_KINDS_1+=,partition-primary-replicator,latency,bandwidth,stop-garage
+# Seed 23 (issue 23): the primary moves to region B and back under the workload, four times
+# after losing region A (failover, with the witness placement) and three times planned
+# (switchover).
 chaos_short() {
     "$STRAIT" chaos run --seed 1 --seconds 40 --nemesis "$CHAOS_KINDS_1" --dir "$WORK/chaos-1"
     "$STRAIT" chaos run --seed 4 --seconds 40 --nemesis partition-replication,partition-mirror-primary \
         --dir "$WORK/chaos-4"
+    "$STRAIT" chaos run --seed 23 --seconds 40 --nemesis failover,switchover --dir "$WORK/chaos-23"
 }
 
 stage prerequisites install_prerequisites

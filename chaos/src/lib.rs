@@ -141,6 +141,13 @@ pub fn run(
     if cfg.clients == 0 {
         bail!("--clients must be at least 1");
     }
+    if cfg.nemesis.iter().any(|k| k == "failover") && cfg.durability != "replicated" {
+        bail!(
+            "--nemesis failover needs --durability replicated: in local durability a primary \
+             lost with its region takes the changes it had not shipped with it (`strait \
+             primary rejoin` lists them), which checker 1 would count as lost"
+        );
+    }
     let schedule = match &cfg.schedule {
         Some(s) => s.clone(),
         None => nemesis::schedule(cfg.seed, cfg.seconds, &cfg.nemesis, cfg.garage),
@@ -245,7 +252,8 @@ pub fn run(
         mount_args,
         format_args: vec!["--gc-delay".into(), GC_DELAY_S.to_string()],
         tls: false,
-        witness: false,
+        // losing region A leaves a quorum only with a node in a third region
+        witness: chosen("failover"),
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");
@@ -367,7 +375,7 @@ fn drive(
     for s in schedule {
         sleep_until(start, s.at_ms);
         let began = start.elapsed();
-        if s.fault == Fault::Switchover {
+        if matches!(s.fault, Fault::Switchover | Fault::Failover) {
             swapped_since.get_or_insert(began.as_millis() as u64);
         }
         let (note, err) = match nemesis.inject(cluster, &s.fault) {
@@ -390,7 +398,9 @@ fn drive(
         let healed = nemesis.heal(cluster, &s.fault);
         let took = start.elapsed() - began;
         last_heal_ms = start.elapsed().as_millis() as u64;
-        if let (Fault::Switchover, Ok(_), Some(from)) = (&s.fault, &healed, swapped_since) {
+        if let (Fault::Switchover | Fault::Failover, Ok(_), Some(from)) =
+            (&s.fault, &healed, swapped_since)
+        {
             swapped.push((from, last_heal_ms));
             swapped_since = None;
         }

@@ -23,7 +23,7 @@ use crate::s3proxy::{S3Faults, S3Mode, S3Proxy};
 use crate::workload::MountState;
 
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 18] = [
+pub const KINDS: [&str; 19] = [
     "kill",
     "stop",
     "partition",
@@ -42,6 +42,7 @@ pub const KINDS: [&str; 18] = [
     "clock-jump",
     "power-loss",
     "switchover",
+    "failover",
 ];
 
 /// What a `disk-full` fault may fill: the primary's or the mirror's metadata directory
@@ -170,6 +171,12 @@ pub enum Fault {
     /// primary rejoined and serving as B's mirror at its own address), and back when the
     /// fault ends ([`Cluster::switch_to_b`], [`Cluster::switch_back_to_a`]).
     Switchover,
+    /// Region A is lost (its primary, replicator node 1 and mount SIGKILLed) and region B's
+    /// mirror promoted; when the fault ends region A rejoins as B's mirror, its mount is
+    /// mounted again, and the primary is switched back to A ([`Cluster::lose_region_a`],
+    /// [`Cluster::region_a_rejoins`]). Runs with the witness placement (replicator node 2 in a
+    /// third region) and `replicated` durability.
+    Failover,
 }
 
 /// A fault and when it holds.
@@ -264,6 +271,7 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
                 POWER_TARGETS[rng.random_range(0..POWER_TARGETS.len())].to_string(),
             ),
             "switchover" => Fault::Switchover,
+            "failover" => Fault::Failover,
             _ => Fault::StopGarage(rng.random_range(0..2)),
         };
         out.push(Scheduled {
@@ -450,6 +458,10 @@ impl Nemesis {
             Fault::Kill(name) => c.signal(name, libc::SIGKILL)?,
             Fault::Stop(name) => c.signal(name, libc::SIGSTOP)?,
             Fault::Switchover => return Ok(Some(c.switch_to_b()?)),
+            Fault::Failover => {
+                self.kill_mount(c, 0)?;
+                return Ok(Some(c.lose_region_a()?));
+            }
             Fault::Partition => self.each_proxy(c, crosses, |_, f| {
                 f.up.blackhole = true;
                 f.down.blackhole = true;
@@ -588,6 +600,12 @@ impl Nemesis {
         match fault {
             Fault::Kill(name) => c.restart(name, Some(Duration::from_secs(120)))?,
             Fault::Switchover => return Ok(Some(c.switch_back_to_a()?)),
+            Fault::Failover => {
+                let rejoined = c.region_a_rejoins()?;
+                self.remount(c, 0)?;
+                let back = c.switch_back_to_a()?;
+                return Ok(Some(format!("{rejoined}; {back}")));
+            }
             Fault::PowerLoss(target) => {
                 // the replicator nodes first: a primary may wait for them before it serves
                 for d in powered_by(target).into_iter().rev() {

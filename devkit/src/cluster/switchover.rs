@@ -152,6 +152,18 @@ impl Cluster {
         let meta = arg_of(&old, "--meta-url")?;
         self.rejoin(&meta, &b, "region-a")
             .context("rejoin region A's old primary")?;
+        self.serve_a_as_mirror_of_b(&old, meta)?;
+        Ok(format!(
+            "region B's mirror ({MIRROR_ID}) is the primary, region A's old primary its mirror \
+             at {a} ({:.1} s)",
+            start.elapsed().as_secs_f64()
+        ))
+    }
+
+    /// Start region A's engine `meta` (rejoined) as a mirror of B in the place, and at the
+    /// address, of A's daemon, which ran with `old`.
+    fn serve_a_as_mirror_of_b(&mut self, old: &[String], meta: String) -> Result<()> {
+        let b = self.topology.mirror.clone();
         let mirror_args = self.kid_args("mirror")?;
         let t = &self.topology;
         let args: Vec<String> = vec![
@@ -161,9 +173,9 @@ impl Cluster {
             s("--meta-url"),
             meta,
             s("--listen"),
-            arg_of(&old, "--listen")?,
+            arg_of(old, "--listen")?,
             s("--metrics-listen"),
-            arg_of(&old, "--metrics-listen")?,
+            arg_of(old, "--metrics-listen")?,
             s("--role-token-file"),
             format!("mount={}", self.token_file("mount")),
             s("--role-token-file"),
@@ -180,7 +192,7 @@ impl Cluster {
             s("--primary"),
             b.clone(),
             s("--replicator"),
-            arg_of(&old, "--replicator")?,
+            arg_of(old, "--replicator")?,
             s("--data-url"),
             t.data_a.clone(),
             s("--primary-data-url"),
@@ -193,11 +205,58 @@ impl Cluster {
             arg_of(&mirror_args, "--sync")?,
         ];
         self.replace("primary", args, Some(SERVE_WITHIN))
-            .context("start region A's engine as a mirror of B")?;
+            .context("start region A's engine as a mirror of B")
+    }
+
+    /// Region A is lost: its primary and replicator node 1 are SIGKILLed (its mount is the
+    /// caller's), and region B's mirror is promoted (not planned: the old primary is gone),
+    /// once the nodes left (2 in region C, 3 in B) have elected a leader. Needs the witness
+    /// placement ([`crate::cluster::ClusterConfig::witness`]).
+    pub fn lose_region_a(&mut self) -> Result<String> {
+        if self.topology.replicator_regions.get(1).map(String::as_str) != Some("C") {
+            bail!("losing region A needs the witness placement: region A holds a quorum");
+        }
+        if self.promoted_b()? {
+            bail!("region B's mirror is the primary already");
+        }
+        let start = Instant::now();
+        self.signal("primary", libc::SIGKILL)?;
+        self.signal("replicator1", libc::SIGKILL)?;
+        let out = self
+            .run(&[
+                "mirror",
+                "promote",
+                "--addr",
+                &self.topology.mirror.clone(),
+                "--token-file",
+                &self.token_file("admin"),
+            ])
+            .context("promote region B's mirror")?;
         Ok(format!(
-            "region B's mirror ({MIRROR_ID}) is the primary, region A's old primary its mirror \
-             at {a} ({:.1} s)",
-            start.elapsed().as_secs_f64()
+            "region A killed (its primary and replicator node 1), region B's mirror promoted \
+             ({:.1} s): {}",
+            start.elapsed().as_secs_f64(),
+            out.lines().last().unwrap_or("").trim()
+        ))
+    }
+
+    /// After [`Cluster::lose_region_a`]: region A comes back as a mirror of B. Its replicator
+    /// node starts again, its primary's engine rejoins (what only it held goes to the list
+    /// in its directory) and is served as B's mirror at A's address.
+    pub fn region_a_rejoins(&mut self) -> Result<String> {
+        let start = Instant::now();
+        self.restart("replicator1", None)?;
+        let old = self.kid_args("primary")?;
+        let meta = arg_of(&old, "--meta-url")?;
+        let b = self.topology.mirror.clone();
+        let rejoined = self
+            .rejoin(&meta, &b, "region-a")
+            .context("rejoin region A's old primary")?;
+        self.serve_a_as_mirror_of_b(&old, meta)?;
+        Ok(format!(
+            "region A's old primary is B's mirror ({:.1} s): {}",
+            start.elapsed().as_secs_f64(),
+            rejoined.lines().last().unwrap_or("")
         ))
     }
 
