@@ -248,7 +248,8 @@ pub fn run(
         link_mb_s: 0.0,
         primary_proxies: true,
         primary_args: vec!["--durability".into(), cfg.durability.clone()],
-        mirror_args: vec![],
+        // promoted (switchover, failover), the mirror commits as the primary does
+        mirror_args: vec!["--promotion-durability".into(), cfg.durability.clone()],
         mount_args,
         format_args: vec!["--gc-delay".into(), GC_DELAY_S.to_string()],
         tls: false,
@@ -470,7 +471,10 @@ fn drive(
     };
     check::registers(&events, bounds, &mut tally);
 
-    // 1: the final state at the primary
+    // 1: the final state at the primary, once its mount's kernel caches no longer hold an
+    // entry or attributes older than a write acknowledged at the other mount (up to 1 s): a
+    // register renamed over at B just before the end read as its previous file at A
+    std::thread::sleep(Duration::from_millis(1_500));
     let mut before_gc = vec![];
     let reader = |region, id| Client {
         id,

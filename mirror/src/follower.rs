@@ -721,6 +721,7 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
             Ok(Ok(r)) => {
                 let s = r.into_inner();
                 mirror.on_poll(requested, s.clock_ms, Version(s.version));
+                mirror.on_primary_lease(s.lease_ms, s.lease_left_ms);
                 warned = false;
             }
             Ok(Err(e)) if !warned => {

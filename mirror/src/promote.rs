@@ -149,6 +149,11 @@ impl ReplicationWait for LateShipping {
 }
 
 impl Promoter {
+    /// Once promoted with a lease: its length, and how much of it is left now.
+    pub fn lease_left(&self) -> Option<(Duration, Duration)> {
+        self.late.shipping.get()?.fence.lease_left()
+    }
+
     /// A planned switchover away from this promoted mirror (`Handover`, asked by `strait
     /// mirror promote --planned` of another): as `strait primary` hands over.
     pub async fn hand_over(&self, req: s::HandoverRequest) -> Result<s::HandoverReply, Status> {

@@ -247,8 +247,17 @@ impl SiteService for MirrorSite {
     }
 
     async fn status(&self, _req: Request<s::Empty>) -> Result<Response<s::SiteStatus>, Status> {
-        let m = self.mirror.status();
+        let mut m = self.mirror.status();
         let promoted = self.mirror.promoted();
+        // a promoted mirror's own lease, now
+        let lease = match &self.promoter {
+            Some(p) if promoted => p.lease_left().unwrap_or_default(),
+            _ => Default::default(),
+        };
+        if promoted {
+            m.lease_ms = lease.0.as_millis() as u64;
+            m.lease_left_ms = lease.1.as_millis() as u64;
+        }
         let version = if promoted {
             let kv = self.mirror.kv.clone();
             tokio::task::spawn_blocking(move || kv.last_version())
@@ -274,6 +283,8 @@ impl SiteService for MirrorSite {
             clock_ms: now_ms(),
             replicator: self.mirror.cfg.replicator.clone(),
             mirror: Some(m),
+            lease_ms: lease.0.as_millis() as u64,
+            lease_left_ms: lease.1.as_millis() as u64,
         }))
     }
 }

@@ -95,6 +95,8 @@ pub struct Mirror {
     /// Where this mirror forwards its region's writes: `primary` in the settings until an
     /// epoch names another ([`crate::new_primary`]).
     primary_addr: Mutex<String>,
+    /// The primary's lease and what was left of it, as its last answer to a poll said (ms).
+    primary_lease: Mutex<(u64, u64)>,
 }
 
 pub fn wall_us() -> u64 {
@@ -145,6 +147,7 @@ impl Mirror {
             promotion: Mutex::new(None),
             epoch: AtomicU64::new(0),
             primary_addr: Mutex::new(cfg_primary),
+            primary_lease: Mutex::new((0, 0)),
         })
     }
 
@@ -309,6 +312,11 @@ impl Mirror {
         *self.primary_addr.lock() = addr.to_string();
     }
 
+    /// The primary's lease (ms; 0: none) and what was left of it, as it answered a poll.
+    pub fn on_primary_lease(&self, lease_ms: u64, left_ms: u64) {
+        *self.primary_lease.lock() = (lease_ms, left_ms);
+    }
+
     /// The epoch of the newest records received.
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
@@ -438,6 +446,7 @@ impl Mirror {
             crate::config::Failover::Manual => "manual".to_string(),
             crate::config::Failover::Auto => format!("auto after {} ms", pc.failover_after_ms),
         };
+        let lease = *self.primary_lease.lock();
         s::MirrorState {
             id: self.cfg.id.clone(),
             state: state.into(),
@@ -445,6 +454,8 @@ impl Mirror {
             epoch,
             primary,
             failover,
+            lease_ms: lease.0,
+            lease_left_ms: lease.1,
             applied_version: i.lag.applied.0,
             latest_version: lag.latest.0,
             lag_versions: lag.versions,

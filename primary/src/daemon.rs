@@ -62,6 +62,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     // the shipper outlives the service by a moment at shutdown, to ship what is left
     let ship_stop = CancellationToken::new();
     let mut shipped = None;
+    let mut fence = None;
     // a planned switchover (`Handover`)
     let handover = Arc::new(strait_ship::handover::Handover::default());
     if let Some(signal) = signal {
@@ -85,6 +86,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             server = server.replicated(wait);
         }
         // a primary whose epoch another primary superseded commits nothing more
+        fence = Some(shipping.fence.clone());
         server = server.fenced_by(Arc::new(strait_ship::handover::HandoverFence {
             inner: shipping.fence,
             handover: handover.clone(),
@@ -158,6 +160,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             replicator: cfg.replicator.clone(),
             gc: gc_handle,
             shipped: shipped.clone(),
+            fence,
             handover,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)

@@ -21,6 +21,8 @@ pub struct PrimarySite {
     /// What the replicator holds (None: this primary ships nothing).
     pub shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
     pub handover: Arc<strait_ship::handover::Handover>,
+    /// The shipper's fence: the lease, in the status (None: this primary ships nothing).
+    pub fence: Option<Arc<strait_ship::fence::EpochFence>>,
 }
 
 #[tonic::async_trait]
@@ -119,6 +121,11 @@ impl SiteService for PrimarySite {
             .await
             .map_err(|e| Status::internal(format!("status task: {e}")))?
             .map_err(engine_status)?;
+        let lease = self
+            .fence
+            .as_ref()
+            .and_then(|f| f.lease_left())
+            .unwrap_or_default();
         Ok(Response::new(s::SiteStatus {
             role: "primary".into(),
             name: self.engine.settings().name.clone(),
@@ -126,6 +133,8 @@ impl SiteService for PrimarySite {
             clock_ms: now_ms(),
             replicator: self.replicator.clone(),
             mirror: None,
+            lease_ms: lease.0.as_millis() as u64,
+            lease_left_ms: lease.1.as_millis() as u64,
         }))
     }
 }

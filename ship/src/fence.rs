@@ -34,6 +34,14 @@ pub struct EpochFence {
     pub lease: Option<(Duration, Arc<Contact>)>,
 }
 
+impl EpochFence {
+    /// With a lease: its length, and how much of it is left now (zero once it ran out).
+    pub fn lease_left(&self) -> Option<(Duration, Duration)> {
+        let (lease, contact) = self.lease.as_ref()?;
+        Some((*lease, lease.saturating_sub(contact.silence())))
+    }
+}
+
 impl strait_site::WriteFence for EpochFence {
     fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
         Box::pin(async move {

@@ -371,6 +371,10 @@ pub struct Row {
     pub primary: String,
     /// `manual`, or `auto after N ms`.
     pub failover: String,
+    /// The primary's lease in ms (0: none) and what was left of it at its last answer to the
+    /// mirror's poll; a promoted mirror's own, now.
+    pub lease_ms: u64,
+    pub lease_left_ms: u64,
 }
 
 /// A mirror's promotion to primary, in `mirror status`.
@@ -421,6 +425,8 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
         epoch: m.epoch,
         primary: m.primary,
         failover: m.failover,
+        lease_ms: m.lease_ms,
+        lease_left_ms: m.lease_left_ms,
         promotion: m.promotion.map(|p| Promotion {
             epoch: p.epoch,
             from_version: p.from_version,
@@ -730,13 +736,21 @@ fn print_table(r: &Report) {
         println!("warning: {}", m.cursor_warning);
     }
     for m in r.mirrors.iter().filter(|m| !m.addr.is_empty()) {
+        let lease = match (m.lease_ms, &m.promotion) {
+            (0, _) => "no lease".to_string(),
+            (l, None) => format!(
+                "its lease {l} ms ({} ms left at its last answer)",
+                m.lease_left_ms
+            ),
+            (l, Some(_)) => format!("lease {l} ms ({} ms left)", m.lease_left_ms),
+        };
         match &m.promotion {
             None => println!(
-                "{}: epoch {}, primary {}, failover {}",
+                "{}: epoch {}, primary {} ({lease}), failover {}",
                 m.mirror, m.epoch, m.primary, m.failover
             ),
             Some(_) => println!(
-                "{}: the primary, epoch {}, failover {}",
+                "{}: the primary, epoch {}, {lease}, failover {}",
                 m.mirror, m.epoch, m.failover
             ),
         }

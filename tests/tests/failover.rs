@@ -203,6 +203,75 @@ impl Drop for Killed {
     }
 }
 
+/// A mirror a test starts itself (region A's engine rejoined, or a second mirror), tied to
+/// the test process and killed when the test ends, however it ends.
+struct TestMirror<'a> {
+    id: &'a str,
+    meta_url: &'a str,
+    listen: &'a str,
+    primary: &'a str,
+    replicator: &'a str,
+    data_url: &'a str,
+    primary_data_url: &'a str,
+    policy: &'a str,
+}
+
+impl TestMirror<'_> {
+    /// Start it with the tokens of the dev cluster in `tokens`, its output in `logs`
+    /// (`mirror.log`, `mirror.err`), and wait until it serves.
+    fn start(&self, tokens: &Path, logs: &Path) -> Killed {
+        let token = |role: &str| tokens.join(format!("{role}.token"));
+        let (log, err) = (logs.join("mirror.log"), logs.join("mirror.err"));
+        let mut cmd = Command::new(strait_tests::strait_bin());
+        cmd.args([
+            "mirror",
+            "--id",
+            self.id,
+            "--meta-url",
+            self.meta_url,
+            "--listen",
+            self.listen,
+            "--metrics-listen",
+            "",
+            "--role-token-file",
+            &format!("mount={}", token("mount").display()),
+            "--role-token-file",
+            &format!("admin={}", token("admin").display()),
+            "--primary-token-file",
+            token("mirror").to_str().unwrap(),
+            "--replicator-token-file",
+            token("mirror").to_str().unwrap(),
+            "--primary",
+            self.primary,
+            "--replicator",
+            self.replicator,
+            "--data-url",
+            self.data_url,
+            "--primary-data-url",
+            self.primary_data_url,
+            "--policy",
+            self.policy,
+        ])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+        let mut m = Killed(strait_devkit::process::spawn_tied(cmd).unwrap());
+        let start = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("strait mirror: serving")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(60) && m.0.try_wait().unwrap().is_none(),
+                "mirror {} did not start: {}",
+                self.id,
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        m
+    }
+}
+
 /// Write at `dir` until one write is acknowledged; how long it took.
 fn first_write(dir: &Path, name: &str, limit: Duration) -> Duration {
     let start = Instant::now();
@@ -712,8 +781,9 @@ fn with_automatic_failover_b_takes_over_when_region_a_dies() {
     );
     assert!(
         before.contains("region-b: epoch 0, primary 127.0.0.1:")
-            && before.contains("failover auto after 3000 ms"),
-        "{before}"
+            && before.contains("failover auto after 3000 ms")
+            && before.contains("(its lease 2000 ms ("),
+        "the mirror's status names its primary, the primary's lease and who promotes: {before}"
     );
 
     kill_region_a(&mut cluster);
@@ -864,53 +934,17 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
     );
 
     // A as a mirror of B, at A's address: A's mount takes its session up again there
-    let log = work.path().join("mirror-a.log");
-    let mut cmd = Command::new(strait_tests::strait_bin());
-    cmd.args([
-        "mirror",
-        "--id",
-        "region-a",
-        "--meta-url",
-        &meta_a,
-        "--listen",
-        &topo.primary,
-        "--metrics-listen",
-        "",
-        "--role-token-file",
-        &format!("mount={}", token("mount").display()),
-        "--role-token-file",
-        &format!("admin={}", token("admin").display()),
-        "--primary-token-file",
-        token("mirror").to_str().unwrap(),
-        "--replicator-token-file",
-        token("mirror").to_str().unwrap(),
-        "--primary",
-        &topo.mirror,
-        "--replicator",
-        &replicators,
-        "--data-url",
-        &topo.data_a,
-        "--primary-data-url",
-        &topo.data_b,
-        "--policy",
-        "forward",
-    ])
-    .stdout(std::fs::File::create(&log).unwrap())
-    .stderr(std::fs::File::create(work.path().join("mirror-a.err")).unwrap());
-    // tied to this process, and stopped when the test ends, however it ends
-    let mut mirror_a = Killed(strait_devkit::process::spawn_tied(cmd).unwrap());
-    let start = Instant::now();
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("strait mirror: serving")
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(60) && mirror_a.0.try_wait().unwrap().is_none(),
-            "A's mirror did not start: {}",
-            std::fs::read_to_string(work.path().join("mirror-a.err")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+    let mirror_a = TestMirror {
+        id: "region-a",
+        meta_url: &meta_a,
+        listen: &topo.primary,
+        primary: &topo.mirror,
+        replicator: &replicators,
+        data_url: &topo.data_a,
+        primary_data_url: &topo.data_b,
+        policy: "forward",
     }
+    .start(&tokens, work.path());
     let (ok, cmp) = strait(&[
         "fsck",
         "--compare",
@@ -958,7 +992,7 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
                 .take(12)
                 .collect::<Vec<_>>()
                 .join("\n"),
-            std::fs::read_to_string(work.path().join("mirror-a.err"))
+            std::fs::read_to_string(work.path().join("mirror.err"))
                 .unwrap_or_default()
                 .lines()
                 .rev()
@@ -1211,52 +1245,18 @@ fn a_second_mirror_follows_the_promotion_and_forwards_its_writes_to_the_new_prim
     std::fs::create_dir_all(c.join("store")).unwrap();
     let c_addr = format!("127.0.0.1:{}", strait_tests::free_port());
     let log = c.join("mirror.log");
-    let mut cmd = Command::new(strait_tests::strait_bin());
-    cmd.args([
-        "mirror",
-        "--id",
-        "region-c",
-        "--meta-url",
-        &format!("rocksdb://{}", c.join("meta").display()),
-        "--listen",
-        &c_addr,
-        "--metrics-listen",
-        "",
-        "--role-token-file",
-        &format!("mount={}", token("mount").display()),
-        "--role-token-file",
-        &format!("admin={}", token("admin").display()),
-        "--primary-token-file",
-        token("mirror").to_str().unwrap(),
-        "--replicator-token-file",
-        token("mirror").to_str().unwrap(),
-        "--primary",
-        &topo.primary,
-        "--replicator",
-        &topo.replicator.join(","),
-        "--data-url",
-        &format!("file://{}", c.join("store").display()),
-        "--primary-data-url",
-        &topo.data_a,
+    let mirror_c = TestMirror {
+        id: "region-c",
+        meta_url: &format!("rocksdb://{}", c.join("meta").display()),
+        listen: &c_addr,
+        primary: &topo.primary,
+        replicator: &topo.replicator.join(","),
+        data_url: &format!("file://{}", c.join("store").display()),
+        primary_data_url: &topo.data_a,
         // reads answered here, never forwarded: C is read after B stopped
-        "--policy",
-        "serve",
-    ])
-    .stdout(std::fs::File::create(&log).unwrap())
-    .stderr(std::fs::File::create(c.join("mirror.err")).unwrap());
-    let mut mirror_c = Killed(strait_devkit::process::spawn_tied(cmd).unwrap());
-    let start = Instant::now();
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("strait mirror: serving")
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(60) && mirror_c.0.try_wait().unwrap().is_none(),
-            "C's mirror did not start: {}",
-            std::fs::read_to_string(c.join("mirror.err")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        policy: "serve",
     }
+    .start(&tokens, &c);
     let mc = ExtraMount::start(
         &c_addr,
         c.join("mnt"),

@@ -186,9 +186,14 @@ impl Cluster {
             self.token_file("mirror"),
             s("--replicator-token-file"),
             self.token_file("mirror"),
-            // the way back promotes it
+            // the way back promotes it: then it commits as the primary did (a promoted mirror
+            // in `local` durability would lose what it had not shipped with its region)
             s("--promotion-token-file"),
             self.token_file("primary"),
+            s("--promotion-durability"),
+            arg_of(old, "--durability")
+                .or_else(|_| arg_of(old, "--promotion-durability"))
+                .unwrap_or_else(|_| s("local")),
             s("--primary"),
             b.clone(),
             s("--replicator"),
