@@ -467,7 +467,7 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
     assert!(
         status.contains("promoted")
             && status.contains("was promoted to primary at epoch 1")
-            && status.contains("the primary, epoch 1, failover manual"),
+            && status.contains("the primary, epoch 1, no lease, failover manual"),
         "{status}"
     );
 
