@@ -1564,13 +1564,19 @@ fn switching_to_b_and_back_under_load_loses_nothing() {
             if missing.is_empty() {
                 break;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{} acknowledged creates not at {} within 30 s, e.g. {:?}",
-                missing.len(),
-                m.display(),
-                &missing[..missing.len().min(5)]
-            );
+            if start.elapsed() >= Duration::from_secs(30) {
+                let (at_a, at_b) = (files(&ma), files(&mb));
+                let seen: Vec<String> = missing
+                    .iter()
+                    .take(5)
+                    .map(|n| format!("{n}: at A {:?}, at B {:?}", at_a.get(*n), at_b.get(*n)))
+                    .collect();
+                panic!(
+                    "{} acknowledged creates not at {} within 30 s: {seen:?}",
+                    missing.len(),
+                    m.display()
+                );
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
