@@ -1,6 +1,6 @@
 //! Blocks fetched from a mirror's FetchBlock, for the reads its region's store cannot serve.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ const FETCH_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
 
 /// [`strait_fs_core::vfs::BlockFallback`] over a mirror's FetchBlock.
 struct BlockFetcher {
+    /// The session's flag: the daemon serves FetchBlock.
+    offered: Arc<AtomicBool>,
     endpoint: Endpoint,
     auth: Option<AsciiMetadataValue>,
     channel: tokio::sync::OnceCell<Channel>,
@@ -53,6 +55,10 @@ impl BlockFetcher {
 }
 
 impl strait_fs_core::vfs::BlockFallback for BlockFetcher {
+    fn offered(&self) -> bool {
+        self.offered.load(Ordering::Relaxed)
+    }
+
     fn fetch<'a>(
         &'a self,
         key: &'a str,
@@ -100,17 +106,17 @@ impl strait_fs_core::vfs::BlockFallback for BlockFetcher {
 }
 
 impl RemoteMeta {
-    /// At a mirror (known once the session is open): where the VFS gets blocks its region's
-    /// store lacks. It has its own connection, made on the caller's runtime, so block
-    /// transfers neither wait for nor hold up metadata calls.
-    pub fn block_fallback(&self) -> Option<Arc<dyn strait_fs_core::vfs::BlockFallback>> {
-        if !self.block_fallback.load(Ordering::Relaxed) {
-            return None;
-        }
-        Some(Arc::new(BlockFetcher {
+    /// Where the VFS gets blocks its region's store lacks, offered while the daemon is a
+    /// mirror (its OpenSession answer says so, at the open and at each resume: a primary
+    /// replaced by a mirror at a switchover offers it from then on). It has its own
+    /// connection, made on the caller's runtime, so block transfers neither wait for nor
+    /// hold up metadata calls.
+    pub fn block_fallback(&self) -> Arc<dyn strait_fs_core::vfs::BlockFallback> {
+        Arc::new(BlockFetcher {
+            offered: self.block_fallback.clone(),
             endpoint: self.endpoint.clone(),
             auth: self.stamp.auth.clone(),
             channel: tokio::sync::OnceCell::new(),
-        }))
+        })
     }
 }

@@ -233,6 +233,13 @@ impl RemoteMeta {
             async move { c.open_session(req).await }
         })?;
         self.session.store(r.session, Ordering::Relaxed);
+        // the daemon may be another program now (a primary replaced by a mirror at a
+        // switchover, or the other way round): take its answer as at the open
+        self.read_only.store(r.read_only as u64, Ordering::Relaxed);
+        self.block_fallback
+            .store(r.block_fallback, Ordering::Relaxed);
+        self.session_timeout_ms
+            .store(r.session_timeout_ms, Ordering::Relaxed);
         if r.resumed {
             tracing::info!("resumed session {} with the site daemon", r.session);
         } else {

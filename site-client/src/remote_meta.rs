@@ -62,8 +62,9 @@ pub struct RemoteMeta {
     pub(crate) me: Weak<RemoteMeta>,
     /// Slice ids taken from the daemon and not used yet: `[next, end)`.
     pub(crate) slice_ids: Mutex<(u64, u64)>,
-    /// The daemon is a mirror that serves FetchBlock.
-    pub(crate) block_fallback: std::sync::atomic::AtomicBool,
+    /// The daemon is a mirror that serves FetchBlock, as its last OpenSession answer said
+    /// (the session is resumed when the daemon is replaced, by one in another role too).
+    pub(crate) block_fallback: Arc<std::sync::atomic::AtomicBool>,
     /// This client's request ids are `{nonce}-{n}`: random per client, so no two mounts
     /// (or two runs of one) share an id.
     pub(crate) nonce: u64,
@@ -124,7 +125,7 @@ impl RemoteMeta {
             session_timeout_ms: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
             slice_ids: Mutex::new((0, 0)),
-            block_fallback: std::sync::atomic::AtomicBool::new(false),
+            block_fallback: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             nonce: rand::random(),
             requests: AtomicU64::new(1),
         }))

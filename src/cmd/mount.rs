@@ -309,11 +309,11 @@ fn run_foreground(a: Args) -> Result<()> {
         mem_cache_bytes: super::parse_size(&a.mem_cache_size)?,
         cache_dir: (cache_size > 0).then(|| a.cache_dir.clone()),
         disk_cache_bytes: cache_size,
-        // at a mirror: blocks not in the region's store yet come through its daemon
+        // at a mirror: blocks not in the region's store yet come through its daemon (asked
+        // at each read whether it offers that: the daemon can change role under the mount)
         block_fallback: remote
             .as_ref()
-            .and_then(|r| r.block_fallback())
-            .map(strait_fs_core::vfs::Fallback),
+            .map(|r| strait_fs_core::vfs::Fallback(r.block_fallback())),
         download_concurrency: a.max_downloads.max(1),
         fallback_concurrency: a.max_downloads.max(1),
         upload_concurrency: a.max_uploads.max(1),

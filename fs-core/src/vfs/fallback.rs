@@ -22,6 +22,13 @@ pub trait BlockFallback: Send + Sync {
         crc: u32,
         reason: &'a str,
     ) -> crate::object::BoxFut<'a, Bytes>;
+
+    /// Whether the daemon behind it offers the fallback now. A mount's daemon can change
+    /// role under it (a primary replaced by a mirror at a switchover, and promoted back):
+    /// the mount asks at each read, not once at mount time.
+    fn offered(&self) -> bool {
+        true
+    }
 }
 
 /// A [`BlockFallback`] in [`VfsOptions`].
@@ -35,6 +42,12 @@ impl std::fmt::Debug for Fallback {
 }
 
 impl Shared {
+    /// Whether blocks missing from (or corrupt in) this region's store can be asked of the
+    /// mount's daemon now.
+    pub(super) fn fallback_offered(&self) -> bool {
+        self.fallback.as_ref().is_some_and(|f| f.0.offered())
+    }
+
     /// A block from the mirror (see [`BlockFallback`]), checked again here.
     pub(super) async fn fetch_fallback(
         &self,
@@ -43,7 +56,7 @@ impl Shared {
         crc: u32,
         reason: &str,
     ) -> Result<Bytes> {
-        let Some(fb) = &self.fallback else {
+        let Some(fb) = self.fallback.as_ref().filter(|f| f.0.offered()) else {
             return Err(Error::Meta("no block fallback".into()));
         };
         let _slot = self

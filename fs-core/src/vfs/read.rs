@@ -122,7 +122,7 @@ impl Shared {
                 return Ok(b);
             }
         }
-        let data = if unsynced && self.fallback.is_some() {
+        let data = if unsynced && self.fallback_offered() {
             // the mirror says this region's store does not hold it yet: no store slot, no miss
             self.fetch_fallback(key, len, crc, "unsynced").await?
         } else {
@@ -151,7 +151,7 @@ impl Shared {
             let data = match got {
                 Ok(d) => d,
                 // not in this region's store yet: the mirror gets it from the primary's
-                Err(Error::CorruptBlock { .. }) if self.fallback.is_some() => {
+                Err(Error::CorruptBlock { .. }) if self.fallback_offered() => {
                     return Err(StoreRead::Missing)
                 }
                 Err(e) => return Err(StoreRead::Failed(e)),
@@ -173,7 +173,7 @@ impl Shared {
                 drop(permit);
                 self.fetch_fallback(key, len, crc, "missing").await
             }
-            Err(StoreRead::Damaged(e)) if self.fallback.is_some() => {
+            Err(StoreRead::Damaged(e)) if self.fallback_offered() => {
                 tracing::warn!(
                     "{e}: in this region's object store; the mirror fetches it again from the primary's"
                 );
