@@ -45,6 +45,12 @@ use tonic::Status;
 use crate::forward::ForwardSession;
 use crate::state::{Mirror, Phase};
 
+/// Slice ids a promotion skips past every id the log used and every range the old primary
+/// gave this region's mounts ([`Promoter::take_slice_ranges`]): more than the old primary can
+/// have handed out beyond those (2^32 ids, four million ranges of 1,000, where each mount
+/// holds one at a time). The counter (an i64) allows two billion promotions.
+const PROMOTION_SLICE_GAP: i64 = 1 << 32;
+
 /// How long a promotion waits for the rest of the log when the call names no limit.
 pub const DRAIN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 /// How long a promotion waits for the replicator to elect a leader, and how often it looks.
@@ -416,6 +422,11 @@ impl Promoter {
 
     /// The slice ids the old primary gave this region's mounts through the mirror are theirs
     /// here too, and the counter passes them: their blocks may be in this region's store.
+    /// Then the counter skips [`PROMOTION_SLICE_GAP`] ids more: the old primary also gave
+    /// ranges to mounts elsewhere (its own region's, other mirrors'), which are in no record
+    /// of the log unless used, and a mount may have uploaded blocks under such an id before
+    /// its commit was refused. Handed out again here, the id would name two blocks: the one
+    /// its new writer commits, and the old one in a store or a mount's cache.
     async fn take_slice_ranges(&self) -> Result<(), Status> {
         let ranges = self.forward.granted_ranges();
         let mut top = 0u64;
@@ -425,11 +436,22 @@ impl Promoter {
             top = top.max(end.saturating_sub(1));
         }
         let kv = self.mirror.kv.clone();
-        joined(
+        let next = joined(
             "raise the slice counter",
-            tokio::task::spawn_blocking(move || raise_counter(&kv, keys::NEXT_SLICE, top)).await,
-        )
-        .map(|_| ())
+            tokio::task::spawn_blocking(move || {
+                let cur = raise_counter(&kv, keys::NEXT_SLICE, top)?;
+                kv.incr(&keys::counter(keys::NEXT_SLICE), PROMOTION_SLICE_GAP)
+                    .map(|next| (cur, next))
+            })
+            .await,
+        )?;
+        tracing::info!(
+            "slice ids are handed out from {} on: {PROMOTION_SLICE_GAP} past the highest the log \
+             and this region's ranges used ({})",
+            next.1,
+            next.0
+        );
+        Ok(())
     }
 
     /// Become the primary of `p`'s epoch: ship from the engine's version on, take mutations,

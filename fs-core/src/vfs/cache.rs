@@ -185,6 +185,16 @@ impl BlockCache {
         }
     }
 
+    /// Forget a block, in memory and on disk: its key may name another block later (a slice
+    /// id the metadata service refused can be handed to another writer).
+    pub fn remove(&self, key: &str) {
+        self.mem.lock().remove(key);
+        if let Some(disk) = self.disk.as_ref() {
+            disk.index.lock().remove(key);
+            let _ = std::fs::remove_file(disk.dir.join(key));
+        }
+    }
+
     pub fn has_disk(&self) -> bool {
         self.disk.is_some()
     }

@@ -242,7 +242,9 @@ impl FileWriter {
 /// service refused (a site daemon that restarted forgot the ranges it gave this session).
 /// Each block is read back (from the memory cache when it is there), checked against its
 /// CRC32 and written under the new id; the old objects are left to `strait gc`, which
-/// removes unreferenced objects past its grace. Returns the slice under its new id.
+/// removes unreferenced objects past its grace, and dropped from this mount's caches: the
+/// daemon that refused the id may hand it to another writer, whose block this mount must
+/// then read, not ours. Returns the slice under its new id.
 fn rekey(shared: &Arc<Shared>, slice: SliceRef) -> Result<SliceRef> {
     let bs = shared.block_size;
     let id = shared.meta.next_slice_id()?;
@@ -272,6 +274,7 @@ fn rekey(shared: &Arc<Shared>, slice: SliceRef) -> Result<SliceRef> {
                 shared.store.put(&new, data.clone())
             }))?;
         shared.cache.put_mem(&new, data);
+        shared.cache.remove(&old);
     }
     Ok(SliceRef { id, ..slice })
 }
