@@ -221,10 +221,11 @@ pub async fn render(mirror: Arc<crate::state::Mirror>) -> String {
     mirror.metrics.base.render()
 }
 
-/// `/health`: 200 while following inside the window.
+/// `/health`: 200 while following inside the window, and once promoted (it serves as the
+/// primary).
 pub async fn health(mirror: Arc<crate::state::Mirror>) -> (StatusCode, String) {
     let st = mirror.status();
-    let code = if st.state == "following" {
+    let code = if st.state == "following" || st.state == "promoted" {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -10,13 +10,14 @@
 //!   primary (append, heartbeat), the mirrors (subscribe, ack) and operators (status,
 //!   membership).
 //! - [`early`]: a follower serves records its leader has applied as soon as it holds them.
-//! - [`node`]: starting a node.
+//! - [`node`]: starting a node; [`metrics`]: what it shows Prometheus.
 //!
 //! Its clients (the primary, the mirrors, the CLI) talk to it through
 //! `strait-replicator-client`, which links neither openraft nor RocksDB.
 
 pub mod early;
 pub mod log;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod service;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use strait_auth::{Credentials, Guard, Role, Tokens};
+use strait_auth::{Credentials, Guard, Refusal, Role, Tokens};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::ServerTlsConfig;
@@ -15,6 +15,7 @@ use tonic::transport::ServerTlsConfig;
 use strait_proto::limits::RAFT_MESSAGE_BYTES_MAX;
 
 use crate::early::Early;
+use crate::metrics::{Metrics, Observer};
 use crate::network::Network;
 use crate::pb::replicator_server::ReplicatorServer;
 use crate::service::ReplicatorService;
@@ -131,6 +132,8 @@ pub struct Node {
     pub raft: Raft,
     pub log: ChangeLog,
     pub addr: SocketAddr,
+    /// What `/metrics` and `/health` read.
+    pub observer: Observer,
     stop: CancellationToken,
     server: tokio::task::JoinHandle<()>,
     /// The database, to see it closed at shutdown.
@@ -170,9 +173,24 @@ impl Node {
             .await
             .with_context(|| format!("listen on {}", cfg.listen))?;
         let addr = listener.local_addr()?;
-        let svc = ReplicatorServer::new(ReplicatorService::new(raft.clone(), log.clone(), early))
-            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        let metrics = Metrics::new()?;
+        let subscriptions = crate::service::subscription_slots();
+        let observer = Observer {
+            metrics: metrics.clone(),
+            raft: raft.clone(),
+            log: log.clone(),
+            snapshot_dir: cfg.data_dir.join(crate::snapfile::DIR),
+            subscriptions: subscriptions.clone(),
+        };
+        let svc = ReplicatorServer::new(ReplicatorService::new(
+            raft.clone(),
+            log.clone(),
+            early,
+            subscriptions,
+            metrics.clone(),
+        ))
+        .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         let s2 = stop.clone();
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -184,9 +202,17 @@ impl Node {
             strait_auth::use_ring_for_tls();
             builder = builder.tls_config(tls).context("TLS settings")?;
         }
-        let guard = Guard::new(
+        let refused = metrics.refused.clone();
+        let guard = Guard::counted(
             format!("replicator node {}", cfg.id),
             cfg.auth.tokens.clone(),
+            move |why| {
+                let reason = match why {
+                    Refusal::Unauthenticated => "unauthenticated",
+                    Refusal::PermissionDenied => "permission_denied",
+                };
+                refused.with_label_values(&[reason]).inc();
+            },
         );
         let server = tokio::spawn(async move {
             let r = builder
@@ -202,6 +228,7 @@ impl Node {
             raft,
             log,
             addr,
+            observer,
             stop,
             server,
             db: weak_db,

@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
@@ -15,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use crate::early::Early;
 use crate::log::{Command, Outcome, Retention, CURSORS_MAX, MIRROR_NAME_MAX};
+use crate::metrics::Metrics;
 use crate::network::{KIND_APPEND, KIND_SNAPSHOT, KIND_VOTE};
 use crate::pb;
 use crate::store::ChangeLog;
@@ -57,19 +59,34 @@ pub struct ReplicatorService {
     log: ChangeLog,
     early: Early,
     subscriptions: Slots,
+    metrics: Arc<Metrics>,
+}
+
+/// The bound on subscriptions a node serves ([`SUBSCRIPTIONS_MAX`] in all,
+/// [`SUBSCRIPTIONS_PER_PEER_MAX`] per peer address).
+pub fn subscription_slots() -> Slots {
+    Slots::new(
+        "subscriptions",
+        SUBSCRIPTIONS_MAX,
+        SUBSCRIPTIONS_PER_PEER_MAX,
+    )
 }
 
 impl ReplicatorService {
-    pub fn new(raft: Raft, log: ChangeLog, early: Early) -> Self {
+    /// `subscriptions`: [`subscription_slots`], shared with the metrics that count them.
+    pub fn new(
+        raft: Raft,
+        log: ChangeLog,
+        early: Early,
+        subscriptions: Slots,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         ReplicatorService {
             raft,
             log,
             early,
-            subscriptions: Slots::new(
-                "subscriptions",
-                SUBSCRIPTIONS_MAX,
-                SUBSCRIPTIONS_PER_PEER_MAX,
-            ),
+            subscriptions,
+            metrics,
         }
     }
 
@@ -102,6 +119,31 @@ impl ReplicatorService {
                 Status::failed_precondition(c.to_string())
             }
             e => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+impl ReplicatorService {
+    async fn append_once(&self, r: pb::AppendRequest) -> Result<Response<pb::AppendReply>, Status> {
+        // refused before it is proposed: a malformed batch never reaches Raft's log
+        if let Err(e) = crate::log::check_batch(Version(r.first_version), &r.records) {
+            return Err(refused(&e, Status::invalid_argument(e.to_string())));
+        }
+        let cmd = Command::Append {
+            epoch: Epoch(r.epoch),
+            first_version: Version(r.first_version),
+            records: r.records,
+        };
+        match self.write(cmd).await? {
+            Outcome::Appended { last_version } => Ok(Response::new(pb::AppendReply {
+                last_version: last_version.0,
+                duplicate: false,
+            })),
+            Outcome::Duplicate { last_version } => Ok(Response::new(pb::AppendReply {
+                last_version: last_version.0,
+                duplicate: true,
+            })),
+            o => Err(Status::internal(format!("unexpected outcome {o:?}"))),
         }
     }
 }
@@ -167,27 +209,20 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         &self,
         req: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendReply>, Status> {
-        let r = req.into_inner();
-        // refused before it is proposed: a malformed batch never reaches Raft's log
-        if let Err(e) = crate::log::check_batch(Version(r.first_version), &r.records) {
-            return Err(refused(&e, Status::invalid_argument(e.to_string())));
-        }
-        let cmd = Command::Append {
-            epoch: Epoch(r.epoch),
-            first_version: Version(r.first_version),
-            records: r.records,
+        let start = Instant::now();
+        let r = self.append_once(req.into_inner()).await;
+        let outcome = match &r {
+            Ok(a) if a.get_ref().duplicate => "duplicate",
+            Ok(_) => "appended",
+            Err(s) if s.metadata().get(APPEND_HEADER).is_some() => "refused",
+            Err(s) if s.code() == tonic::Code::Unavailable => "unavailable",
+            Err(_) => "error",
         };
-        match self.write(cmd).await? {
-            Outcome::Appended { last_version } => Ok(Response::new(pb::AppendReply {
-                last_version: last_version.0,
-                duplicate: false,
-            })),
-            Outcome::Duplicate { last_version } => Ok(Response::new(pb::AppendReply {
-                last_version: last_version.0,
-                duplicate: true,
-            })),
-            o => Err(Status::internal(format!("unexpected outcome {o:?}"))),
-        }
+        self.metrics
+            .append_seconds
+            .with_label_values(&[outcome])
+            .observe(start.elapsed().as_secs_f64());
+        r
     }
 
     async fn bump_epoch(

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Directory of the node's RocksDB.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Address of the HTTP endpoint serving `/metrics` (Prometheus) and `/health`; empty
+    /// (the default) serves none.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// Reach peer ID at HOST:PORT instead of its membership address (ID=HOST:PORT; repeat).
     #[arg(long = "peer")]
     pub peers: Vec<String>,
@@ -180,6 +184,7 @@ struct FileConfig {
     id: Option<u64>,
     listen: Option<String>,
     data_dir: Option<PathBuf>,
+    metrics_listen: Option<String>,
     heartbeat_ms: Option<u64>,
     snapshot_every: Option<u64>,
     /// `{ "1" = "host:port" }`: addresses this node uses for peers instead of their
@@ -292,14 +297,46 @@ async fn serve(a: ServeArgs) -> Result<()> {
         let (id, addr) = parse_member(&p).with_context(|| format!("peer {p:?}"))?;
         cfg.peers.insert(id, addr);
     }
+    let metrics_listen = a.metrics_listen.or(file.metrics_listen).unwrap_or_default();
     let node = Node::start(cfg).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut metrics_addr = None;
+    if !metrics_listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&metrics_listen)
+            .await
+            .with_context(|| format!("listen on {metrics_listen} for metrics"))?;
+        metrics_addr = l.local_addr().ok();
+        let (o, o2) = (node.observer.clone(), node.observer.clone());
+        tokio::spawn(strait_site::metrics::serve(
+            l,
+            move || {
+                let o = o.clone();
+                async move { o.render() }
+            },
+            move || {
+                let o = o2.clone();
+                async move {
+                    match o.health() {
+                        (true, why) => (strait_site::metrics::StatusCode::OK, format!("{why}\n")),
+                        (false, why) => (
+                            strait_site::metrics::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("{why}\n"),
+                        ),
+                    }
+                }
+            },
+            stop.clone(),
+        ));
+    }
     // one line on stdout, for scripts and tests that wait for the node
     println!(
-        "strait replicator: node {id} serving on {} ({described})",
-        node.addr
+        "strait replicator: node {id} serving on {} ({described}){}",
+        node.addr,
+        metrics_addr
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default()
     );
     tracing::info!("node {id} serving on {} ({described})", node.addr);
-    let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(strait_site::wait_for_signal(stop.clone()));
     stop.cancelled().await;
     tracing::info!("shutting down");

@@ -2,7 +2,6 @@
 //! test: free ports, a random token, a log that survives restarts, and helpers to mount it,
 //! kill it and read its metrics.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -221,27 +220,7 @@ impl Primary {
 
     /// GET `path` from the metrics endpoint: (status code, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        let mut s = std::net::TcpStream::connect(&self.metrics_addr).expect("connect metrics");
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics_addr
-        )
-        .expect("send");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        let code = out
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|b| b.1)
-            .unwrap_or("")
-            .to_string();
-        (code, body)
+        crate::http_get(&self.metrics_addr, path)
     }
 }
 

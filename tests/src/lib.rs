@@ -129,3 +129,56 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
     out.truncate(n);
     out
 }
+
+/// GET `path` from the HTTP endpoint at `addr` (a daemon's metrics address): (status code,
+/// body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|b| b.1)
+        .unwrap_or("")
+        .to_string();
+    (code, body)
+}
+
+/// The value of the sample `series` (a name with its labels, as the text exposition writes
+/// it, e.g. `strait_replicator_cursor_version{mirror="m"}`) in `text`.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The metrics `/metrics` text `text` declares (`# TYPE` lines) that docs/metrics.md's table
+/// does not list.
+pub fn undocumented_metrics(text: &str) -> Vec<String> {
+    let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let table =
+        std::fs::read_to_string(&doc).unwrap_or_else(|e| panic!("read {}: {e}", doc.display()));
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| !table.contains(&format!("| `{n}` |")))
+        .map(str::to_string)
+        .collect()
+}

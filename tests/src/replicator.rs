@@ -56,6 +56,8 @@ pub fn log_client(addrs: &[String]) -> strait_replicator_client::LogClient {
 pub struct Replica {
     pub id: u64,
     pub addr: SocketAddr,
+    /// Its `/metrics` and `/health`.
+    pub metrics: SocketAddr,
     pub dir: PathBuf,
     pub log: PathBuf,
     /// `ID=HOST:PORT`: how this node reaches each peer (through its egress proxies).
@@ -74,6 +76,7 @@ impl Replica {
         let mut cmd = Command::new(strait_bin());
         cmd.args(["replicator", "--id", &self.id.to_string()])
             .args(["--listen", &self.addr.to_string()])
+            .args(["--metrics-listen", &self.metrics.to_string()])
             .arg("--data-dir")
             .arg(&self.dir)
             .args(self.peers.iter().flat_map(|p| ["--peer", p.as_str()]))
@@ -177,6 +180,7 @@ impl Cluster {
             let mut r = Replica {
                 id,
                 addr,
+                metrics: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
                 dir: work.join(format!("node{id}")),
                 log: work.join(format!("node{id}.log")),
                 peers: egress

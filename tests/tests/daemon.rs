@@ -392,6 +392,8 @@ fn metrics_and_health_are_served() {
         "{text}"
     );
     assert!(text.contains("strait_sessions 1"), "{text}");
+    let missing = strait_tests::undocumented_metrics(&text);
+    assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
     let version: i64 = text
         .lines()
         .find_map(|l| l.strip_prefix("strait_primary_version "))

@@ -626,3 +626,164 @@ fn leader_status_finds_the_leader_from_a_follower() {
         assert_eq!(st.id, leader);
     });
 }
+
+/// Every node serves `/metrics` and `/health` (`--metrics-listen`): the figures follow the
+/// cluster (one leader, known to all; the log's versions, records and bytes; a mirror's
+/// cursor and how far behind it is; the appends' latency at the leader), and a node cut off
+/// from a quorum says it is unhealthy, with the reason.
+#[test]
+fn each_node_serves_metrics_and_health_that_follow_the_cluster() {
+    use strait_tests::{http_get, metric_value};
+    let work = tempfile::tempdir().unwrap();
+    let rt = strait_tests::runtime();
+    let cluster = Cluster::start(work.path(), 3);
+    let leader_id = rt.block_on(cluster.wait_leader(Duration::from_secs(30)));
+    let direct: Vec<String> = cluster.direct().iter().map(|a| a.to_string()).collect();
+    rt.block_on(async {
+        let lc = strait_tests::replicator::log_client(&direct);
+        for b in 0..4u64 {
+            let first = 1 + b * 25;
+            lc.append(pb::AppendRequest {
+                epoch: 0,
+                first_version: first,
+                records: (first..first + 25)
+                    .map(|v| vec![b'x'; v as usize])
+                    .collect(),
+            })
+            .await
+            .expect("append");
+        }
+        lc.ack(pb::AckRequest {
+            mirror: "region-b".into(),
+            applied_version: 60,
+        })
+        .await
+        .expect("ack");
+    });
+    let bytes: u64 = (1..=100u64).sum();
+    let scrape = |id: u64| {
+        let (code, text) = http_get(&cluster.nodes[&id].metrics.to_string(), "/metrics");
+        assert_eq!(code, 200, "node {id}'s /metrics: {text}");
+        text
+    };
+    for &id in cluster.nodes.keys() {
+        // a follower applies what the leader committed a moment later
+        let start = Instant::now();
+        let text = loop {
+            let t = scrape(id);
+            if metric_value(&t, "strait_replicator_cursor_version{mirror=\"region-b\"}")
+                == Some(60.0)
+            {
+                break t;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "node {id} did not apply the ack within 20 s:\n{t}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let v = |series: &str| {
+            metric_value(&text, series).unwrap_or_else(|| panic!("node {id}: no {series}:\n{text}"))
+        };
+        assert_eq!(
+            v("strait_replicator_is_leader"),
+            (id == leader_id) as u8 as f64
+        );
+        assert_eq!(v("strait_replicator_leader"), leader_id as f64, "node {id}");
+        let state = if id == leader_id {
+            "leader"
+        } else {
+            "follower"
+        };
+        assert_eq!(
+            v(&format!("strait_replicator_state{{state=\"{state}\"}}")),
+            1.0
+        );
+        assert_eq!(v("strait_replicator_voters"), 3.0);
+        assert_eq!(v("strait_replicator_log_last_version"), 100.0);
+        // the only cursor is at 60: the log keeps what it still needs
+        assert_eq!(v("strait_replicator_log_earliest_version"), 61.0);
+        assert_eq!(v("strait_replicator_log_records"), 40.0);
+        assert_eq!(v("strait_replicator_log_appended_bytes"), bytes as f64);
+        // counted from the mark at or before the log's start
+        let held = v("strait_replicator_log_bytes");
+        assert!(
+            held >= (61..=100u64).sum::<u64>() as f64 && held <= bytes as f64,
+            "node {id}: log bytes {held}"
+        );
+        assert_eq!(
+            v("strait_replicator_cursor_versions_behind{mirror=\"region-b\"}"),
+            40.0
+        );
+        assert_eq!(
+            v("strait_replicator_cursor_needs_bootstrap{mirror=\"region-b\"}"),
+            0.0
+        );
+        let applied = v("strait_replicator_raft_applied_index");
+        assert!(
+            applied >= 5.0 && v("strait_replicator_raft_commit_index") >= applied,
+            "node {id}: applied {applied}"
+        );
+        assert!(v("strait_replicator_term") >= 1.0);
+        let appends = metric_value(
+            &text,
+            "strait_replicator_append_duration_seconds_count{outcome=\"appended\"}",
+        );
+        if id == leader_id {
+            assert_eq!(appends, Some(4.0), "the leader took the 4 appends");
+            for n in 1..=3 {
+                let series = format!("strait_replicator_raft_matched_index{{node=\"{n}\"}}");
+                assert!(
+                    metric_value(&text, &series).is_some_and(|m| m >= 1.0),
+                    "the leader lists each node's match index:\n{text}"
+                );
+            }
+        }
+        let (code, health) = http_get(&cluster.nodes[&id].metrics.to_string(), "/health");
+        assert_eq!(code, 200, "node {id}: {health}");
+        assert!(health.contains(&format!("node {id}")), "{health}");
+    }
+    // every metric a node exports is in the table of docs/metrics.md
+    let text = scrape(leader_id);
+    assert!(text.matches("# TYPE ").count() > 20, "{text}");
+    let missing = strait_tests::undocumented_metrics(&text);
+    assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
+    // a call with a wrong token is counted
+    let out = Command::new(strait_bin())
+        .args([
+            "replicator",
+            "status",
+            "--token",
+            "not-a-token-of-this-cluster",
+        ])
+        .args(["--addr", &direct[0]])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let refused = metric_value(
+        &scrape(1),
+        "strait_replicator_rpc_refused_total{reason=\"unauthenticated\"}",
+    );
+    assert_eq!(refused, Some(1.0));
+    // a node alone: no leader within a few elections, and /health says so
+    let alone = *cluster.nodes.keys().find(|&&i| i != leader_id).unwrap();
+    cluster.isolate(alone, true);
+    let start = Instant::now();
+    let health = loop {
+        let (code, text) = http_get(&cluster.nodes[&alone].metrics.to_string(), "/health");
+        if code == 503 {
+            break text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "node {alone}, cut off, still answers {code}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("node {alone} alone: /health 503: {}", health.trim());
+    assert!(health.contains("no leader"), "{health}");
+    assert_eq!(
+        metric_value(&scrape(alone), "strait_replicator_leader"),
+        Some(0.0)
+    );
+}

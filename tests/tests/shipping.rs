@@ -169,11 +169,7 @@ fn metric(p: &Primary, name: &str) -> Option<u64> {
     if code != 200 {
         return None;
     }
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
+    strait_tests::metric_value(&text, name).map(|v| v as u64)
 }
 
 struct Outcome {

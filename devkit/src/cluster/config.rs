@@ -120,6 +120,9 @@ pub struct Topology {
     pub primary_metrics: String,
     pub mirror_metrics: String,
     pub replicator: Vec<String>,
+    /// Each replicator node's `/metrics` and `/health`, in the order of `replicator`.
+    #[serde(default)]
+    pub replicator_metrics: Vec<String>,
     pub control: String,
     pub mount_a: Option<PathBuf>,
     pub mount_b: Option<PathBuf>,

@@ -275,15 +275,20 @@ impl Cluster {
                 (s("c-to-replicator3"), c_to_n3),
             ]);
         }
+        let mut replicator_metrics = vec![];
         for (i, addr) in nodes.iter().enumerate() {
             let region = node_region[i].0;
             let name = format!("replicator{}", i + 1);
+            let metrics = free_addr()?;
+            replicator_metrics.push(s(metrics));
             let mut args = vec![
                 s("replicator"),
                 s("--id"),
                 s(i + 1),
                 s("--listen"),
                 s(addr),
+                s("--metrics-listen"),
+                s(metrics),
                 s("--data-dir"),
                 a.hooks.replicator_dirs[i]
                     .clone()
@@ -499,6 +504,7 @@ impl Cluster {
             primary_metrics: s(primary_metrics),
             mirror_metrics: s(mirror_metrics),
             replicator: nodes.iter().map(|n| n.to_string()).collect(),
+            replicator_metrics,
             control: s(control_addr),
             mount_a: None,
             mount_b: None,
