@@ -26,6 +26,11 @@ pub struct ServeArgs {
     /// Print a configuration file documenting every field with its default, and exit.
     #[arg(long)]
     pub example_config: bool,
+    /// Check the configuration the daemon would run with (file, flags, environment, the
+    /// token and certificate files it names), print a summary and exit; nothing is opened
+    /// or started.
+    #[arg(long)]
+    pub check_config: bool,
     /// This mirror's name (its cursor at the replicator).
     #[arg(long, env = "STRAIT_MIRROR_ID")]
     pub id: Option<String>,
@@ -325,7 +330,34 @@ pub fn run(a: Args) -> Result<()> {
                 print!("{}", MirrorConfig::example_toml());
                 return Ok(());
             }
+            let check = a.serve.check_config;
             let cfg = a.serve.resolve()?;
+            if check {
+                println!(
+                    "strait mirror: the configuration is valid: id {}, listen {}, engine {}, \
+                     metrics {}, primary {}, replicator [{}], store {}, sync {}, promotion \
+                     durability {}, failover {}",
+                    cfg.id,
+                    cfg.listen,
+                    cfg.meta_url,
+                    if cfg.metrics_listen.is_empty() {
+                        "off"
+                    } else {
+                        &cfg.metrics_listen
+                    },
+                    cfg.primary,
+                    cfg.replicator.join(", "),
+                    if cfg.data_url.is_empty() {
+                        "none"
+                    } else {
+                        &cfg.data_url
+                    },
+                    format!("{:?}", cfg.sync).to_lowercase(),
+                    cfg.promotion.durability,
+                    format!("{:?}", cfg.promotion.failover).to_lowercase(),
+                );
+                return Ok(());
+            }
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .thread_name("strait-mirror")

@@ -20,6 +20,11 @@ pub struct Args {
     /// Print a configuration file documenting every field with its default, and exit.
     #[arg(long)]
     pub example_config: bool,
+    /// Check the configuration the daemon would run with (file, flags, environment, the
+    /// token and certificate files it names), print a summary and exit; nothing is opened
+    /// or started.
+    #[arg(long)]
+    pub check_config: bool,
     /// Address of the metadata service (gRPC).
     #[arg(long, env = "STRAIT_LISTEN")]
     pub listen: Option<String>,
@@ -177,7 +182,25 @@ pub fn run(a: Args) -> Result<()> {
         print!("{}", PrimaryConfig::example_toml());
         return Ok(());
     }
+    let check = a.check_config;
     let cfg = a.resolve()?;
+    if check {
+        println!(
+            "strait primary: the configuration is valid: listen {}, engine {}, metrics {}, \
+             replicator [{}], durability {}, lease {} ms",
+            cfg.listen,
+            cfg.meta_url,
+            if cfg.metrics_listen.is_empty() {
+                "off"
+            } else {
+                &cfg.metrics_listen
+            },
+            cfg.replicator.join(", "),
+            cfg.durability,
+            cfg.lease_ms
+        );
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.resolved_serve_threads())
         .thread_name("strait-primary")

@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// TOML configuration file: id, listen, data_dir, heartbeat_ms, snapshot_every, peers.
     #[arg(long, env = "STRAIT_REPLICATOR_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Check the node's configuration (file, flags, the token and certificate files it
+    /// names), print a summary and exit; nothing is opened or started.
+    #[arg(long)]
+    pub check_config: bool,
     /// This node's id (unique in the cluster, not 0).
     #[arg(long)]
     pub id: Option<u64>,
@@ -298,6 +302,27 @@ async fn serve(a: ServeArgs) -> Result<()> {
         cfg.peers.insert(id, addr);
     }
     let metrics_listen = a.metrics_listen.or(file.metrics_listen).unwrap_or_default();
+    if a.check_config {
+        println!(
+            "strait replicator: the configuration of node {id} is valid: listen {}, data {}, \
+             metrics {}, heartbeat {} ms, snapshot every {} entries, peers [{}] ({described})",
+            cfg.listen,
+            cfg.data_dir.display(),
+            if metrics_listen.is_empty() {
+                "off"
+            } else {
+                &metrics_listen
+            },
+            cfg.heartbeat_ms,
+            cfg.snapshot_every,
+            cfg.peers
+                .iter()
+                .map(|(i, a)| format!("{i}={a}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Ok(());
+    }
     let node = Node::start(cfg).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut metrics_addr = None;
