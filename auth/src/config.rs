@@ -123,6 +123,31 @@ impl Security {
         Ok(tokens)
     }
 
+    /// When the certificates this daemon presents or trusts expire: for each of
+    /// `tls_cert_file` (`cert`), `tls_client_ca_file` (`client_ca`) and `tls_ca_file` (`ca`)
+    /// that is set, the earliest `notAfter` of the certificates in it (seconds since the Unix
+    /// epoch). For `strait_tls_certificate_expiry_timestamp_seconds`.
+    pub fn certificate_expiries(&self) -> Result<Vec<(&'static str, i64)>, Error> {
+        let mut out = vec![];
+        for (which, path) in [
+            ("cert", &self.tls_cert_file),
+            ("client_ca", &self.tls_client_ca_file),
+            ("ca", &self.tls_ca_file),
+        ] {
+            let Some(path) = path else { continue };
+            let pem = read(path, "certificate file")?;
+            let earliest = crate::identity::expiries(&pem)
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
+                .into_iter()
+                .min()
+                .ok_or_else(|| {
+                    Error::Config(format!("{}: no certificate in it", path.display()))
+                })?;
+            out.push((which, earliest));
+        }
+        Ok(out)
+    }
+
     /// Whether callers must present a client certificate.
     pub fn mutual_tls(&self) -> bool {
         self.tls_client_ca_file.is_some()

@@ -27,3 +27,41 @@ pub fn from_certificate(der: &[u8]) -> (Roles, Option<String>) {
         .map(str::to_string);
     (roles, name)
 }
+
+/// When each certificate in the PEM text `pem` expires (its `notAfter`, seconds since the
+/// Unix epoch), in file order; an error names the first that cannot be read.
+pub fn expiries(pem: &[u8]) -> Result<Vec<i64>, String> {
+    let mut out = vec![];
+    for (i, block) in x509_parser::pem::Pem::iter_from_buffer(pem).enumerate() {
+        let block = block.map_err(|e| format!("PEM block {}: {e}", i + 1))?;
+        if block.label != "CERTIFICATE" {
+            continue;
+        }
+        let cert = block
+            .parse_x509()
+            .map_err(|e| format!("certificate {}: {e}", i + 1))?;
+        out.push(cert.validity().not_after.timestamp());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiries_reads_each_certificate_and_refuses_a_damaged_one() {
+        let now = std::time::UNIX_EPOCH.elapsed().unwrap().as_secs() as i64;
+        let a = crate::certs::new_ca("a", 30).unwrap().cert;
+        let b = crate::certs::new_ca("b", 400).unwrap().cert;
+        let got = expiries(format!("{a}{b}").as_bytes()).unwrap();
+        assert_eq!(got.len(), 2);
+        let day = 86_400;
+        assert!((got[0] - (now + 30 * day)).abs() < 60, "{got:?}");
+        assert!((got[1] - (now + 400 * day)).abs() < 60, "{got:?}");
+        // no certificate at all, and a damaged one
+        assert_eq!(expiries(b"not a certificate").unwrap(), Vec::<i64>::new());
+        let damaged = a.replacen("MII", "MIX", 1);
+        assert!(expiries(damaged.as_bytes()).is_err());
+    }
+}

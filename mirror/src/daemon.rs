@@ -74,6 +74,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .await
         .context("open task")??;
     let metrics = Metrics::new();
+    metrics.window_seconds.set(cfg.window_ms as f64 / 1000.0);
+    strait_site::metrics::note_certificate_expiries(&metrics.base.tls_expiry, &cfg.security);
     let blocks = crate::blocks::Blocks::open(&cfg, kv.clone()).await?;
     let mirror = Mirror::new(
         cfg.clone(),

@@ -13,6 +13,8 @@ pub struct Metrics {
     pub applied_version: IntGauge,
     pub primary_version: IntGauge,
     pub lag_seconds: Gauge,
+    /// The staleness window W (`window_ms`), for alerts that compare the lag with it.
+    pub window_seconds: Gauge,
     pub lag_versions: IntGauge,
     pub applied_records: IntCounter,
     pub record_lag: Histogram,
@@ -66,6 +68,12 @@ impl Metrics {
             lag_seconds: Gauge::with_opts(Opts::new(
                 "strait_mirror_lag_seconds",
                 "Age of the oldest change not applied yet, on the primary's clock",
+            ))
+            .expect("valid gauge"),
+            window_seconds: Gauge::with_opts(Opts::new(
+                "strait_mirror_window_seconds",
+                "The staleness window: reads at a lag beyond it are forwarded, wait or are served \
+                 stale, as the policy says",
             ))
             .expect("valid gauge"),
             lag_versions: gauge(
@@ -181,6 +189,7 @@ impl Metrics {
         for c in [
             Box::new(m.applied_version.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(m.lag_seconds.clone()),
+            Box::new(m.window_seconds.clone()),
             Box::new(m.lag_versions.clone()),
             Box::new(m.applied_records.clone()),
             Box::new(m.record_lag.clone()),

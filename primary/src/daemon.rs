@@ -57,6 +57,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     .context("open the metadata engine")??;
     let format = engine.settings().clone();
     let metrics = Metrics::new();
+    strait_site::metrics::note_certificate_expiries(&metrics.tls_expiry, &cfg.security);
     let stop = CancellationToken::new();
     let mut server = MetaServer::new(engine.clone(), cfg.site.session_timeout_ms, metrics.clone());
     // the shipper outlives the service by a moment at shutdown, to ship what is left

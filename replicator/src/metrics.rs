@@ -34,6 +34,9 @@ pub struct Metrics {
     pub refused: IntCounterVec,
     /// Subscriptions (mirrors, the primary reading back, relaying peers) served now.
     pub subscriptions: IntGauge,
+    /// When the node's certificates expire, by file (`cert`, `client_ca`, `ca`): set by its
+    /// starter, which holds the security settings.
+    pub tls_expiry: IntGaugeVec,
     state: IntGaugeVec,
     is_leader: IntGauge,
     leader: IntGauge,
@@ -115,6 +118,12 @@ impl Metrics {
             append_seconds,
             refused,
             subscriptions: gauge(&r, "strait_replicator_subscriptions", "Subscriptions served now")?,
+            tls_expiry: gauges(
+                &r,
+                "strait_tls_certificate_expiry_timestamp_seconds",
+                "When the certificates in each TLS file the node uses expire (the earliest in the file; seconds since 1970): cert (its own), client_ca, ca",
+                &["file"],
+            )?,
             state: gauges(&r, "strait_replicator_state", "The node's Raft state (1 for the one it is in)", &["state"])?,
             is_leader: gauge(&r, "strait_replicator_is_leader", "1 while this node is the leader")?,
             leader: gauge(&r, "strait_replicator_leader", "The leader this node knows of (its id; 0 when none is known)")?,
@@ -313,6 +322,11 @@ impl Observer {
             .set(self.subscriptions.held() as i64);
         self.metrics
             .render(&self.raft, &self.log, &self.snapshot_dir)
+    }
+
+    /// The gauge of when the node's certificates expire.
+    pub fn tls_expiry(&self) -> &IntGaugeVec {
+        &self.metrics.tls_expiry
     }
 
     /// `/health`: see [`health`].

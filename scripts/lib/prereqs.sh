@@ -93,10 +93,11 @@ install_prerequisites() {
     # run:   fuse3 (fusermount3), redis-server + redis-cli, attr (setfattr/getfattr),
     #        curl (Garage health checks), python3 (free ports)
     # faketime: the chaos harness's clock jumps (libfaketimeMT); e2fsprogs: its full disks
-    # (mkfs.ext4 on a loop device); systemd: systemd-analyze verifies deploy/'s units
+    # (mkfs.ext4 on a loop device); systemd: systemd-analyze verifies deploy/'s units;
+    # prometheus (with promtool): deploy/prometheus and the dashboard's queries, tested
     apt_ensure build-essential clang libclang-dev libacl1-dev protobuf-compiler pkg-config \
         fuse3 redis-server redis-tools attr curl ca-certificates python3 util-linux \
-        faketime e2fsprogs systemd
+        faketime e2fsprogs systemd prometheus
     ensure_rust
     ensure_cargo_tool garage garage --version "$GARAGE_VERSION" --locked
     ensure_cargo_tool pjdfstest pjdfstest

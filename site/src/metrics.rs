@@ -51,6 +51,35 @@ pub struct Metrics {
     pub request_records_expired: IntCounter,
     /// Request records removed before their time, past the bound.
     pub request_records_evicted: IntCounter,
+    /// When the certificates the daemon presents or trusts expire, by file.
+    pub tls_expiry: prometheus::IntGaugeVec,
+}
+
+/// The gauge of when a daemon's certificates expire (one series per file: `cert`,
+/// `client_ca`, `ca`), for the primary, a mirror and a replicator node alike.
+fn tls_expiry_gauge() -> prometheus::IntGaugeVec {
+    prometheus::IntGaugeVec::new(
+        Opts::new(
+            "strait_tls_certificate_expiry_timestamp_seconds",
+            "When the certificates in each TLS file the daemon uses expire (the earliest in \
+             the file; seconds since 1970): cert (its own), client_ca, ca",
+        ),
+        &["file"],
+    )
+    .expect("valid gauge")
+}
+
+/// Set `gauge` from `sec`'s certificate files; a file that cannot be read is only logged
+/// (the daemon read it already to serve TLS).
+pub fn note_certificate_expiries(gauge: &prometheus::IntGaugeVec, sec: &strait_auth::Security) {
+    match sec.certificate_expiries() {
+        Ok(list) => {
+            for (which, at) in list {
+                gauge.with_label_values(&[which]).set(at);
+            }
+        }
+        Err(e) => tracing::warn!("read the certificates' expiry: {e}"),
+    }
 }
 
 impl Metrics {
@@ -161,6 +190,7 @@ impl Metrics {
              the replicator before it took changes again",
         ))
         .expect("valid counter");
+        let tls_expiry = tls_expiry_gauge();
         for c in [
             Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(caught_up_versions.clone()),
@@ -180,6 +210,7 @@ impl Metrics {
             Box::new(ship_seconds.clone()),
             Box::new(ship_errors.clone()),
             Box::new(replication_timeouts.clone()),
+            Box::new(tls_expiry.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -203,6 +234,7 @@ impl Metrics {
             request_records,
             request_records_expired,
             request_records_evicted,
+            tls_expiry,
         })
     }
 

@@ -324,6 +324,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         return Ok(());
     }
     let node = Node::start(cfg).await?;
+    strait_site::metrics::note_certificate_expiries(node.observer.tls_expiry(), &sec);
     let stop = tokio_util::sync::CancellationToken::new();
     let mut metrics_addr = None;
     if !metrics_listen.is_empty() {

@@ -130,18 +130,14 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
     out
 }
 
-/// GET `path` from the HTTP endpoint at `addr` (a daemon's metrics address): (status code,
-/// body).
+/// GET `path` from the HTTP endpoint at `addr` (a daemon's metrics address, Prometheus):
+/// (status code, body). HTTP/1.0, so that no server answers in chunks.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .ok();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     let code = out

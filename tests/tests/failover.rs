@@ -100,24 +100,16 @@ fn kill_mount_process(pid: u32, point: &Path) {
 fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> (Cluster, Mounts) {
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
     let cfg = ClusterConfig {
-        strait_bin: strait_tests::strait_bin(),
-        dir: dir.to_path_buf(),
         delay_ms: r.delay_ms,
-        mount: true,
-        window_ms: 5_000,
         policy: r.policy.into(),
-        source: "local".into(),
         sync: r.sync.into(),
         garage: r.garage,
-        link_mb_s: 0.0,
-        primary_proxies: false,
         primary_args: own(r.primary_args),
         mirror_args: own(r.mirror_args),
-        mount_args: vec![],
         format_args: own(r.format_args),
         tls: r.tls,
         witness: true,
-        hooks: Default::default(),
+        ..ClusterConfig::new(strait_tests::strait_bin(), dir.to_path_buf())
     };
     let cluster = Cluster::start(
         &cfg,
@@ -1476,6 +1468,22 @@ fn a_mirror_with_a_certificate_and_no_primary_token_is_promoted_over_tls() {
             content(n),
             "{n} at B"
         );
+    }
+    // each daemon and node shows when its certificates expire, for the alert
+    let now = std::time::UNIX_EPOCH.elapsed().unwrap().as_secs() as f64;
+    let topo = cluster.topology().clone();
+    for m in [&topo.mirror_metrics, &topo.replicator_metrics[2]] {
+        let (_, text) = strait_tests::http_get(m, "/metrics");
+        for file in ["cert", "client_ca", "ca"] {
+            let series =
+                format!("strait_tls_certificate_expiry_timestamp_seconds{{file=\"{file}\"}}");
+            let at = strait_tests::metric_value(&text, &series)
+                .unwrap_or_else(|| panic!("{m}: no {series}:\n{text}"));
+            assert!(
+                at > now + 86_400.0 && at < now + 30.0 * 365.0 * 86_400.0,
+                "{m}: {series} is {at}, now {now}"
+            );
+        }
     }
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");

@@ -54,6 +54,34 @@ pub struct ClusterConfig {
     pub hooks: FaultHooks,
 }
 
+impl ClusterConfig {
+    /// `strait dev up`'s defaults (the same as its flags'): 15 ms one way, both regions
+    /// mounted, a 5 s window with the policy `forward`, the mirror on its local node, eager
+    /// copy, local directories as stores, plain text, two regions.
+    pub fn new(strait_bin: PathBuf, dir: PathBuf) -> Self {
+        ClusterConfig {
+            strait_bin,
+            dir,
+            delay_ms: 15,
+            mount: true,
+            window_ms: 5_000,
+            policy: "forward".into(),
+            source: "local".into(),
+            sync: "eager".into(),
+            garage: false,
+            link_mb_s: 0.0,
+            primary_proxies: false,
+            primary_args: vec![],
+            mirror_args: vec![],
+            mount_args: vec![],
+            format_args: vec![],
+            tls: false,
+            witness: false,
+            hooks: FaultHooks::default(),
+        }
+    }
+}
+
 /// Makes the proxy that goes in front of one region's Garage: called with the region (0: A,
 /// 1: B) and Garage's S3 address, it returns the address that every client of that store
 /// (`format`'s data URL, the mirror's `--data-url` and `--primary-data-url`, and through them
