@@ -89,3 +89,49 @@ impl Drop for DevUp {
         let _ = self.child.wait();
     }
 }
+
+/// A [`strait_devkit::cluster::Cluster`]'s mounts (regions A and B), unmounted (lazily) and
+/// their processes killed when dropped: a test that fails leaves no mount behind (the
+/// cluster stops only its daemons).
+pub struct ClusterMounts(Vec<(PathBuf, u32)>);
+
+impl ClusterMounts {
+    pub fn of(cluster: &strait_devkit::cluster::Cluster) -> ClusterMounts {
+        let t = cluster.topology();
+        ClusterMounts(
+            [&t.mount_a, &t.mount_b]
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, m)| Some((m.clone()?, cluster.mount_pid(i).ok()?)))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for ClusterMounts {
+    fn drop(&mut self) {
+        for (point, pid) in &self.0 {
+            let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap_or_default()
+                .contains(&format!(" {} ", point.display()));
+            if mounted {
+                let _ = Command::new("umount").arg("-l").arg(point).status();
+            }
+            // a mount whose daemon is gone may outlive its unmount, retrying a call
+            kill_mount_process(*pid, point);
+        }
+    }
+}
+
+/// SIGKILL `pid` if it still is the `strait mount` of `point`.
+pub fn kill_mount_process(pid: u32, point: &Path) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let ours =
+        args.contains(&b"mount".as_slice()) && args.contains(&point.as_os_str().as_encoded_bytes());
+    if ours {
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+}

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use strait_devkit::cluster::{Cluster, ClusterConfig};
+use strait_tests::dev_up::{kill_mount_process, ClusterMounts};
 
 const WRITERS: usize = 2;
 
@@ -64,40 +65,8 @@ struct Regions {
     tls: bool,
 }
 
-/// Regions A's and B's mounts, unmounted (lazily) and their processes killed when dropped:
-/// a test that fails leaves no mount behind (the cluster stops only its daemons).
-struct Mounts(Vec<(PathBuf, u32)>);
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for (point, pid) in &self.0 {
-            let mounted = std::fs::read_to_string("/proc/self/mountinfo")
-                .unwrap_or_default()
-                .contains(&format!(" {} ", point.display()));
-            if mounted {
-                let _ = Command::new("umount").arg("-l").arg(point).status();
-            }
-            // a mount whose daemon is gone may outlive its unmount, retrying a call
-            kill_mount_process(*pid, point);
-        }
-    }
-}
-
-/// SIGKILL `pid` if it still is the `strait mount` of `point`.
-fn kill_mount_process(pid: u32, point: &Path) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    let ours =
-        args.contains(&b"mount".as_slice()) && args.contains(&point.as_os_str().as_encoded_bytes());
-    if ours {
-        unsafe {
-            libc::kill(pid as i32, libc::SIGKILL);
-        }
-    }
-}
-
 /// Regions A, B and the witness C (replicator node 2), mounted, started in `dir`.
-fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> (Cluster, Mounts) {
+fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> (Cluster, ClusterMounts) {
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect();
     let cfg = ClusterConfig {
         delay_ms: r.delay_ms,
@@ -124,14 +93,7 @@ fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> (Clust
     )
     .expect("start the regions");
     assert_eq!(cluster.topology().replicator_regions, ["A", "C", "B"]);
-    let t = cluster.topology();
-    let mounts = Mounts(
-        [&t.mount_a, &t.mount_b]
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, m)| Some((m.clone()?, cluster.mount_pid(i).ok()?)))
-            .collect(),
-    );
+    let mounts = ClusterMounts::of(&cluster);
     (cluster, mounts)
 }
 

@@ -98,6 +98,7 @@ fn prometheus_scrapes_every_daemon_and_each_dashboard_query_returns_series() {
         &mut |_| {},
     )
     .expect("start the regions");
+    let _mounts = strait_tests::dev_up::ClusterMounts::of(&cluster);
     let topo = cluster.topology().clone();
     assert_eq!(topo.replicator_metrics.len(), 3);
 
