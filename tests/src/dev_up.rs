@@ -135,3 +135,25 @@ pub fn kill_mount_process(pid: u32, point: &Path) {
         }
     }
 }
+
+/// Start `cfg`'s cluster, waiting for the replicator's leader as `strait dev up` does, with
+/// the guard of its mounts.
+pub fn start_cluster(
+    cfg: &strait_devkit::cluster::ClusterConfig,
+    rt: &tokio::runtime::Runtime,
+) -> (strait_devkit::cluster::Cluster, ClusterMounts) {
+    let cluster = strait_devkit::cluster::Cluster::start(
+        cfg,
+        rt,
+        &|node, admin| {
+            rt.block_on(strait_replicator_client::has_leader(
+                &node.to_string(),
+                admin,
+            ))
+        },
+        &mut |_| {},
+    )
+    .expect("start the regions");
+    let mounts = ClusterMounts::of(&cluster);
+    (cluster, mounts)
+}

@@ -80,20 +80,8 @@ fn three_regions(dir: &Path, rt: &tokio::runtime::Runtime, r: Regions) -> (Clust
         witness: true,
         ..ClusterConfig::new(strait_tests::strait_bin(), dir.to_path_buf())
     };
-    let cluster = Cluster::start(
-        &cfg,
-        rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
-        },
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    let (cluster, mounts) = strait_tests::dev_up::start_cluster(&cfg, rt);
     assert_eq!(cluster.topology().replicator_regions, ["A", "C", "B"]);
-    let mounts = ClusterMounts::of(&cluster);
     (cluster, mounts)
 }
 

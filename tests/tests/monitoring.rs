@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use strait_devkit::cluster::{Cluster, ClusterConfig};
+use strait_devkit::cluster::ClusterConfig;
 use strait_tests::http_get;
 
 fn deploy_dir() -> PathBuf {
@@ -86,19 +86,7 @@ fn prometheus_scrapes_every_daemon_and_each_dashboard_query_returns_series() {
         witness: true,
         ..ClusterConfig::new(strait_tests::strait_bin(), work.path().join("dev"))
     };
-    let cluster = Cluster::start(
-        &cfg,
-        &rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
-        },
-        &mut |_| {},
-    )
-    .expect("start the regions");
-    let _mounts = strait_tests::dev_up::ClusterMounts::of(&cluster);
+    let (cluster, _mounts) = strait_tests::dev_up::start_cluster(&cfg, &rt);
     let topo = cluster.topology().clone();
     assert_eq!(topo.replicator_metrics.len(), 3);
 

@@ -134,24 +134,12 @@ fn median(runs: &[Figures]) -> Figures {
 fn measure(a: &TlsArgs, tls: bool) -> Result<Figures> {
     let rt = crate::cmd::runtime()?;
     let cfg = ClusterConfig {
-        strait_bin: std::env::current_exe().context("this program's path")?,
-        dir: a.dir.clone(),
         delay_ms: a.delay_ms,
-        mount: true,
-        window_ms: 5_000,
-        policy: "forward".into(),
-        source: "local".into(),
-        sync: "eager".into(),
-        garage: false,
-        link_mb_s: 0.0,
-        primary_proxies: false,
-        primary_args: vec![],
-        mirror_args: vec![],
-        mount_args: vec![],
-        format_args: vec![],
         tls,
-        witness: false,
-        hooks: Default::default(),
+        ..ClusterConfig::new(
+            std::env::current_exe().context("this program's path")?,
+            a.dir.clone(),
+        )
     };
     let mut cluster = Cluster::start(
         &cfg,
