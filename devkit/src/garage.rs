@@ -1,4 +1,5 @@
-//! A single-node Garage S3 server on 127.0.0.1, killed when dropped.
+//! A single-node Garage S3 server on 127.0.0.1 (or on a host of [`crate::netns`]), killed
+//! when dropped.
 //!
 //! Set-up follows Garage's own test harness: start `garage server`, assign this node a role
 //! in layout version 1, wait until the admin API's `/health` says every partition has its
@@ -9,7 +10,7 @@
 //! test (through `strait_tests::garage`, which adds a temporary directory).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -60,6 +61,57 @@ pub struct Garage {
     s3_port: u16,
     admin_port: u16,
     startup: Duration,
+    /// Where it runs: this machine's loopback, or a host of [`crate::netns`].
+    place: Place,
+}
+
+/// A host of [`crate::netns`] to run a Garage on, at the usual ports (S3 3900, RPC 3901,
+/// admin 3903), with its own bucket name.
+#[derive(Debug, Clone)]
+pub struct OnHost {
+    /// The host's network namespace.
+    pub netns: String,
+    pub ip: Ipv4Addr,
+    pub bucket: String,
+}
+
+#[derive(Debug, Clone)]
+struct Place {
+    netns: Option<String>,
+    ip: Ipv4Addr,
+    bucket: String,
+}
+
+impl Place {
+    fn addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::from((self.ip, port))
+    }
+
+    /// `garage` run where the server runs.
+    fn garage(&self) -> Command {
+        match &self.netns {
+            Some(ns) => crate::netns::nsenter(ns, "garage"),
+            None => Command::new("garage"),
+        }
+    }
+
+    fn port_open(&self, port: u16) -> bool {
+        let addr = self.addr(port);
+        self.probe(move || port_open(addr))
+    }
+
+    fn http_status(&self, port: u16, path: &'static str) -> Option<u16> {
+        let addr = self.addr(port);
+        self.probe(move || http_status(addr, path))
+    }
+
+    /// Run a probe from the server's network namespace.
+    fn probe<T: Default + Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        match &self.netns {
+            Some(ns) => crate::netns::in_ns(ns, f).unwrap_or_default(),
+            None => f(),
+        }
+    }
 }
 
 impl Garage {
@@ -72,6 +124,15 @@ impl Garage {
     /// [`Garage::start_in`] with its metadata and data (`meta/`, `data/`) under `data_root`
     /// instead (a small file system of its own, say), its config and log still in `dir`.
     pub fn start_with_data(dir: &Path, data_root: &Path) -> Result<Garage> {
+        Garage::start(dir, data_root, None)
+    }
+
+    /// A ready Garage on a host of [`crate::netns`], its config, data and log in `dir`.
+    pub fn start_on_host(dir: &Path, host: OnHost) -> Result<Garage> {
+        Garage::start(dir, dir, Some(host))
+    }
+
+    fn start(dir: &Path, data_root: &Path, host: Option<OnHost>) -> Result<Garage> {
         if !installed() {
             bail!(
                 "the `garage` program is not installed (Garage S3, https://garagehq.deuxfleurs.fr): \
@@ -86,7 +147,25 @@ impl Garage {
         let ports_guard = PORTS_LOCK
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let [s3_port, rpc_port, admin_port] = distinct_free_ports().context("find a free port")?;
+        let (place, [s3_port, rpc_port, admin_port]) = match host {
+            None => (
+                Place {
+                    netns: None,
+                    ip: Ipv4Addr::LOCALHOST,
+                    bucket: BUCKET.to_string(),
+                },
+                distinct_free_ports().context("find a free port")?,
+            ),
+            Some(h) => (
+                Place {
+                    netns: Some(h.netns),
+                    ip: h.ip,
+                    bucket: h.bucket,
+                },
+                [3900, 3901, 3903],
+            ),
+        };
+        let ip = place.ip;
 
         let config = dir.join("garage.toml");
         let root = data_root.display();
@@ -100,17 +179,17 @@ replication_factor = 1
 # blocks are checked, random or already compressed data: zstd would only cost CPU
 compression_level = "none"
 
-rpc_bind_addr = "127.0.0.1:{rpc_port}"
-rpc_public_addr = "127.0.0.1:{rpc_port}"
+rpc_bind_addr = "{ip}:{rpc_port}"
+rpc_public_addr = "{ip}:{rpc_port}"
 rpc_secret = "{rpc_secret}"
 
 [s3_api]
 s3_region = "{REGION}"
-api_bind_addr = "127.0.0.1:{s3_port}"
+api_bind_addr = "{ip}:{s3_port}"
 root_domain = ".s3.garage.localhost"
 
 [admin]
-api_bind_addr = "127.0.0.1:{admin_port}"
+api_bind_addr = "{ip}:{admin_port}"
 admin_token = "{admin_token}"
 "#,
                 rpc_secret = hex::encode(rand::random::<[u8; 32]>()),
@@ -119,8 +198,8 @@ admin_token = "{admin_token}"
         )
         .context("write garage.toml")?;
 
-        let child =
-            launch(&config, &dir.join("garage.log"), false).context("spawn garage server")?;
+        let child = launch(&place, &config, &dir.join("garage.log"), false)
+            .context("spawn garage server")?;
         // From here on, Drop kills the server if a step fails.
         let mut g = Garage {
             child,
@@ -129,10 +208,11 @@ admin_token = "{admin_token}"
             s3_port,
             admin_port,
             startup: Duration::ZERO,
+            place,
         };
 
-        g.wait_until("the S3 and admin APIs to accept connections", |_| {
-            Ok(port_open(s3_port) && port_open(admin_port))
+        g.wait_until("the S3 and admin APIs to accept connections", |g| {
+            Ok(g.place.port_open(s3_port) && g.place.port_open(admin_port))
         })?;
         drop(ports_guard);
         g.wait_until("RPC to answer `garage status`", |g| {
@@ -154,15 +234,16 @@ admin_token = "{admin_token}"
         g.cli(&["layout", "assign", "-z", "dc1", "-c", "1G", &node])?;
         g.cli(&["layout", "apply", "--version", "1"])?;
         g.wait_until("the admin API /health to report quorum (HTTP 200)", |g| {
-            Ok(http_status(g.admin_port, "/health") == Some(200))
+            Ok(g.place.http_status(g.admin_port, "/health") == Some(200))
         })?;
 
-        g.cli(&["bucket", "create", BUCKET])?;
+        let bucket = g.place.bucket.clone();
+        g.cli(&["bucket", "create", &bucket])?;
         g.cli(&[
             "key", "import", "--yes", "-n", KEY_NAME, ACCESS_KEY, SECRET_KEY,
         ])?;
         g.cli(&[
-            "bucket", "allow", "--read", "--write", "--owner", BUCKET, "--key", KEY_NAME,
+            "bucket", "allow", "--read", "--write", "--owner", &bucket, "--key", KEY_NAME,
         ])?;
         g.startup = started.elapsed();
         Ok(g)
@@ -197,7 +278,9 @@ admin_token = "{admin_token}"
 
     /// Run `garage -c CONFIG ARGS...` against this server; its stdout on success.
     pub fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("garage")
+        let out = self
+            .place
+            .garage()
             .arg("-c")
             .arg(&self.config)
             .args(args)
@@ -217,9 +300,9 @@ admin_token = "{admin_token}"
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// `http://127.0.0.1:PORT`, the S3 API.
+    /// `http://IP:PORT`, the S3 API.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.s3_port)
+        format!("http://{}", self.s3_addr())
     }
 
     /// The server's process id.
@@ -238,21 +321,26 @@ admin_token = "{admin_token}"
     pub fn restart(&mut self) -> Result<()> {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = launch(&self.config, &self.dir.join("garage.log"), true)
-            .context("spawn garage server again")?;
+        self.child = launch(
+            &self.place,
+            &self.config,
+            &self.dir.join("garage.log"),
+            true,
+        )
+        .context("spawn garage server again")?;
         let (s3, admin) = (self.s3_port, self.admin_port);
-        self.wait_until("the S3 API and quorum after a restart", |_| {
-            Ok(port_open(s3) && http_status(admin, "/health") == Some(200))
+        self.wait_until("the S3 API and quorum after a restart", |g| {
+            Ok(g.place.port_open(s3) && g.place.http_status(admin, "/health") == Some(200))
         })
     }
 
     /// The S3 API's address.
     pub fn s3_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.s3_port))
+        self.place.addr(self.s3_port)
     }
 
     pub fn bucket(&self) -> &str {
-        BUCKET
+        &self.place.bucket
     }
 
     pub fn access_key(&self) -> &str {
@@ -269,16 +357,20 @@ admin_token = "{admin_token}"
 
     /// The data URL strait takes: `s3://BUCKET?endpoint=http://127.0.0.1:PORT&region=garage`.
     pub fn data_url(&self) -> String {
-        format!("s3://{BUCKET}?endpoint={}&region={REGION}", self.endpoint())
+        format!(
+            "s3://{}?endpoint={}&region={REGION}",
+            self.place.bucket,
+            self.endpoint()
+        )
     }
 
     /// [`Self::data_url`] with `prefix` for the keys and `endpoint` (`host:port`, a proxy in
     /// front of this server, say) instead of this server's own.
     pub fn data_url_at(&self, prefix: &str, endpoint: &str) -> String {
         let bucket = if prefix.is_empty() {
-            BUCKET.to_string()
+            self.place.bucket.clone()
         } else {
-            format!("{BUCKET}/{prefix}")
+            format!("{}/{prefix}", self.place.bucket)
         };
         format!("s3://{bucket}?endpoint=http://{endpoint}&region={REGION}")
     }
@@ -319,21 +411,19 @@ impl Drop for Garage {
     }
 }
 
-fn port_open(port: u16) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+fn port_open(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(PROBE_TIMEOUT_MS)).is_ok()
 }
 
 /// Status code of a plain `GET path`, or None if the server did not answer.
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     let timeout = Duration::from_millis(PROBE_TIMEOUT_MS);
     let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();
@@ -344,12 +434,12 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
 
 /// Start `garage server` on `config`, its output written to `log` (appended to it when
 /// `append`).
-fn launch(config: &Path, log: &Path, append: bool) -> std::io::Result<Child> {
-    let (config, log) = (config.to_path_buf(), log.to_path_buf());
+fn launch(place: &Place, config: &Path, log: &Path, append: bool) -> std::io::Result<Child> {
+    let (config, log, place) = (config.to_path_buf(), log.to_path_buf(), place.clone());
     // the log is opened by the thread that starts the server (`spawn_tied_with`)
     spawn_tied_with(move || {
         let (out, err) = open_log(&log, append)?;
-        let mut cmd = Command::new("garage");
+        let mut cmd = place.garage();
         cmd.arg("-c")
             .arg(config)
             .arg("server")

@@ -13,12 +13,15 @@
 //!   processes, as between regions ([`Proxy`]);
 //! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
 //!   proxies, mounts), started from the `strait` program;
+//! - [`netns`]: deploy/README.md's three hosts as network namespaces on this machine, set
+//!   up as the guide says (`strait dev netns`);
 //! - [`tls_front`]: a TLS front relaying to a plain-text server (S3 over `https`);
 //! - [`usage`]: CPU time and resident memory, of this machine and of a process, for the
 //!   benchmarks' figures.
 
 pub mod cluster;
 pub mod garage;
+pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod process;

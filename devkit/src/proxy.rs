@@ -135,6 +135,10 @@ struct Shared {
     pacers: [Pacer; 2],
     stats: Stats,
     upstream: Mutex<SocketAddr>,
+    /// Transparent: each connection goes where its client sent it before a NAT rule
+    /// redirected it here (`SO_ORIGINAL_DST`), from a socket marked with this mark, which the
+    /// rule lets pass ([`Proxy::start_transparent_blocking`]).
+    transparent_mark: Option<u32>,
 }
 
 /// A running proxy: listens on [`Proxy::addr`], forwards to its upstream.
@@ -151,7 +155,7 @@ impl Proxy {
     /// tokio runtime.
     pub async fn start(listen: SocketAddr, upstream: SocketAddr) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind(listen).await?;
-        Ok(Self::serve(listener, upstream))
+        Ok(Self::serve(listener, upstream, None))
     }
 
     /// [`Proxy::start`] on a runtime of its own, for synchronous tests and tools.
@@ -163,13 +167,32 @@ impl Proxy {
             .build()?;
         let listener = rt.block_on(TcpListener::bind(listen))?;
         let _guard = rt.enter();
-        let mut p = Self::serve(listener, upstream);
+        let mut p = Self::serve(listener, upstream, None);
         drop(_guard);
         p._rt = Some(rt);
         Ok(p)
     }
 
-    fn serve(listener: TcpListener, upstream: SocketAddr) -> Proxy {
+    /// A transparent proxy on a runtime of its own: it listens on `listen`, where a NAT rule
+    /// (`redirect`) sends the connections it should carry, and connects each to the address
+    /// its client asked for, from a socket marked `mark` (`SO_MARK`, which needs
+    /// `CAP_NET_ADMIN`) that the rule must let pass. Its threads, and so its sockets, live in
+    /// the network namespace of the calling thread.
+    pub fn start_transparent_blocking(listen: SocketAddr, mark: u32) -> std::io::Result<Proxy> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("strait-wan")
+            .enable_all()
+            .build()?;
+        let listener = rt.block_on(TcpListener::bind(listen))?;
+        let _guard = rt.enter();
+        let mut p = Self::serve(listener, listen, Some(mark));
+        drop(_guard);
+        p._rt = Some(rt);
+        Ok(p)
+    }
+
+    fn serve(listener: TcpListener, upstream: SocketAddr, transparent_mark: Option<u32>) -> Proxy {
         let addr = listener.local_addr().unwrap_or(upstream);
         let now = Instant::now();
         let shared = Arc::new(Shared {
@@ -185,6 +208,7 @@ impl Proxy {
             ],
             stats: Stats::default(),
             upstream: Mutex::new(upstream),
+            transparent_mark,
         });
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
@@ -280,8 +304,18 @@ async fn connection(
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let upstream_addr = *shared.upstream.lock();
-    let upstream = TcpStream::connect(upstream_addr).await?;
+    let upstream = match shared.transparent_mark {
+        None => {
+            let upstream_addr = *shared.upstream.lock();
+            TcpStream::connect(upstream_addr).await?
+        }
+        Some(mark) => {
+            let to = original_destination(&client)?;
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            set_mark(&socket, mark)?;
+            socket.connect(to.into()).await?
+        }
+    };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
     let mut resets = shared.resets.subscribe();
@@ -302,6 +336,50 @@ async fn connection(
     let down = pipe(ur, cw, Direction::Down, shared.clone(), lost, resets, stop);
     let (a, b) = tokio::join!(up, down);
     a.and(b)
+}
+
+/// Where `client` was going before a NAT `redirect` rule sent it to this proxy.
+fn original_destination(client: &TcpStream) -> std::io::Result<std::net::SocketAddrV4> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero sockaddr_in is valid
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `addr`
+    let rc = unsafe {
+        libc::getsockopt(
+            client.as_raw_fd(),
+            libc::SOL_IP,
+            libc::SO_ORIGINAL_DST,
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(std::net::SocketAddrV4::new(
+        u32::from_be(addr.sin_addr.s_addr).into(),
+        u16::from_be(addr.sin_port),
+    ))
+}
+
+/// Mark `socket`'s packets with `mark` (`SO_MARK`).
+fn set_mark(socket: &tokio::net::TcpSocket, mark: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt reads `size_of::<u32>()` bytes from `mark`
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            (&mark as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Why a pipe ended early.

@@ -94,10 +94,11 @@ install_prerequisites() {
     #        curl (Garage health checks), python3 (free ports)
     # faketime: the chaos harness's clock jumps (libfaketimeMT); e2fsprogs: its full disks
     # (mkfs.ext4 on a loop device); systemd: systemd-analyze verifies deploy/'s units;
-    # prometheus (with promtool): deploy/prometheus and the dashboard's queries, tested
+    # prometheus (with promtool): deploy/prometheus and the dashboard's queries, tested;
+    # iproute2 and nftables: deploy/README.md's hosts as network namespaces (`dev netns`)
     apt_ensure build-essential clang libclang-dev libacl1-dev protobuf-compiler pkg-config \
         fuse3 redis-server redis-tools attr curl ca-certificates python3 util-linux \
-        faketime e2fsprogs systemd prometheus
+        faketime e2fsprogs systemd prometheus iproute2 nftables
     ensure_rust
     ensure_cargo_tool garage garage --version "$GARAGE_VERSION" --locked
     ensure_cargo_tool pjdfstest pjdfstest

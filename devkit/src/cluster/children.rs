@@ -165,7 +165,7 @@ impl Children {
     }
 }
 
-pub(super) fn tail(log: &Path) -> String {
+pub(crate) fn tail(log: &Path) -> String {
     let t = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = t.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
@@ -223,7 +223,7 @@ pub(super) fn process_runs(pid: u32) -> bool {
 }
 
 /// Whether `point` is a mount point (any file system), by /proc/self/mountinfo.
-pub(super) fn is_mount_point(point: &Path) -> bool {
+pub(crate) fn is_mount_point(point: &Path) -> bool {
     let Ok(canon) = std::fs::canonicalize(point) else {
         return false;
     };

@@ -40,10 +40,8 @@ pub use config::{
     ClusterConfig, FaultHooks, S3Front, Topology, MIRROR_ID, REPLICATOR_ROLES, TOKEN_ROLES,
 };
 
-use children::{
-    free_addr, is_mount_point, mount_with, process_runs, s, tail, write_private, Children,
-    MountProc,
-};
+use children::{free_addr, mount_with, process_runs, s, write_private, Children, MountProc};
+pub(crate) use children::{is_mount_point, tail};
 use control::serve_control;
 
 /// The running regions. Dropping it stops the daemons (SIGTERM, then SIGKILL after 10 s),
