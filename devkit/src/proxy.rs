@@ -160,11 +160,7 @@ impl Proxy {
 
     /// [`Proxy::start`] on a runtime of its own, for synchronous tests and tools.
     pub fn start_blocking(listen: SocketAddr, upstream: SocketAddr) -> std::io::Result<Proxy> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("strait-chaos")
-            .enable_all()
-            .build()?;
+        let rt = own_runtime("strait-chaos")?;
         let listener = rt.block_on(TcpListener::bind(listen))?;
         let _guard = rt.enter();
         let mut p = Self::serve(listener, upstream, None);
@@ -179,11 +175,7 @@ impl Proxy {
     /// `CAP_NET_ADMIN`) that the rule must let pass. Its threads, and so its sockets, live in
     /// the network namespace of the calling thread.
     pub fn start_transparent_blocking(listen: SocketAddr, mark: u32) -> std::io::Result<Proxy> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("strait-wan")
-            .enable_all()
-            .build()?;
+        let rt = own_runtime("strait-wan")?;
         let listener = rt.block_on(TcpListener::bind(listen))?;
         let _guard = rt.enter();
         let mut p = Self::serve(listener, listen, Some(mark));
@@ -267,6 +259,15 @@ impl Drop for Proxy {
             rt.shutdown_timeout(Duration::from_secs(1));
         }
     }
+}
+
+/// A one-thread runtime for a proxy started outside one.
+fn own_runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .enable_all()
+        .build()
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {

@@ -180,17 +180,7 @@ fn netns(a: NetnsArgs) -> Result<()> {
     );
     println!("strait dev: ready");
     std::io::stdout().flush().ok();
-    let stop = tokio_util::sync::CancellationToken::new();
-    rt.spawn(strait_site::wait_for_signal(stop.clone()));
-    let limit = (a.seconds > 0).then(|| Duration::from_secs(a.seconds));
-    rt.block_on(async {
-        match limit {
-            Some(d) => {
-                tokio::select! { _ = stop.cancelled() => {}, _ = tokio::time::sleep(d) => {} }
-            }
-            None => stop.cancelled().await,
-        }
-    });
+    run_until_stopped(&rt, a.seconds);
     println!("strait dev: stopping");
     let errors = d.down();
     for e in &errors {
@@ -332,9 +322,19 @@ fn up(a: UpArgs) -> Result<()> {
     println!("strait dev: ready");
     std::io::stdout().flush().ok();
 
+    run_until_stopped(&rt, a.seconds);
+    println!("strait dev: stopping");
+    for e in cluster.unmount() {
+        eprintln!("strait dev: {e:#}");
+    }
+    Ok(())
+}
+
+/// Wait for Ctrl-C or SIGTERM, or `seconds` (0: no limit).
+fn run_until_stopped(rt: &tokio::runtime::Runtime, seconds: u64) {
     let stop = tokio_util::sync::CancellationToken::new();
     rt.spawn(strait_site::wait_for_signal(stop.clone()));
-    let limit = (a.seconds > 0).then(|| Duration::from_secs(a.seconds));
+    let limit = (seconds > 0).then(|| Duration::from_secs(seconds));
     rt.block_on(async {
         match limit {
             Some(d) => {
@@ -343,11 +343,6 @@ fn up(a: UpArgs) -> Result<()> {
             None => stop.cancelled().await,
         }
     });
-    println!("strait dev: stopping");
-    for e in cluster.unmount() {
-        eprintln!("strait dev: {e:#}");
-    }
-    Ok(())
 }
 
 /// Whether the replicator node at `node` knows a leader (asked with the operators'
