@@ -38,7 +38,8 @@ impl fmt::Debug for ClientTls {
     }
 }
 
-/// Adds `authorization: Bearer <token>` to every call (nothing without a token).
+/// Adds `authorization: Bearer <token>` to every call (nothing without a token), and the
+/// current span's trace context ([`crate::trace`]).
 #[derive(Clone, Default)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);
 
@@ -47,6 +48,7 @@ impl tonic::service::Interceptor for Bearer {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
         }
+        crate::trace::inject(req.metadata_mut().as_mut());
         Ok(req)
     }
 }

@@ -25,6 +25,7 @@ pub mod policy;
 mod role;
 mod slots;
 mod tokens;
+pub mod trace;
 
 pub use client::{host_of, Bearer, ClientTls, Conn, Credentials};
 pub use config::{read_token_file, Security, TokenList};

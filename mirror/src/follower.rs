@@ -32,6 +32,7 @@ use tonic::transport::Channel;
 use crate::state::{Mirror, Phase};
 
 mod delivery;
+pub mod traced;
 
 pub use delivery::APPLY_BATCH_MAX_RECORDS;
 use delivery::{decode_new, delivered, next_chunk, Decoded, Delivered};
@@ -535,6 +536,7 @@ async fn apply_records(
         let owned = batch.to_vec();
         let from = next;
         let blocks = mirror.blocks.clone();
+        let started = std::time::SystemTime::now();
         let r = tokio::task::spawn_blocking(move || {
             let hook = |t: &mut dyn strait_fs_core::kv::KvTxn, v: Version, r: &ChangeRecord| {
                 blocks.hook(t, v, r)
@@ -566,6 +568,9 @@ async fn apply_records(
             .collect();
         let pending = tail.first().map(|r| (v.next(), ts_ms(r)));
         mirror.on_applied(v, &applied_ts, pending);
+        mirror
+            .applies
+            .note(from, v, started, std::time::SystemTime::now());
         if let Some(why) = bad {
             return Err(Stop::Halt(why));
         }

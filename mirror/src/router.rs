@@ -174,6 +174,8 @@ impl Router {
         resend: Option<u32>,
     ) -> Result<(Reply, u64), Forwarding> {
         let mut headers = parts.headers.clone();
+        // the primary's span of the call is a child of this mirror's
+        strait_auth::trace::inject(&mut headers);
         if let Some(n) = resend {
             // a change sent again after an attempt that may have arrived: the primary answers
             // it from its request record, and never runs it when the record may be gone
@@ -305,6 +307,13 @@ impl Router {
     /// A mutation: blocks to the primary's store, the call to the primary, then wait until
     /// this mirror has applied its version.
     async fn forward_write(&self, method: &str, req: http::Request<Body>) -> Reply {
+        // a child of the mount's span; the primary's is a child of this one
+        let span =
+            strait_auth::trace::child_of(tracing::info_span!("forward", method), req.headers());
+        tracing::Instrument::instrument(self.forward_write_traced(method, req), span).await
+    }
+
+    async fn forward_write_traced(&self, method: &str, req: http::Request<Body>) -> Reply {
         let limit = Duration::from_millis(self.mirror.cfg.write_timeout_ms);
         let deadline = tokio::time::Instant::now() + limit;
         let (parts, body) = req.into_parts();
@@ -391,7 +400,10 @@ impl Router {
         })
         .await;
         match applied {
-            Ok(()) => reply,
+            Ok(()) => {
+                self.mirror.applies.trace(version);
+                reply
+            }
             Err(_) => {
                 tracing::error!(
                     "{method}: committed at the primary as version {version}, not applied here within {limit:?} (applied {})",

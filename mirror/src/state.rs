@@ -97,6 +97,8 @@ pub struct Mirror {
     primary_addr: Mutex<String>,
     /// The primary's lease and what was left of it, as its last answer to a poll said (ms).
     primary_lease: Mutex<(u64, u64)>,
+    /// When the follower applied its recent batches (for the traces of forwarded writes).
+    pub applies: crate::follower::traced::Applies,
 }
 
 pub fn wall_us() -> u64 {
@@ -148,6 +150,7 @@ impl Mirror {
             epoch: AtomicU64::new(0),
             primary_addr: Mutex::new(cfg_primary),
             primary_lease: Mutex::new((0, 0)),
+            applies: Default::default(),
         })
     }
 

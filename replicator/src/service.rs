@@ -134,7 +134,9 @@ impl ReplicatorService {
             first_version: Version(r.first_version),
             records: r.records,
         };
-        match self.write(cmd).await? {
+        // proposed, committed by a majority of the nodes, applied to the log
+        let raft = tracing::info_span!("raft_commit");
+        match tracing::Instrument::instrument(self.write(cmd), raft).await? {
             Outcome::Appended { last_version } => Ok(Response::new(pb::AppendReply {
                 last_version: last_version.0,
                 duplicate: false,
@@ -210,7 +212,16 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         req: Request<pb::AppendRequest>,
     ) -> Result<Response<pb::AppendReply>, Status> {
         let start = Instant::now();
-        let r = self.append_once(req.into_inner()).await;
+        // a child of the shipper's span when it sent its trace context
+        let span = strait_auth::trace::child_of(
+            tracing::info_span!(
+                "append",
+                first = req.get_ref().first_version,
+                records = req.get_ref().records.len()
+            ),
+            req.metadata().as_ref(),
+        );
+        let r = tracing::Instrument::instrument(self.append_once(req.into_inner()), span).await;
         let outcome = match &r {
             Ok(a) if a.get_ref().duplicate => "duplicate",
             Ok(_) => "appended",

@@ -126,6 +126,32 @@ pub struct Shipper {
     overlap_compared: std::sync::atomic::AtomicBool,
 }
 
+/// The span of one append (versions `first..=last`): a child of the first traced call it
+/// carries, linked to the others; none when it carries no traced call.
+fn ship_span(
+    first: Version,
+    last: Version,
+    traced: Vec<(u64, opentelemetry::Context)>,
+) -> tracing::Span {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let Some(((_, parent), rest)) = traced.split_first() else {
+        return tracing::Span::none();
+    };
+    let span = tracing::info_span!(
+        "ship",
+        first = first.0,
+        last = last.0,
+        records = last.0 + 1 - first.0,
+        traced = traced.len()
+    );
+    let _ = span.set_parent(parent.clone());
+    for (_, cx) in rest {
+        span.add_link(cx.span().span_context().clone());
+    }
+    span
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -591,14 +617,16 @@ impl Shipper {
             let last = shipped + records.len() as u64;
             let start = Instant::now();
             let sent = self.contact.sending();
-            let res = self
-                .client
-                .append(pb::AppendRequest {
+            let span = ship_span(shipped.next(), last, self.signal.take_traced(last));
+            let res = tracing::Instrument::instrument(
+                self.client.append(pb::AppendRequest {
                     epoch: self.cfg.epoch.0,
                     first_version: shipped.next().0,
                     records,
-                })
-                .await;
+                }),
+                span,
+            )
+            .await;
             self.metrics
                 .ship_seconds
                 .observe(start.elapsed().as_secs_f64());

@@ -1,23 +1,54 @@
 //! The tap on the primary's metadata engine: every committed version is told to the shipper
-//! at once ([`CommitSignal`]), so it ships without waiting for its next poll.
+//! at once ([`CommitSignal`]), so it ships without waiting for its next poll, with the trace
+//! context of the call that committed it, when it has one (traces exported).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use opentelemetry::trace::TraceContextExt;
+use parking_lot::Mutex;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use strait_fs_core::kv::{DynKv, KvEngine, KvTxn};
 use strait_fs_core::Version;
 use tokio::sync::Notify;
+
+/// Trace contexts kept for commits not shipped yet; the oldest go first past it.
+const TRACED_MAX: usize = 1024;
 
 /// Tells the shipper about commits as they happen.
 #[derive(Default)]
 pub struct CommitSignal {
     pub(crate) latest: AtomicU64,
     pub(crate) notify: Notify,
+    /// (version, the trace context of the call that committed it), oldest first.
+    traced: Mutex<VecDeque<(u64, opentelemetry::Context)>>,
 }
 
 impl CommitSignal {
     pub fn latest(&self) -> Version {
         Version(self.latest.load(Ordering::Acquire))
+    }
+
+    /// Keep the current span's trace context for `version`, if it has one.
+    fn note_trace(&self, version: Version) {
+        let cx = tracing::Span::current().context();
+        if !cx.span().span_context().is_valid() {
+            return;
+        }
+        let mut t = self.traced.lock();
+        if t.len() >= TRACED_MAX {
+            t.pop_front();
+        }
+        t.push_back((version.0, cx));
+    }
+
+    /// The trace contexts of the commits up to `last`, taken: (version, context).
+    pub(crate) fn take_traced(&self, last: Version) -> Vec<(u64, opentelemetry::Context)> {
+        let mut t = self.traced.lock();
+        let n = t.iter().take_while(|(v, _)| *v <= last.0).count();
+        t.drain(..n).collect()
     }
 }
 
@@ -53,6 +84,7 @@ impl KvEngine for TappedKv {
         let v = self.inner.txn(f)?;
         if let Some(v) = v {
             self.signal.latest.fetch_max(v.0, Ordering::AcqRel);
+            self.signal.note_trace(v);
             self.signal.notify.notify_one();
         }
         Ok(v)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use strait_fs_core::error::{Error, Result};
 use strait_proto::meta::meta_service_client::MetaServiceClient;
-use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -45,27 +45,9 @@ impl tonic::service::Interceptor for Stamp {
         if let Some(n) = &self.retry {
             md.insert(strait_proto::RETRY_HEADER, n.clone());
         }
-        inject_trace_context(md);
+        strait_auth::trace::inject(md.as_mut());
         Ok(req)
     }
-}
-
-/// Writes the current span's OpenTelemetry context into `md` (`traceparent`).
-fn inject_trace_context(md: &mut MetadataMap) {
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    struct Injector<'a>(&'a mut MetadataMap);
-    impl opentelemetry::propagation::Injector for Injector<'_> {
-        fn set(&mut self, key: &str, value: String) {
-            if let (Ok(k), Ok(v)) = (
-                tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
-                value.parse(),
-            ) {
-                self.0.insert(k, v);
-            }
-        }
-    }
-    let cx = tracing::Span::current().context();
-    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut Injector(md)));
 }
 
 pub(crate) type Client = MetaServiceClient<InterceptedService<Channel, Stamp>>;

@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod dev_up;
 pub mod garage;
 pub mod mount;
+pub mod otlp;
 pub mod raw_grpc;
 pub mod redis_server;
 pub mod replicator;

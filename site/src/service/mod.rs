@@ -178,31 +178,15 @@ fn entry_reply((ino, a): (Ino, Attr)) -> w::EntryReply {
 
 /// The span of one call, a child of the caller's trace when it sent a `traceparent`.
 fn rpc_span(op: &'static str, md: &MetadataMap) -> tracing::Span {
-    use tracing_opentelemetry::OpenTelemetrySpanExt;
-    struct Extractor<'a>(&'a MetadataMap);
-    impl opentelemetry::propagation::Extractor for Extractor<'_> {
-        fn get(&self, key: &str) -> Option<&str> {
-            self.0.get(key).and_then(|v| v.to_str().ok())
-        }
-        fn keys(&self) -> Vec<&str> {
-            self.0
-                .keys()
-                .filter_map(|k| match k {
-                    tonic::metadata::KeyRef::Ascii(a) => Some(a.as_str()),
-                    tonic::metadata::KeyRef::Binary(_) => None,
-                })
-                .collect()
-        }
-    }
-    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Extractor(md)));
     let session = md
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("-")
         .to_string();
-    let span = tracing::info_span!("rpc", op, session = %session);
-    let _ = span.set_parent(parent);
-    span
+    strait_auth::trace::child_of(
+        tracing::info_span!("rpc", op, session = %session),
+        md.as_ref(),
+    )
 }
 
 impl MetaServer {

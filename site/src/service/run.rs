@@ -139,24 +139,29 @@ impl MetaServer {
                 let engine = self.engine.clone();
                 let started_ns = self.started_ns;
                 let id = id.clone();
-                tokio::spawn(async move {
-                    let out = match recorded {
-                        Some(r) => {
-                            let first = RecordLookup {
-                                engine,
-                                id: &id,
-                                retry,
-                                started_ns,
-                            };
-                            exec.run_recorded(op, first, r, f).await
-                        }
-                        None => exec.run(op, f).await,
-                    };
-                    let out = out.map(|(v, version)| {
-                        (Arc::new(v) as Arc<dyn std::any::Any + Send + Sync>, version)
-                    });
-                    finisher.0.finish(out);
-                });
+                // in the call's span: its commit, and what ships it, join the caller's trace
+                let span = tracing::Span::current();
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        let out = match recorded {
+                            Some(r) => {
+                                let first = RecordLookup {
+                                    engine,
+                                    id: &id,
+                                    retry,
+                                    started_ns,
+                                };
+                                exec.run_recorded(op, first, r, f).await
+                            }
+                            None => exec.run(op, f).await,
+                        };
+                        let out = out.map(|(v, version)| {
+                            (Arc::new(v) as Arc<dyn std::any::Any + Send + Sync>, version)
+                        });
+                        finisher.0.finish(out);
+                    },
+                    span,
+                ));
                 slot
             }
             Claim::Again(slot) => {
@@ -270,7 +275,8 @@ impl Exec {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
                 .map_err(|_| "the engine call panicked")
         } else {
-            tokio::task::spawn_blocking(f)
+            let span = tracing::Span::current();
+            tokio::task::spawn_blocking(move || span.in_scope(f))
                 .await
                 .map_err(|_| "the engine call panicked")
         };
