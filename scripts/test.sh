@@ -156,10 +156,32 @@ CHAOS_KINDS_1+=,partition-primary-replicator,latency,bandwidth,stop-garage
 # after losing region A (failover, with the witness placement) and three times planned
 # (switchover).
 chaos_short() {
-    "$STRAIT" chaos run --seed 1 --seconds 40 --nemesis "$CHAOS_KINDS_1" --dir "$WORK/chaos-1"
-    "$STRAIT" chaos run --seed 4 --seconds 40 --nemesis partition-replication,partition-mirror-primary \
-        --dir "$WORK/chaos-4"
-    "$STRAIT" chaos run --seed 23 --seconds 40 --nemesis failover,switchover --dir "$WORK/chaos-23"
+    local rc=0
+    chaos_one 1 "$CHAOS_KINDS_1" || rc=1
+    chaos_one 4 partition-replication,partition-mirror-primary || rc=1
+    chaos_one 23 failover,switchover || rc=1
+    return "$rc"
+}
+
+# One run of 40 s. A failing run's directory (the cluster's logs and engines, run.json,
+# history.jsonl, the rejoin lists) is moved out of the scratch directory, which goes at the
+# end, to $CHAOS_KEEP (the newest five are kept), so that a rare finding can be read and
+# replayed afterwards.
+CHAOS_KEEP=${CHAOS_KEEP:-/var/tmp/strait-chaos-failed}
+chaos_one() {
+    local seed=$1 kinds=$2 dir="$WORK/chaos-$1"
+    if "$STRAIT" chaos run --seed "$seed" --seconds 40 --nemesis "$kinds" --dir "$dir"; then
+        return 0
+    fi
+    local to
+    to="$CHAOS_KEEP/$(date -u +%Y%m%d-%H%M%S)-seed$seed"
+    if mkdir -p "$CHAOS_KEEP" && mv -- "$dir" "$to"; then
+        echo "the failed run's directory is kept in $to" \
+            "(strait chaos run --replay $to --dir NEW_DIR runs it again)"
+        # shellcheck disable=SC2012 # names we made: no newlines
+        ls -1dt "$CHAOS_KEEP"/*/ | tail -n +6 | xargs -r rm -rf --
+    fi
+    return 1
 }
 
 stage prerequisites install_prerequisites

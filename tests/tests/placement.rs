@@ -120,7 +120,18 @@ fn lose_region_a(dir: &Path, witness: bool, wait: Duration) -> AfterLoss {
         std::thread::sleep(Duration::from_millis(200));
     }
     let took = start.elapsed();
-    let node3_has_leader = rt.block_on(has_leader(node3, &admin));
+    // a leader, within an election's time: one may be under way at any given instant (a node
+    // that restarted, a heartbeat late on a loaded machine)
+    let asked = Instant::now();
+    let node3_has_leader = loop {
+        if rt.block_on(has_leader(node3, &admin)) {
+            break true;
+        }
+        if asked.elapsed() > Duration::from_secs(10) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
     }
