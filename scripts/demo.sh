@@ -77,8 +77,9 @@ unmount_demo() {
     fi
 }
 # shellcheck disable=SC2317 # invoked by the EXIT trap
+# The script's exit status: the trap's argument when the trap runs something first.
 cleanup() {
-    local rc=$?
+    local rc=${1:-$?}
     set +e
     unmount_demo >/dev/null 2>&1
     if ((rc != 0)); then
@@ -173,7 +174,8 @@ stop_dev() {
         wait "$DEV_PID" 2>/dev/null || true
     fi
 }
-trap 'stop_dev; cleanup' EXIT
+# (the status first: `cleanup` after `stop_dev` would see stop_dev's, and a failure would exit 0)
+trap 'rc=$?; stop_dev; cleanup "$rc"' EXIT
 for _ in $(seq 1 600); do
     grep -q "strait dev: ready" "$DEMO/dev-up.log" 2>/dev/null && break
     kill -0 "$DEV_PID" 2>/dev/null || {
@@ -190,8 +192,17 @@ grep -q "strait dev: ready" "$DEMO/dev-up.log" || {
 cat "$DEMO/dev-up.log"
 # the operators' token (role admin): every daemon accepts it (docs/security.md)
 ADMIN_TOKEN_FILE=$DEV/tokens/admin.token
-PRIMARY=$(sed -n 's/.*"primary": "\(.*\)".*/\1/p' "$DEV/dev.json")
-MIRROR=$(sed -n 's/.*"mirror": "\(.*\)".*/\1/p' "$DEV/dev.json")
+# the addresses: top-level keys of dev.json (two spaces in; `replicator_tokens` holds keys
+# of the same names one level down)
+dev_json() {
+    sed -n "s/^  \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$DEV/dev.json"
+}
+PRIMARY=$(dev_json primary)
+MIRROR=$(dev_json mirror)
+[[ "$PRIMARY" == *:* && "$MIRROR" == *:* ]] || {
+    echo "demo.sh: no primary and mirror addresses in $DEV/dev.json" >&2
+    exit 1
+}
 MNT_A=$DEV/region-a/mnt
 MNT_B=$DEV/region-b/mnt
 
