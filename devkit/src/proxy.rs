@@ -178,6 +178,7 @@ impl Proxy {
         let rt = own_runtime("strait-wan")?;
         let listener = rt.block_on(TcpListener::bind(listen))?;
         let _guard = rt.enter();
+        // (`upstream` is unused by a transparent proxy: each connection names its own)
         let mut p = Self::serve(listener, listen, Some(mark));
         drop(_guard);
         p._rt = Some(rt);

@@ -242,7 +242,7 @@ impl Deployment {
                 let text = std::fs::read_to_string(e.path())
                     .with_context(|| format!("read {}", e.path().display()))?;
                 let to = self.local(h.name, &format!("/etc/strait/{name}"));
-                std::fs::write(&to, self.localize(h.name, &text))
+                std::fs::write(&to, self.local(h.name, &text))
                     .with_context(|| format!("write {to}"))?;
             }
         }
@@ -326,13 +326,8 @@ impl Deployment {
         Ok(())
     }
 
-    /// `path` of a real host, as it is here for `host`.
-    pub fn local(&self, host: &str, path: &str) -> String {
-        self.localize(host, path)
-    }
-
-    /// `text` with a real host's paths made this host's.
-    fn localize(&self, host: &str, text: &str) -> String {
+    /// `text` (a path, a command line, a file) with a real host's paths made `host`'s here.
+    pub fn local(&self, host: &str, text: &str) -> String {
         let root = root_of(&self.cfg.dir, host);
         let mut out = text.replace(INSTALLED_BIN, &self.cfg.strait_bin.to_string_lossy());
         for p in HOST_PATHS {
@@ -343,10 +338,10 @@ impl Deployment {
 
     /// Run `strait ARGS` on `host` (the network of its namespace) to its end: its stdout.
     fn strait(&self, host: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String> {
-        let args: Vec<String> = args.iter().map(|a| self.localize(host, a)).collect();
+        let args: Vec<String> = args.iter().map(|a| self.local(host, a)).collect();
         let env: Vec<(String, String)> = env
             .iter()
-            .map(|(k, v)| (k.to_string(), self.localize(host, v)))
+            .map(|(k, v)| (k.to_string(), self.local(host, v)))
             .collect();
         let ns = ns_of(host);
         let bin = self.cfg.strait_bin.clone();
@@ -405,13 +400,13 @@ impl Deployment {
         }
         // (the files in the host's /etc/strait hold the host's paths already)
         for pre in &u.pre {
-            let words = expand(&self.localize(host, pre), &env);
+            let words = expand(&self.local(host, pre), &env);
             let (prog, args) = words.split_first().context("an empty ExecStartPre")?;
             let mut c = nsenter(&ns_of(host), prog);
             c.args(args);
             network::run(c).with_context(|| format!("{name} on {host}: ExecStartPre"))?;
         }
-        let words = expand(&self.localize(host, &u.start), &env);
+        let words = expand(&self.local(host, &u.start), &env);
         let log = root_of(&self.cfg.dir, host).join(format!("{name}.log"));
         let (ns, log2, words2) = (ns_of(host), log.clone(), words.clone());
         let mut process_env: Vec<(String, String)> = env.clone().into_iter().collect();
@@ -563,29 +558,20 @@ impl Drop for Deployment {
 /// The `listen` address of a daemon's configuration file.
 fn listen_of(config: &str) -> Result<std::net::SocketAddr> {
     let text = std::fs::read_to_string(config).with_context(|| format!("read {config}"))?;
-    let v: toml_listen::Listen =
-        toml_listen::parse(&text).with_context(|| format!("no listen address in {config}"))?;
-    v.listen
+    let listen =
+        top_level_listen(&text).with_context(|| format!("no listen address in {config}"))?;
+    listen
         .parse()
-        .with_context(|| format!("listen {:?} of {config}", v.listen))
+        .with_context(|| format!("listen {listen:?} of {config}"))
 }
 
-/// The one setting read here from a daemon's configuration file.
-mod toml_listen {
-    pub struct Listen {
-        pub listen: String,
-    }
-
-    /// The top-level `listen = "..."` line.
-    pub fn parse(text: &str) -> Option<Listen> {
-        text.lines()
-            .take_while(|l| !l.trim_start().starts_with('['))
-            .filter_map(|l| l.split_once('='))
-            .find(|(k, _)| k.trim() == "listen")
-            .map(|(_, v)| Listen {
-                listen: v.trim().trim_matches('"').to_string(),
-            })
-    }
+/// The value of the top-level `listen = "..."` line of a TOML file (before any table).
+fn top_level_listen(text: &str) -> Option<String> {
+    text.lines()
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == "listen")
+        .map(|(_, v)| v.trim().trim_matches('"').to_string())
 }
 
 /// Write `bytes` to `path`, readable by its owner only.
@@ -637,9 +623,6 @@ mod tests {
     #[test]
     fn the_listen_address_is_the_top_level_ones() {
         let t = "# x\nid = 1\nlisten = \"10.0.1.10:7430\"\n[promotion]\nlisten = \"no\"\n";
-        assert_eq!(
-            toml_listen::parse(t).map(|l| l.listen).as_deref(),
-            Some("10.0.1.10:7430")
-        );
+        assert_eq!(top_level_listen(t).as_deref(), Some("10.0.1.10:7430"));
     }
 }
