@@ -132,12 +132,7 @@ fn wait_visible(p: &Path, within: Duration) -> Result<()> {
 }
 
 /// Run the harness; `say` gets progress lines.
-/// `has_leader(node, admin)`: whether the replicator node at that address knows a leader.
-pub fn run(
-    cfg: &RunConfig,
-    has_leader: &dyn Fn(std::net::SocketAddr, &strait_auth::Credentials) -> bool,
-    say: &mut dyn FnMut(&str),
-) -> Result<Report> {
+pub fn run(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Report> {
     if cfg.clients == 0 {
         bail!("--clients must be at least 1");
     }
@@ -258,7 +253,7 @@ pub fn run(
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");
-    let mut cluster = Cluster::start(&ccfg, &rt, has_leader, &mut |s| say(s))?;
+    let mut cluster = Cluster::start(&ccfg, &rt, &mut |s| say(s))?;
     let mounts: Vec<PathBuf> = [&cluster.topology().mount_a, &cluster.topology().mount_b]
         .into_iter()
         .flatten()

@@ -11,16 +11,19 @@
 //! - [`pki`]: a CA and certificates naming their holders' roles, for TLS on this machine;
 //! - [`proxy`]: a TCP fault proxy (delay, bandwidth cap, blackhole, resets) to put between
 //!   processes, as between regions ([`Proxy`]);
-//! - [`cluster`]: the two regions of `strait dev up` (replicator, primary, mirror, fault
-//!   proxies, mounts), started from the `strait` program;
-//! - [`netns`]: deploy/README.md's three hosts as network namespaces on this machine, set
-//!   up as the guide says (`strait dev netns`);
+//! - [`install`]: deploy/README.md's installation (its hosts, files and steps), carried out
+//!   on a placement of the hosts;
+//! - [`cluster`]: `strait dev up`: the installation on this machine's loopback, with a fault
+//!   proxy on every link between two regions and dev up's settings over the guide's files;
+//! - [`netns`]: the installation on network namespaces at the guide's addresses (`strait dev
+//!   netns`);
 //! - [`tls_front`]: a TLS front relaying to a plain-text server (S3 over `https`);
 //! - [`usage`]: CPU time and resident memory, of this machine and of a process, for the
 //!   benchmarks' figures.
 
 pub mod cluster;
 pub mod garage;
+pub mod install;
 pub mod netns;
 pub mod pki;
 pub mod ports;

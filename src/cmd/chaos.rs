@@ -161,11 +161,7 @@ fn run_harness(a: RunArgs) -> Result<()> {
     let rt = super::runtime()?;
     // Ctrl-C detaches what the run mounted
     strait_chaos::interrupt::install(rt.handle()).context("take Ctrl-C")?;
-    let report = strait_chaos::run(
-        &cfg,
-        &|node, admin| rt.block_on(super::dev::has_leader(node, admin)),
-        &mut |s| println!("strait chaos: {s}"),
-    )?;
+    let report = strait_chaos::run(&cfg, &mut |s| println!("strait chaos: {s}"))?;
     for v in &report.tally.violations {
         println!(
             "\nVIOLATION of checker {} ({}): {}",

@@ -10,7 +10,6 @@
 //! simplifications); this file parses the flags and prints what runs where.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -61,7 +60,7 @@ pub struct NetnsArgs {
 
 #[derive(clap::Args)]
 pub struct UpArgs {
-    /// Working directory (emptied first): region-a/, region-b/, logs, dev.json.
+    /// Working directory (emptied first): region-a/, region-b/, region-c/ (the guide's hosts a1, b1, c1: files, data, logs), tokens/, dev.json.
     #[arg(long, default_value = "/tmp/strait-dev")]
     pub dir: PathBuf,
     /// One-way delay between the regions, in ms.
@@ -235,12 +234,7 @@ fn up(a: UpArgs) -> Result<()> {
         witness: a.witness,
         hooks: Default::default(),
     };
-    let cluster = Cluster::start(
-        &cfg,
-        &rt,
-        &|node, admin| rt.block_on(has_leader(node, admin)),
-        &mut |step| println!("strait dev: {step}"),
-    )?;
+    let cluster = Cluster::start(&cfg, &rt, &mut |step| println!("strait dev: {step}"))?;
     let topo = cluster.topology();
     let token = &topo.token;
     let (primary, mirror) = (&topo.primary, &topo.mirror);
@@ -294,7 +288,7 @@ fn up(a: UpArgs) -> Result<()> {
     }
     let tokens = a.dir.join("tokens");
     println!(
-        "  tokens, one per role (mount {token}): {}/ROLE.token, also in {}",
+        "  tokens (deploy/README.md's, by the same names; mount {token}): {}/NAME.token, also in {}",
         tokens.display(),
         a.dir.join("dev.json").display()
     );
@@ -343,12 +337,6 @@ fn run_until_stopped(rt: &tokio::runtime::Runtime, seconds: u64) {
             None => stop.cancelled().await,
         }
     });
-}
-
-/// Whether the replicator node at `node` knows a leader (asked with the operators'
-/// credentials `admin`).
-pub(crate) async fn has_leader(node: SocketAddr, admin: &strait_auth::Credentials) -> bool {
-    strait_replicator_client::has_leader(&node.to_string(), admin).await
 }
 
 fn fault(a: FaultArgs) -> Result<()> {

@@ -142,18 +142,8 @@ pub fn start_cluster(
     cfg: &strait_devkit::cluster::ClusterConfig,
     rt: &tokio::runtime::Runtime,
 ) -> (strait_devkit::cluster::Cluster, ClusterMounts) {
-    let cluster = strait_devkit::cluster::Cluster::start(
-        cfg,
-        rt,
-        &|node, admin| {
-            rt.block_on(strait_replicator_client::has_leader(
-                &node.to_string(),
-                admin,
-            ))
-        },
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    let cluster =
+        strait_devkit::cluster::Cluster::start(cfg, rt, &mut |_| {}).expect("start the regions");
     let mounts = ClusterMounts::of(&cluster);
     (cluster, mounts)
 }

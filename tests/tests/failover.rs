@@ -182,7 +182,7 @@ impl TestMirror<'_> {
             "--primary-token-file",
             token("mirror").to_str().unwrap(),
             "--replicator-token-file",
-            token("mirror").to_str().unwrap(),
+            token("replicator-mirror").to_str().unwrap(),
             "--primary",
             self.primary,
             "--replicator",
@@ -423,7 +423,7 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let meta_b = format!("rocksdb://{}", dir.join("region-b/meta").display());
+    let meta_b = format!("rocksdb://{}", dir.join("region-b/mirror").display());
     let (ok, fsck) = strait(&["fsck", &meta_b]);
     assert!(ok, "fsck of the promoted mirror's metadata: {fsck}");
     eprintln!("failover: fsck: {}", fsck.trim());

@@ -64,13 +64,7 @@ fn lose_region_a(dir: &Path, witness: bool, wait: Duration) -> AfterLoss {
         witness,
         hooks: Default::default(),
     };
-    let mut cluster = Cluster::start(
-        &cfg,
-        &rt,
-        &|node, admin| rt.block_on(has_leader(node, admin)),
-        &mut |_| {},
-    )
-    .expect("start the regions");
+    let mut cluster = Cluster::start(&cfg, &rt, &mut |_| {}).expect("start the regions");
     let topo = cluster.topology().clone();
     let regions = topo.replicator_regions.clone();
     let expected = if witness {

@@ -183,8 +183,13 @@ fn creds_of(dev: &DevUp, tls: bool, role: &str, token: bool) -> Credentials {
         )),
         domain: None,
     });
+    // the tokens have deploy/README.md's names: the replicator's roles are prefixed
+    let file = match role {
+        "peer" | "primary" => format!("replicator-{role}"),
+        r => r.to_string(),
+    };
     let t = token.then(|| {
-        std::fs::read_to_string(dev.dir.join("tokens").join(format!("{role}.token")))
+        std::fs::read_to_string(dev.dir.join("tokens").join(format!("{file}.token")))
             .expect("token")
             .trim()
             .to_string()

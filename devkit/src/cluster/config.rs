@@ -12,7 +12,8 @@ use anyhow::{bail, Result};
 pub struct ClusterConfig {
     /// The `strait` program that runs the daemons and the mounts.
     pub strait_bin: PathBuf,
-    /// Working directory (emptied first): region-a/, region-b/, logs, dev.json.
+    /// Working directory (emptied first): region-a/, region-b/, region-c/ (each a host of
+    /// the guide: its files, data and logs), tokens/, dev.json.
     pub dir: PathBuf,
     /// One-way delay between the regions, in ms.
     pub delay_ms: u64,
@@ -117,12 +118,6 @@ pub struct FaultHooks {
     pub daemon_env: Vec<(String, Vec<(String, String)>)>,
 }
 
-/// The roles of `dev up`'s tokens, each in `DIR/tokens/ROLE.token`: one token per role, which
-/// every daemon that serves the role accepts (the replicator: primary, mirror, admin, peer; the
-/// primary: mount, mirror, admin; the mirror: mount, admin).
-pub const TOKEN_ROLES: [&str; 5] = ["mount", "mirror", "primary", "admin", "peer"];
-/// The roles whose tokens the replicator accepts.
-pub const REPLICATOR_ROLES: [&str; 4] = ["primary", "mirror", "admin", "peer"];
 /// The mirror's id (its cursor at the replicator, its certificate's name).
 pub const MIRROR_ID: &str = "region-b";
 
@@ -140,7 +135,7 @@ pub struct Topology {
     #[serde(default)]
     pub pki: Option<PathBuf>,
     /// The replicator's tokens by role (`primary`, `mirror`, `admin`, `peer`); also in
-    /// `DIR/tokens/ROLE.token`.
+    /// `DIR/tokens/` by the guide's names (`replicator-primary.token`, ..., `admin.token`).
     #[serde(default)]
     pub replicator_tokens: std::collections::BTreeMap<String, String>,
     pub primary: String,

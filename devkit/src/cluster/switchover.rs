@@ -29,21 +29,65 @@ fn arg_of(args: &[String], flag: &str) -> Result<String> {
         .with_context(|| format!("no {flag} among {}", args.join(" ")))
 }
 
+/// The setting `flag` of a daemon that runs with `args`: the flag's value, else its
+/// configuration file's (`--meta-url` is `meta_url`, `--promotion-durability` is `durability`
+/// of `[promotion]`); a list is joined with commas.
+fn setting(args: &[String], flag: &str) -> Result<String> {
+    if let Ok(v) = arg_of(args, flag) {
+        return Ok(v);
+    }
+    let config = arg_of(args, "--config")
+        .with_context(|| format!("no {flag} and no --config among {}", args.join(" ")))?;
+    let text = std::fs::read_to_string(&config).with_context(|| format!("read {config}"))?;
+    let file: toml::Table = toml::from_str(&text).with_context(|| format!("parse {config}"))?;
+    let key = flag.trim_start_matches("--").replace('-', "_");
+    let (table, key) = match key.strip_prefix("promotion_") {
+        Some(k) => (
+            file.get("promotion").and_then(|v| v.as_table()),
+            k.to_string(),
+        ),
+        None => (Some(&file), key.clone()),
+    };
+    let v = table.and_then(|t| t.get(&key)).with_context(|| {
+        format!(
+            "no {flag} among {} and no {key} in {config}",
+            args.join(" ")
+        )
+    })?;
+    Ok(match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Array(a) => a
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    })
+}
+
 impl Cluster {
-    fn token_file(&self, role: &str) -> String {
+    /// The operators' copy of token `name` (the guide's names: `mount`, `mirror`, `admin`,
+    /// `replicator-primary`, `replicator-mirror`, `replicator-peer`).
+    fn token_file(&self, name: &str) -> String {
         self.dir
             .join("tokens")
-            .join(format!("{role}.token"))
+            .join(format!("{name}.token"))
             .to_string_lossy()
             .into_owned()
     }
 
-    fn kid_args(&mut self, name: &str) -> Result<Vec<String>> {
-        Ok(self.parts.kids.kid(name)?.args.clone())
-    }
-
     fn run(&self, args: &[&str]) -> Result<String> {
-        run_strait(&self.strait_bin, &self.parts.kids.env, args)
+        let env = self
+            .install
+            .garages()
+            .first()
+            .map(|g| g.env())
+            .unwrap_or_default();
+        run_strait(&self.strait_bin, &env, args)
     }
 
     /// SIGTERM daemon `name` and wait until it is gone (SIGKILL after [`STOP_WITHIN`]).
@@ -109,7 +153,7 @@ impl Cluster {
     /// Whether the primary is in region B ([`Cluster::switch_to_b`] without the way back).
     pub fn primary_in_b(&mut self) -> Result<bool> {
         Ok(
-            self.kid_args("primary")?.first().map(String::as_str) == Some("mirror")
+            self.args_of("primary")?.first().map(String::as_str) == Some("mirror")
                 && self.promoted_b()?,
         )
     }
@@ -145,11 +189,11 @@ impl Cluster {
         if self.promoted_b()? {
             bail!("region B's mirror is the primary already");
         }
-        let old = self.kid_args("primary")?;
+        let old = self.args_of("primary")?;
         self.promote_planned(&b, &a)
             .context("promote region B's mirror")?;
         self.stop("primary")?;
-        let meta = arg_of(&old, "--meta-url")?;
+        let meta = setting(&old, "--meta-url")?;
         self.rejoin(&meta, &b, "region-a")
             .context("rejoin region A's old primary")?;
         self.serve_a_as_mirror_of_b(&old, meta)?;
@@ -164,7 +208,7 @@ impl Cluster {
     /// address, of A's daemon, which ran with `old`.
     fn serve_a_as_mirror_of_b(&mut self, old: &[String], meta: String) -> Result<()> {
         let b = self.topology.mirror.clone();
-        let mirror_args = self.kid_args("mirror")?;
+        let mirror_args = self.args_of("mirror")?;
         let t = &self.topology;
         let args: Vec<String> = vec![
             s("mirror"),
@@ -173,9 +217,9 @@ impl Cluster {
             s("--meta-url"),
             meta,
             s("--listen"),
-            arg_of(old, "--listen")?,
+            setting(old, "--listen")?,
             s("--metrics-listen"),
-            arg_of(old, "--metrics-listen")?,
+            setting(old, "--metrics-listen")?,
             s("--role-token-file"),
             format!("mount={}", self.token_file("mount")),
             s("--role-token-file"),
@@ -185,29 +229,29 @@ impl Cluster {
             s("--primary-token-file"),
             self.token_file("mirror"),
             s("--replicator-token-file"),
-            self.token_file("mirror"),
+            self.token_file("replicator-mirror"),
             // the way back promotes it: then it commits as the primary did (a promoted mirror
             // in `local` durability would lose what it had not shipped with its region)
             s("--promotion-token-file"),
-            self.token_file("primary"),
+            self.token_file("replicator-primary"),
             s("--promotion-durability"),
-            arg_of(old, "--durability")
-                .or_else(|_| arg_of(old, "--promotion-durability"))
+            setting(old, "--durability")
+                .or_else(|_| setting(old, "--promotion-durability"))
                 .unwrap_or_else(|_| s("local")),
             s("--primary"),
             b.clone(),
             s("--replicator"),
-            arg_of(old, "--replicator")?,
+            setting(old, "--replicator")?,
             s("--data-url"),
             t.data_a.clone(),
             s("--primary-data-url"),
             t.data_b.clone(),
             s("--policy"),
-            arg_of(&mirror_args, "--policy")?,
+            setting(&mirror_args, "--policy")?,
             s("--window-ms"),
-            arg_of(&mirror_args, "--window-ms")?,
+            setting(&mirror_args, "--window-ms")?,
             s("--sync"),
-            arg_of(&mirror_args, "--sync")?,
+            setting(&mirror_args, "--sync")?,
         ];
         self.replace("primary", args, Some(SERVE_WITHIN))
             .context("start region A's engine as a mirror of B")
@@ -251,8 +295,8 @@ impl Cluster {
     pub fn region_a_rejoins(&mut self) -> Result<String> {
         let start = Instant::now();
         self.restart("replicator1", None)?;
-        let old = self.kid_args("primary")?;
-        let meta = arg_of(&old, "--meta-url")?;
+        let old = self.args_of("primary")?;
+        let meta = setting(&old, "--meta-url")?;
         let b = self.topology.mirror.clone();
         let rejoined = self
             .rejoin(&meta, &b, "region-a")
@@ -277,7 +321,7 @@ impl Cluster {
         self.promote_planned(&a, &b)
             .context("promote region A's mirror")?;
         self.stop("mirror")?;
-        let meta = arg_of(&self.kid_args("mirror")?, "--meta-url")?;
+        let meta = setting(&self.args_of("mirror")?, "--meta-url")?;
         self.rejoin(&meta, &a, "region-b")
             .context("rejoin region B's promoted mirror")?;
         self.restart("mirror", Some(SERVE_WITHIN))

@@ -11,34 +11,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::install::{Host, HOSTS};
 use crate::{Faults, Proxy};
-
-/// A host of the topology: its name, its region, its address.
-#[derive(Debug, Clone, Copy)]
-pub struct Host {
-    pub name: &'static str,
-    pub region: &'static str,
-    pub ip: Ipv4Addr,
-}
-
-/// The hosts of deploy/README.md, at its addresses.
-pub const HOSTS: [Host; 3] = [
-    Host {
-        name: "a1",
-        region: "a",
-        ip: Ipv4Addr::new(10, 0, 1, 10),
-    },
-    Host {
-        name: "b1",
-        region: "b",
-        ip: Ipv4Addr::new(10, 0, 2, 10),
-    },
-    Host {
-        name: "c1",
-        region: "c",
-        ip: Ipv4Addr::new(10, 0, 3, 10),
-    },
-];
 
 /// The operator's host: Prometheus and the operator's commands run there. Its link has no
 /// cap and no delay (it stands for a host beside each region's, as a scraper is).
@@ -46,6 +20,7 @@ pub const OPS: Host = Host {
     name: "ops",
     region: "-",
     ip: Ipv4Addr::new(10, 0, 0, 1),
+    node: 0,
 };
 
 /// Every namespace this module makes starts with this.

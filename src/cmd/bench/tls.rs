@@ -141,12 +141,7 @@ fn measure(a: &TlsArgs, tls: bool) -> Result<Figures> {
             a.dir.clone(),
         )
     };
-    let mut cluster = Cluster::start(
-        &cfg,
-        &rt,
-        &|node, admin| rt.block_on(crate::cmd::dev::has_leader(node, admin)),
-        &mut |_| {},
-    )?;
+    let mut cluster = Cluster::start(&cfg, &rt, &mut |_| {})?;
     let topo = cluster.topology().clone();
     let pids = [
         cluster.pid("primary")?,
