@@ -1,5 +1,6 @@
-//! `strait dev up --store garage`: two regions, each on its own Garage S3 server, with the
-//! mirror reaching region A's Garage only through the link's fault proxy.
+//! `strait dev up`: deploy/README.md's installation with its files, on loopback; and with
+//! `--store garage`, two regions each on its own Garage S3 server, with the mirror reaching
+//! region A's Garage only through the link's fault proxy.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -151,4 +152,149 @@ fn dev_up_on_garage_gives_each_region_its_own_store_and_b_reads_its_copies_while
     );
     assert_eq!(dev.fault("bandwidth=0"), "no bandwidth cap now");
     assert!(dev.fault("heal").contains("healed"));
+}
+
+/// deploy/README.md's words: line continuations joined, quotes dropped, one space apart.
+fn guide_words() -> String {
+    let guide = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/README.md");
+    std::fs::read_to_string(guide)
+        .unwrap()
+        .replace("\\\n", " ")
+        .replace(['"', '\''], "")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Every key of a TOML table, `table.key` inside tables, with its value.
+fn flat(t: &toml::Table, prefix: &str, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in t {
+        let key = format!("{prefix}{k}");
+        match v {
+            toml::Value::Table(inner) if k != "peers" => flat(inner, &format!("{key}."), out),
+            v => out.push((key, v.clone())),
+        }
+    }
+}
+
+/// A value that the placement only moves: an address or a path of the guide's hosts.
+fn moved(v: &toml::Value) -> bool {
+    let s = v.to_string();
+    ["10.0.", "/etc/strait", "/var/lib/strait"]
+        .iter()
+        .any(|m| s.contains(m))
+}
+
+/// `dev up` runs deploy/README.md's steps (the code of `dev netns`, on loopback): each command
+/// it runs is the guide's, in the guide's order, and each host's configuration file is the
+/// guide's example with its addresses and paths moved and only dev up's own settings (the
+/// list in docs/commands.md) changed.
+#[test]
+fn dev_up_follows_the_deploy_guide_with_its_files() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut cfg =
+        strait_devkit::cluster::ClusterConfig::new(strait_tests::strait_bin(), dir.clone());
+    cfg.mount = false;
+    cfg.delay_ms = 1;
+    let start = Instant::now();
+    let cluster =
+        strait_devkit::cluster::Cluster::start(&cfg, &rt, &mut |_| {}).expect("start dev up");
+    eprintln!(
+        "dev up (no mounts): up in {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
+
+    // the guide's commands, in its order
+    let guide = guide_words();
+    let commands = cluster.commands().to_vec();
+    for c in &commands {
+        eprintln!("  {c}");
+        assert!(guide.contains(c.as_str()), "not in deploy/README.md: {c}");
+    }
+    let step = |prefix: &str| {
+        commands
+            .iter()
+            .position(|c| c.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no step {prefix:?} among {commands:#?}"))
+    };
+    let order = [
+        "strait certs token",
+        "strait replicator --config",
+        "strait primary --config",
+        "strait mirror --config",
+        "systemctl enable --now strait-replicator",
+        "strait replicator init",
+        "strait replicator status",
+        "strait format",
+        "systemctl enable --now strait-primary",
+        "systemctl enable --now strait-mirror",
+    ];
+    let at: Vec<usize> = order.iter().map(|p| step(p)).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "not in the guide's order: {order:?} at {at:?}"
+    );
+
+    // each file is the guide's: moved addresses and paths, and dev up's settings alone
+    let settings = [
+        "durability",
+        "lease_ms",
+        "window_ms",
+        "policy",
+        "sync",
+        "data_url",
+        "primary_data_url",
+        "promotion.durability",
+        "promotion.lease_ms",
+    ];
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config");
+    for (region, file) in [
+        ("a", "primary.toml"),
+        ("a", "replicator.toml"),
+        ("b", "mirror.toml"),
+        ("b", "replicator.toml"),
+        ("c", "replicator.toml"),
+    ] {
+        let read = |p: PathBuf| -> toml::Table {
+            toml::from_str(&std::fs::read_to_string(&p).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        };
+        let (mut ours, mut theirs) = (vec![], vec![]);
+        flat(
+            &read(dir.join(format!("region-{region}/etc/{file}"))),
+            "",
+            &mut ours,
+        );
+        flat(
+            &read(deploy.join(format!("region-{region}/{file}"))),
+            "",
+            &mut theirs,
+        );
+        let mut changed = vec![];
+        for (k, v) in &theirs {
+            match ours.iter().find(|(o, _)| o == k) {
+                Some((_, mine)) if mine == v => {}
+                Some(_) if moved(v) => {}
+                Some(_) => changed.push(k.clone()),
+                // a promoted mirror names its own listener and store here
+                None if k.starts_with("promotion.advertise") => {}
+                None => panic!("{file} of region {region}: {k} is gone"),
+            }
+        }
+        for (k, _) in &ours {
+            if !theirs.iter().any(|(t, _)| t == k) && k != "peers" {
+                panic!("{file} of region {region}: {k} is added");
+            }
+        }
+        eprintln!("region-{region}/{file}: dev up's settings {changed:?}");
+        for k in &changed {
+            assert!(
+                settings.contains(&k.as_str()),
+                "{file} of region {region}: {k} differs from the guide's"
+            );
+        }
+    }
+    drop(cluster);
 }

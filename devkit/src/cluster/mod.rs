@@ -361,6 +361,12 @@ impl Cluster {
             .with_context(|| format!("mount region {region} again"))
     }
 
+    /// The operator's commands the start ran, in deploy/README.md's words (`strait ...`,
+    /// `systemctl enable --now UNIT`): the guide's steps, as `strait dev netns` runs them.
+    pub fn commands(&self) -> &[String] {
+        self.install.commands()
+    }
+
     /// What DIR/dev.json says: addresses, token, object stores, mount points.
     pub fn topology(&self) -> &Topology {
         &self.topology
