@@ -54,6 +54,9 @@ enum Command {
     /// Delete the blocks of dead slices now (a mount also does this in the background), then
     /// the orphan objects no slice references, older than a grace.
     Gc(cmd::gc::Args),
+    /// Copy the blocks of some paths into a mirror's region now, ahead of its copy queue
+    /// (before a job reads them there).
+    Warmup(cmd::warmup::Args),
     /// Benchmark a mounted directory (strait's or any other file system's), or the block
     /// cache against the crates that could replace it (`strait bench cache`).
     Bench(cmd::bench::BenchArgs),
@@ -101,6 +104,7 @@ fn main() {
         Command::Changelog(a) => cmd::changelog::run(a),
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Gc(a) => cmd::gc::run(a),
+        Command::Warmup(a) => cmd::warmup::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Chaos(a) => cmd::chaos::run(a),
         Command::Certs(a) => cmd::certs::run(a),

@@ -69,6 +69,7 @@ const TABLE: &[(&str, &str, Roles)] = &[
     (SITE_SERVICE, "SweepOrphans", Roles::of(&[ADMIN])),
     (SITE_SERVICE, "Promote", Roles::of(&[ADMIN])),
     (SITE_SERVICE, "Handover", Roles::of(&[ADMIN])),
+    (SITE_SERVICE, "Warmup", Roles::of(&[ADMIN])),
     // the change log
     (REPLICATOR, "Raft", Roles::of(&[PEER])),
     (REPLICATOR, "Append", Roles::of(&[PRIMARY])),

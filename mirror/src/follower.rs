@@ -807,6 +807,13 @@ mod tests {
         ) -> Result<tonic::Response<s::HandoverReply>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
+        type WarmupStream = strait_site::WarmupStream;
+        async fn warmup(
+            &self,
+            _req: tonic::Request<s::WarmupRequest>,
+        ) -> Result<tonic::Response<Self::WarmupStream>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
         type SweepOrphansStream = strait_site::orphans::SweepStream;
         async fn sweep_orphans(
             &self,

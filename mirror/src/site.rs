@@ -41,10 +41,102 @@ impl MirrorSite {
     }
 }
 
+/// Progress messages of a warm-up waiting for a slow reader.
+const WARMUP_QUEUE_MAX: usize = 4;
+/// How often a warm-up's progress is sent.
+const WARMUP_PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+pub use strait_site::WarmupStream;
+
+/// A warm-up's figures as the wire carries them.
+pub fn warmup_wire(w: &crate::blocks::Warmup) -> s::WarmupProgress {
+    s::WarmupProgress {
+        files: w.files,
+        blocks: w.blocks,
+        bytes: w.bytes,
+        present_blocks: w.present_blocks,
+        present_bytes: w.present_bytes,
+        copied_blocks: w.copied_blocks,
+        copied_bytes: w.copied_bytes,
+        failed_blocks: w.failed_blocks,
+        last_error: w.last_error.clone(),
+        elapsed_ms: w.elapsed_ms,
+        done: w.done,
+        started_ms: w.started_ms,
+        paths: w.paths.clone(),
+    }
+}
+
 #[tonic::async_trait]
 impl SiteService for MirrorSite {
     type SnapshotStream = SnapshotStream;
     type SweepOrphansStream = strait_site::orphans::SweepStream;
+    type WarmupStream = WarmupStream;
+
+    /// The blocks of the files under the paths, copied into this region's store now
+    /// (crate::blocks::warmup).
+    async fn warmup(
+        &self,
+        req: Request<s::WarmupRequest>,
+    ) -> Result<Response<Self::WarmupStream>, Status> {
+        use crate::blocks::WarmupError;
+        let r = req.into_inner();
+        if self.mirror.phase() == Phase::Bootstrapping {
+            return Err(Status::unavailable(
+                "the mirror is loading a snapshot: its metadata does not list the files yet",
+            ));
+        }
+        let blocks = self.mirror.blocks.clone();
+        let paths = r.paths.clone();
+        let listed = tokio::task::spawn_blocking(move || blocks.warmup_list(&paths))
+            .await
+            .map_err(|e| Status::internal(format!("list the blocks to warm up: {e}")))?;
+        let (files, list) = listed.map_err(|e| match e {
+            WarmupError::NotFound(m) => Status::not_found(m),
+            WarmupError::Invalid(m) => Status::invalid_argument(m),
+            WarmupError::Failed(m) => Status::internal(format!("list the blocks to warm up: {m}")),
+        })?;
+        let state = self
+            .mirror
+            .blocks
+            .start_warmup(r.paths.clone(), files, list, now_ms())
+            .map_err(|running| {
+                Status::failed_precondition(format!(
+                    "a warm-up of {} runs ({} of {} blocks done): one at a time; `strait mirror status` shows it",
+                    running.paths.join(" "),
+                    running.present_blocks + running.copied_blocks + running.failed_blocks,
+                    running.blocks
+                ))
+            })?;
+        tracing::info!(
+            "warm-up of {}: {} files, {} blocks",
+            r.paths.join(" "),
+            files,
+            state.lock().blocks
+        );
+        let (tx, rx) = tokio::sync::mpsc::channel(WARMUP_QUEUE_MAX);
+        let background = r.background;
+        tokio::spawn(async move {
+            let mut last_sent: Option<std::time::Instant> = None;
+            loop {
+                let now = state.lock().clone();
+                let due = last_sent.is_none_or(|t| t.elapsed() >= WARMUP_PROGRESS_EVERY);
+                if due || now.done || background {
+                    if tx.send(Ok(warmup_wire(&now))).await.is_err() {
+                        return; // the caller left; the warm-up goes on
+                    }
+                    last_sent = Some(std::time::Instant::now());
+                }
+                if now.done || background {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 
     /// This region's store against this mirror's own metadata: its copies of slices it
     /// references stay, and so do blocks its mounts are writing (younger than the grace).

@@ -451,6 +451,10 @@ impl Mirror {
         };
         let lease = *self.primary_lease.lock();
         s::MirrorState {
+            warmup: self
+                .blocks
+                .last_warmup()
+                .map(|w| crate::site::warmup_wire(&w)),
             id: self.cfg.id.clone(),
             state: state.into(),
             promotion,

@@ -29,6 +29,16 @@ pub struct PrimarySite {
 impl SiteService for PrimarySite {
     type SnapshotStream = SnapshotStream;
     type SweepOrphansStream = strait_site::orphans::SweepStream;
+    type WarmupStream = strait_site::WarmupStream;
+
+    async fn warmup(
+        &self,
+        _req: Request<s::WarmupRequest>,
+    ) -> Result<Response<Self::WarmupStream>, Status> {
+        Err(Status::unimplemented(
+            "this is the primary: its object store holds every block; warm up at a mirror",
+        ))
+    }
 
     async fn sweep_orphans(
         &self,

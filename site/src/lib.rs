@@ -42,3 +42,11 @@ pub fn now_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+/// The stream of `SiteService.Warmup` (a mirror's; a primary has none to serve).
+pub type WarmupStream = std::pin::Pin<
+    Box<
+        dyn tokio_stream::Stream<Item = Result<strait_proto::site::WarmupProgress, tonic::Status>>
+            + Send,
+    >,
+>;

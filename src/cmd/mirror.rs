@@ -407,6 +407,28 @@ pub struct Row {
     /// mirror's poll; a promoted mirror's own, now.
     pub lease_ms: u64,
     pub lease_left_ms: u64,
+    /// The last warm-up (`strait warmup`), running or done.
+    pub warmup: Option<Warmup>,
+}
+
+/// A mirror's last warm-up, in `mirror status`.
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Warmup {
+    pub paths: Vec<String>,
+    pub started_ms: u64,
+    pub done: bool,
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    pub present_blocks: u64,
+    pub present_bytes: u64,
+    pub copied_blocks: u64,
+    pub copied_bytes: u64,
+    pub failed_blocks: u64,
+    pub last_error: String,
+    pub elapsed_ms: u64,
+    /// As `strait warmup` prints it.
+    pub summary: String,
 }
 
 /// A mirror's promotion to primary, in `mirror status`.
@@ -453,6 +475,22 @@ pub struct Report {
 
 fn row_of(addr: &str, m: s::MirrorState) -> Row {
     Row {
+        warmup: m.warmup.map(|w| Warmup {
+            summary: super::warmup::line(&w),
+            paths: w.paths,
+            started_ms: w.started_ms,
+            done: w.done,
+            files: w.files,
+            blocks: w.blocks,
+            bytes: w.bytes,
+            present_blocks: w.present_blocks,
+            present_bytes: w.present_bytes,
+            copied_blocks: w.copied_blocks,
+            copied_bytes: w.copied_bytes,
+            failed_blocks: w.failed_blocks,
+            last_error: w.last_error,
+            elapsed_ms: w.elapsed_ms,
+        }),
         cursor_warning: String::new(),
         epoch: m.epoch,
         primary: m.primary,
@@ -806,6 +844,17 @@ fn print_table(r: &Report) {
                 p.from_version + 1,
                 strait_site::now_ms().saturating_sub(p.at_ms) as f64 / 1e3,
                 p.took_ms,
+            );
+        }
+    }
+    for m in &r.mirrors {
+        if let Some(w) = &m.warmup {
+            println!(
+                "{} warm-up of {} ({}): {}",
+                m.mirror,
+                w.paths.join(" "),
+                if w.done { "done" } else { "running" },
+                w.summary
             );
         }
     }

@@ -17,6 +17,7 @@ pub mod primary;
 pub mod replicator;
 pub mod site;
 pub mod status;
+pub mod warmup;
 
 use anyhow::{bail, Context, Result};
 

@@ -43,9 +43,11 @@ mod policy;
 mod queue;
 mod synced;
 mod upload;
+mod warmup;
 
 pub use policy::Rules;
 pub use synced::Missing;
+pub use warmup::{WarmBlock, Warmup, WarmupError, WARMUP_BLOCKS_MAX, WARMUP_CONCURRENCY};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -154,6 +156,8 @@ pub struct Blocks {
     last_error: Mutex<String>,
     /// (second, copied bytes, fallback reads) once a second, for the rates.
     rates: Mutex<VecDeque<(Instant, u64, u64)>>,
+    /// The last warm-up (`strait warmup`), running or done.
+    warmup: Mutex<Option<Arc<Mutex<Warmup>>>>,
 }
 
 /// An object store call with bounded retries of transient failures.
@@ -209,6 +213,7 @@ impl Blocks {
             counters: Counters::default(),
             last_error: Mutex::new(String::new()),
             rates: Mutex::new(VecDeque::new()),
+            warmup: Mutex::new(None),
         }))
     }
 

@@ -1,0 +1,222 @@
+//! `strait warmup` at a lazy mirror: the blocks of a tree land in region B's store ahead of
+//! any reader, byte for byte the primary's, so that reading the tree at B then crosses the
+//! link for nothing; the figures say what was here and what was copied; a second warm-up
+//! copies nothing; `--background` returns at once and `mirror status` shows it; bad paths and
+//! the primary are refused with a clear line.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use strait_devkit::cluster::ClusterConfig;
+use strait_tests::dev_up::start_cluster;
+use strait_tests::site::{block_files, mirror_row};
+
+fn strait(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(strait_tests::strait_bin())
+        .args(args)
+        .output()
+        .expect("run strait");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write_synced(path: impl AsRef<Path>, data: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path.as_ref()).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Wait until `path` exists (the mirror applied its create).
+fn wait_exists(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        delay_ms: 5,
+        sync: "lazy".into(),
+        ..ClusterConfig::new(strait_tests::strait_bin(), dir.clone())
+    };
+    let (cluster, _mounts) = start_cluster(&cfg, &rt);
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let admin = dir.join("tokens/admin.token");
+    let admin = admin.to_str().unwrap();
+    let store = |r: &str| dir.join(format!("region-{r}/data"));
+
+    // a tree written at A: 9 MiB (three blocks), 1 MiB, and 5 MiB one level down (two)
+    std::fs::create_dir_all(ma.join("data/sub")).unwrap();
+    let files = [
+        ("data/big", 9 << 20),
+        ("data/small", 1 << 20),
+        ("data/sub/mid", 5 << 20),
+    ];
+    for (i, (name, len)) in files.iter().enumerate() {
+        write_synced(ma.join(name), &strait_tests::random_bytes(i as u64, *len));
+    }
+    for (name, _) in &files {
+        wait_exists(&mb.join(name));
+    }
+    let at_a = block_files(&store("a"));
+    assert!(at_a.len() >= 6, "A's store: {:?}", at_a.keys());
+    assert!(
+        block_files(&store("b")).is_empty(),
+        "a lazy mirror copied blocks before they were read"
+    );
+
+    // the warm-up: every block lands in B's store, the primary's bytes
+    let start = Instant::now();
+    let (ok, out, err) = strait(&[
+        "warmup",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin,
+        "/data",
+    ]);
+    assert!(ok, "warmup: {out}{err}");
+    eprintln!(
+        "warmup: {} ({:.2} s)",
+        out.trim(),
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        out.contains("3 files, 15.0 MiB of 15.0 MiB here (100%): 0 B were, 15.0 MiB copied"),
+        "{out}"
+    );
+    assert_eq!(
+        block_files(&store("b")),
+        at_a,
+        "B's store after the warm-up"
+    );
+    let row = mirror_row(&topo.mirror, &topo.admin_token);
+    let w = &row["warmup"];
+    assert_eq!(w["done"], true, "{row:#}");
+    assert_eq!(w["copied_blocks"], at_a.len(), "{row:#}");
+    assert_eq!(w["failed_blocks"], 0, "{row:#}");
+
+    // reading the tree at B crosses the link for nothing now
+    let before = mirror_row(&topo.mirror, &topo.admin_token)["blocks"]["fallback_reads"].clone();
+    for (i, (name, len)) in files.iter().enumerate() {
+        let got = std::fs::read(mb.join(name)).unwrap();
+        assert!(
+            got == strait_tests::random_bytes(i as u64, *len),
+            "{name} read at B"
+        );
+    }
+    let after = mirror_row(&topo.mirror, &topo.admin_token)["blocks"]["fallback_reads"].clone();
+    assert_eq!(before, after, "reads at B fell back to A's store");
+
+    // again, named under B's mount: everything is here already
+    let (ok, out, err) = strait(&[
+        "warmup",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin,
+        mb.join("data").to_str().unwrap(),
+    ]);
+    assert!(ok, "warmup again: {out}{err}");
+    assert!(
+        out.contains("15.0 MiB were, 0 B copied"),
+        "the second warm-up copied: {out}"
+    );
+
+    // --background returns at once; mirror status follows it to the end
+    write_synced(ma.join("more"), &strait_tests::random_bytes(9, 4 << 20));
+    wait_exists(&mb.join("more"));
+    let (ok, out, err) = strait(&[
+        "warmup",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin,
+        "--background",
+        "/more",
+    ]);
+    assert!(ok, "warmup --background: {out}{err}");
+    assert!(
+        out.contains("in the background: 1 files, 1 blocks"),
+        "{out}"
+    );
+    let start = Instant::now();
+    loop {
+        let row = mirror_row(&topo.mirror, &topo.admin_token);
+        if row["warmup"]["done"] == true {
+            assert_eq!(row["warmup"]["copied_blocks"], 1, "{row:#}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{row:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, status, _) = strait(&[
+        "mirror",
+        "status",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin,
+    ]);
+    assert!(ok, "{status}");
+    assert!(
+        status.contains("warm-up of /more (done): 1 files, 4.0 MiB of 4.0 MiB here"),
+        "{status}"
+    );
+
+    // refused, with one clear line, and nothing copied
+    let copied = block_files(&store("b")).len();
+    for (args, says) in [
+        (vec!["/nope"], "no such file or directory"),
+        (vec!["relative/path"], "from the file system's root"),
+    ] {
+        let mut all = vec!["warmup", "--addr", &topo.mirror, "--token-file", admin];
+        all.extend(args.iter().copied());
+        let (ok, out, err) = strait(&all);
+        assert!(!ok, "{args:?} was taken: {out}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+    let (ok, _, err) = strait(&[
+        "warmup",
+        "--addr",
+        &topo.primary,
+        "--token-file",
+        admin,
+        "/data",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("this is the primary"), "{err}");
+    let mount_token = dir.join("tokens/mount.token");
+    let (ok, _, err) = strait(&[
+        "warmup",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        mount_token.to_str().unwrap(),
+        "/data",
+    ]);
+    assert!(!ok, "a mount's token warmed up");
+    assert!(err.contains("Warmup is for the roles admin"), "{err}");
+    assert_eq!(block_files(&store("b")).len(), copied);
+    drop(cluster);
+}
