@@ -1,5 +1,7 @@
-//! `strait warmup`: a mirror copies the blocks of some paths into its region's store now,
-//! ahead of its copy queue (`SiteService.Warmup`), with a progress line and a summary.
+//! `strait warmup`: with `--addr`, a mirror copies the blocks of some paths into its region's
+//! store now, ahead of its copy queue (`SiteService.Warmup`); without it, the files under some
+//! paths of a strait mount on this machine are read through it, which fills the mount's block
+//! cache (as `juicefs warmup` does). Both with a progress line and a summary.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -17,9 +19,14 @@ pub struct Args {
     /// mount point is taken off. A directory counts with everything under it.
     #[arg(required = true)]
     pub paths: Vec<String>,
-    /// The mirror's metadata service (host:port).
+    /// The mirror whose region's store takes the blocks (its metadata service, host:port).
+    /// Without it, the paths must be under a strait mount on this machine, whose cache takes
+    /// them (they are read through the mount).
     #[arg(long, env = "STRAIT_MIRROR")]
-    pub addr: String,
+    pub addr: Option<String>,
+    /// Files read at once when filling a mount's cache (without --addr).
+    #[arg(long, default_value_t = 8)]
+    pub readers: usize,
     /// A token of the role admin (or a client certificate naming it), and TLS.
     #[command(flatten)]
     pub client: super::creds::ClientArgs,
@@ -102,8 +109,162 @@ pub fn line(p: &s::WarmupProgress) -> String {
     )
 }
 
+/// The most files one warm-up of a mount's cache lists.
+const MOUNT_FILES_MAX: usize = 1 << 22;
+/// How often the progress line is printed.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// The regular files under `path` (itself when it is one), with their sizes; symbolic links
+/// are not followed.
+fn files_under(path: &Path, out: &mut Vec<(std::path::PathBuf, u64)>) -> Result<()> {
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let m = std::fs::symlink_metadata(&p).with_context(|| format!("{}", p.display()))?;
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).with_context(|| format!("list {}", p.display()))? {
+                todo.push(e.with_context(|| format!("list {}", p.display()))?.path());
+            }
+        } else if m.is_file() {
+            out.push((p, m.len()));
+            if out.len() > MOUNT_FILES_MAX {
+                bail!("more than {MOUNT_FILES_MAX} files: warm up parts of the tree");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read the files under `paths` (each under a strait mount) through the mount, `readers` at
+/// a time: the mount's cache keeps their blocks.
+fn warm_mount(paths: &[String], mounts: &[String], readers: usize) -> Result<()> {
+    use std::io::Read;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    for p in paths {
+        let canon = Path::new(p)
+            .canonicalize()
+            .with_context(|| format!("{p}: no such file or directory on this machine"))?;
+        let under = mounts.iter().any(|m| {
+            canon == Path::new(m) || canon.starts_with(format!("{}/", m.trim_end_matches('/')))
+        });
+        if !under {
+            bail!(
+                "{p} is not under a strait mount on this machine: give --addr MIRROR to warm a mirror's region up, or a path under a mount to fill its cache"
+            );
+        }
+    }
+    let mut files = vec![];
+    for p in paths {
+        files_under(Path::new(p), &mut files)?;
+    }
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    let files = Arc::new(files);
+    let next = Arc::new(AtomicUsize::new(0));
+    let (done_files, done_bytes, failed) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let last_error = Arc::new(std::sync::Mutex::new(String::new()));
+    let start = std::time::Instant::now();
+    let workers: Vec<_> = (0..readers.clamp(1, 64))
+        .map(|_| {
+            let (files, next, done_files, done_bytes, failed, last_error) = (
+                files.clone(),
+                next.clone(),
+                done_files.clone(),
+                done_bytes.clone(),
+                failed.clone(),
+                last_error.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((path, _)) = files.get(i) else {
+                        return;
+                    };
+                    let read = std::fs::File::open(path).and_then(|mut f| loop {
+                        let n = f.read(&mut buf)?;
+                        if n == 0 {
+                            return Ok(());
+                        }
+                        done_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    });
+                    match read {
+                        Ok(()) => {
+                            done_files.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            *last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                                format!("read {}: {e}", path.display());
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let tty = std::io::stderr().is_terminal();
+    let progress = |final_line: bool| {
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = done_bytes.load(Ordering::Relaxed);
+        let rate = if secs > 0.0 { bytes as f64 / secs } else { 0.0 };
+        let eta = if final_line || rate <= 0.0 {
+            String::new()
+        } else {
+            format!(", {:.0} s left", total.saturating_sub(bytes) as f64 / rate)
+        };
+        format!(
+            "{} of {} files, {} of {} read in {secs:.1} s ({}/s){eta}",
+            done_files.load(Ordering::Relaxed),
+            files.len(),
+            human_bytes(bytes),
+            // a file that grew since it was listed
+            human_bytes(total.max(bytes)),
+            human_bytes(rate as u64)
+        )
+    };
+    let mut shown = std::time::Instant::now();
+    while workers.iter().any(|w| !w.is_finished()) {
+        std::thread::sleep(Duration::from_millis(100));
+        if shown.elapsed() >= PROGRESS_EVERY {
+            shown = std::time::Instant::now();
+            if tty {
+                eprint!("\r\x1b[2Kwarm-up: {}", progress(false));
+                std::io::stderr().flush().ok();
+            } else {
+                eprintln!("warm-up: {}", progress(false));
+            }
+        }
+    }
+    for w in workers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a reader thread panicked"))?;
+    }
+    if tty {
+        eprintln!();
+    }
+    println!(
+        "warmed up the mount's cache for {}: {}",
+        paths.join(" "),
+        progress(true)
+    );
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!(
+            "{failed} files could not be read (the last: {})",
+            last_error.lock().unwrap_or_else(|p| p.into_inner())
+        );
+    }
+    Ok(())
+}
+
 pub fn run(a: Args) -> Result<()> {
     let mounts = strait_mounts();
+    let Some(addr) = a.addr.clone() else {
+        return warm_mount(&a.paths, &mounts, a.readers);
+    };
     let paths: Vec<String> = a.paths.iter().map(|p| in_fs(p, &mounts)).collect();
     for (given, p) in a.paths.iter().zip(&paths) {
         if !p.starts_with('/') {
@@ -113,7 +274,7 @@ pub fn run(a: Args) -> Result<()> {
     let creds = a.client.credentials()?;
     let rt = super::runtime()?;
     rt.block_on(async {
-        let mirror = strait_mirror::follower::Primary::new(&a.addr, &creds)?;
+        let mirror = strait_mirror::follower::Primary::new(&addr, &creds)?;
         let mut c = mirror.site();
         let mut stream = c
             .warmup(s::WarmupRequest {
@@ -123,9 +284,9 @@ pub fn run(a: Args) -> Result<()> {
             .await
             .map_err(|st| match st.code() {
                 tonic::Code::Unimplemented => {
-                    anyhow::anyhow!("{}: {}", a.addr, st.message())
+                    anyhow::anyhow!("{}: {}", addr, st.message())
                 }
-                _ => anyhow::anyhow!("{}: warm up {}: {}", a.addr, paths.join(" "), st.message()),
+                _ => anyhow::anyhow!("{}: warm up {}: {}", addr, paths.join(" "), st.message()),
             })?
             .into_inner();
         let tty = std::io::stderr().is_terminal();
@@ -133,18 +294,18 @@ pub fn run(a: Args) -> Result<()> {
         loop {
             let next = tokio::time::timeout(Duration::from_secs(60), stream.message())
                 .await
-                .with_context(|| format!("{}: no word of the warm-up for 60 s", a.addr))?
-                .map_err(|st| anyhow::anyhow!("{}: warm-up: {}", a.addr, st.message()))?;
+                .with_context(|| format!("{}: no word of the warm-up for 60 s", addr))?
+                .map_err(|st| anyhow::anyhow!("{}: warm-up: {}", addr, st.message()))?;
             let Some(p) = next else { break };
             if a.background {
                 println!(
                     "warming up {} at {} in the background: {} files, {} blocks ({}); `strait mirror status --addr {}` shows how it goes",
                     paths.join(" "),
-                    a.addr,
+                    addr,
                     p.files,
                     p.blocks,
                     human_bytes(p.bytes),
-                    a.addr
+                    addr
                 );
                 return Ok(());
             }
@@ -168,7 +329,7 @@ pub fn run(a: Args) -> Result<()> {
         let Some(p) = last.filter(|p| p.done) else {
             bail!(
                 "{}: the warm-up's stream ended before it was done; `strait mirror status` shows how it goes",
-                a.addr
+                addr
             );
         };
         println!("warmed up {}: {}", paths.join(" "), line(&p));

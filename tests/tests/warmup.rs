@@ -220,3 +220,78 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
     assert_eq!(block_files(&store("b")).len(), copied);
     drop(cluster);
 }
+
+/// Regular files under `dir`.
+fn file_count(dir: &Path) -> usize {
+    let mut n = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Without `--addr`, `strait warmup` reads a tree through a strait mount on this machine, and
+/// the mount's disk cache keeps its blocks (a region's store in Garage: the mount caches).
+#[test]
+fn a_warm_up_of_a_mounts_path_fills_the_mounts_cache() {
+    if !strait_tests::require_fuse() || !strait_tests::require_program("garage") {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        delay_ms: 5,
+        sync: "lazy".into(),
+        garage: true,
+        ..ClusterConfig::new(strait_tests::strait_bin(), dir.clone())
+    };
+    let (cluster, _mounts) = start_cluster(&cfg, &rt);
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    std::fs::create_dir_all(ma.join("set")).unwrap();
+    for i in 0..4u64 {
+        write_synced(
+            ma.join(format!("set/f{i}")),
+            &strait_tests::random_bytes(i, 3 << 20),
+        );
+    }
+    for i in 0..4 {
+        let f = mb.join(format!("set/f{i}"));
+        let start = Instant::now();
+        while std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0) != 3 << 20 {
+            assert!(start.elapsed() < Duration::from_secs(30), "{f:?} at B");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let cache_b = dir.join("region-b/cache");
+    let before = file_count(&cache_b);
+
+    let (ok, out, err) = strait(&["warmup", mb.join("set").to_str().unwrap()]);
+    assert!(ok, "warmup of B's mount: {out}{err}");
+    eprintln!("warmup: {}", out.trim());
+    assert!(
+        out.contains("4 of 4 files, 12.0 MiB of 12.0 MiB read"),
+        "{out}"
+    );
+    let after = file_count(&cache_b);
+    assert!(
+        after >= before + 4,
+        "B's mount cache holds {before} files before, {after} after"
+    );
+
+    // a path that is not under a strait mount, with no mirror named: refused, one line
+    let (ok, out, err) = strait(&["warmup", work.path().to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("is not under a strait mount"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    drop(cluster);
+}
