@@ -31,16 +31,45 @@ fn write_synced(path: impl AsRef<Path>, data: &[u8]) {
     f.sync_all().unwrap();
 }
 
-/// Wait until `path` exists (the mirror applied its create).
-fn wait_exists(path: &Path) {
+/// Wait until `path` has `len` bytes (the mirror applied its create and its writes).
+fn wait_len(path: &Path, len: u64) {
     let start = Instant::now();
-    while !path.exists() {
+    while std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) != len {
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "{} never appeared",
+            "{} never had its {len} bytes",
             path.display()
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Two regions, the mirror copying lazily, on directories or Garage; dropped in this order.
+struct Regions {
+    _mounts: strait_tests::dev_up::ClusterMounts,
+    cluster: strait_devkit::cluster::Cluster,
+    _rt: tokio::runtime::Runtime,
+    dir: std::path::PathBuf,
+    work: tempfile::TempDir,
+}
+
+fn lazy_regions(garage: bool) -> Regions {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = ClusterConfig {
+        delay_ms: 5,
+        sync: "lazy".into(),
+        garage,
+        ..ClusterConfig::new(strait_tests::strait_bin(), dir.clone())
+    };
+    let (cluster, mounts) = start_cluster(&cfg, &rt);
+    Regions {
+        _mounts: mounts,
+        cluster,
+        _rt: rt,
+        dir,
+        work,
     }
 }
 
@@ -49,16 +78,9 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
     if !strait_tests::require_fuse() {
         return; // not under CI=true (said on stderr)
     }
-    let work = tempfile::tempdir().unwrap();
-    let dir = work.path().join("dev");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = ClusterConfig {
-        delay_ms: 5,
-        sync: "lazy".into(),
-        ..ClusterConfig::new(strait_tests::strait_bin(), dir.clone())
-    };
-    let (cluster, _mounts) = start_cluster(&cfg, &rt);
-    let topo = cluster.topology().clone();
+    let r = lazy_regions(false);
+    let dir = r.dir.clone();
+    let topo = r.cluster.topology().clone();
     let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
     let admin = dir.join("tokens/admin.token");
     let admin = admin.to_str().unwrap();
@@ -74,8 +96,8 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
     for (i, (name, len)) in files.iter().enumerate() {
         write_synced(ma.join(name), &strait_tests::random_bytes(i as u64, *len));
     }
-    for (name, _) in &files {
-        wait_exists(&mb.join(name));
+    for (name, len) in &files {
+        wait_len(&mb.join(name), *len as u64);
     }
     let at_a = block_files(&store("a"));
     assert!(at_a.len() >= 6, "A's store: {:?}", at_a.keys());
@@ -144,7 +166,7 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
 
     // --background returns at once; mirror status follows it to the end
     write_synced(ma.join("more"), &strait_tests::random_bytes(9, 4 << 20));
-    wait_exists(&mb.join("more"));
+    wait_len(&mb.join("more"), 4 << 20);
     let (ok, out, err) = strait(&[
         "warmup",
         "--addr",
@@ -218,7 +240,6 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
     assert!(!ok, "a mount's token warmed up");
     assert!(err.contains("Warmup is for the roles admin"), "{err}");
     assert_eq!(block_files(&store("b")).len(), copied);
-    drop(cluster);
 }
 
 /// Regular files under `dir`.
@@ -245,17 +266,9 @@ fn a_warm_up_of_a_mounts_path_fills_the_mounts_cache() {
     if !strait_tests::require_fuse() || !strait_tests::require_program("garage") {
         return; // not under CI=true (said on stderr)
     }
-    let work = tempfile::tempdir().unwrap();
-    let dir = work.path().join("dev");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let cfg = ClusterConfig {
-        delay_ms: 5,
-        sync: "lazy".into(),
-        garage: true,
-        ..ClusterConfig::new(strait_tests::strait_bin(), dir.clone())
-    };
-    let (cluster, _mounts) = start_cluster(&cfg, &rt);
-    let topo = cluster.topology().clone();
+    let r = lazy_regions(true);
+    let dir = r.dir.clone();
+    let topo = r.cluster.topology().clone();
     let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
     std::fs::create_dir_all(ma.join("set")).unwrap();
     for i in 0..4u64 {
@@ -265,12 +278,7 @@ fn a_warm_up_of_a_mounts_path_fills_the_mounts_cache() {
         );
     }
     for i in 0..4 {
-        let f = mb.join(format!("set/f{i}"));
-        let start = Instant::now();
-        while std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0) != 3 << 20 {
-            assert!(start.elapsed() < Duration::from_secs(30), "{f:?} at B");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_len(&mb.join(format!("set/f{i}")), 3 << 20);
     }
     let cache_b = dir.join("region-b/cache");
     let before = file_count(&cache_b);
@@ -289,9 +297,8 @@ fn a_warm_up_of_a_mounts_path_fills_the_mounts_cache() {
     );
 
     // a path that is not under a strait mount, with no mirror named: refused, one line
-    let (ok, out, err) = strait(&["warmup", work.path().to_str().unwrap()]);
+    let (ok, out, err) = strait(&["warmup", r.work.path().to_str().unwrap()]);
     assert!(!ok, "{out}");
     assert!(err.contains("is not under a strait mount"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    drop(cluster);
 }

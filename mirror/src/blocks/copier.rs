@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use strait_fs_core::kv;
 use strait_fs_core::layout::block_key;
 use strait_fs_core::meta::keys;
-use strait_fs_core::object::ObjectError;
+use strait_fs_core::object::{Bytes, DynStore, ObjectError};
 use strait_fs_core::vfs::cache::verify;
 use strait_fs_core::SliceId;
 use tokio::sync::Semaphore;
@@ -70,20 +70,9 @@ impl Blocks {
             return Ok(());
         };
         let key = block_key(id, index, len);
-        // marked: it landed here checked (an upload of this region's write, a read-through)
-        if self.is_marked(id, index).await {
+        if self.here_already(local, &key, id, index, len, crc).await {
             self.done(k, len).await;
             return Ok(());
-        }
-        // a copy already here (a write of this region, an earlier copy, an old primary's own
-        // store when it rejoined as a mirror) is kept when its checksum matches: a block under
-        // the same key with other bytes (an id a lost history used too) is copied over
-        if let Ok(d) = local.get(&key).await {
-            if verify(&key, &d, len, crc).is_ok() {
-                self.mark(id, index, true).await;
-                self.done(k, len).await;
-                return Ok(());
-            }
         }
         self.limiter.take(len as u64).await;
         let data = match self.fetch_primary(&key, len, crc).await {
@@ -108,8 +97,49 @@ impl Blocks {
             }
             Err(e) => return Err(format!("copy block {key}: {e}")),
         };
+        self.keep(local, &key, data, id, index, len).await?;
+        self.done(k, len).await;
+        Ok(())
+    }
+
+    /// Whether block `key` is in this region's store already: marked (it landed here checked:
+    /// an upload of this region's write, a read-through, a copy), or present with its checksum
+    /// (a write of this region, an old primary's own store when it rejoined as a mirror; then
+    /// it is marked now). A block under the same key with other bytes (an id a lost history
+    /// used too) is not.
+    pub(super) async fn here_already(
+        &self,
+        local: &DynStore,
+        key: &str,
+        id: SliceId,
+        index: u32,
+        len: u32,
+        crc: u32,
+    ) -> bool {
+        if self.is_marked(id, index).await {
+            return true;
+        }
+        if let Ok(d) = local.get(key).await {
+            if verify(key, &d, len, crc).is_ok() {
+                self.mark(id, index, true).await;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Write a block read from the primary's store to this region's, count it and mark it.
+    pub(super) async fn keep(
+        &self,
+        local: &DynStore,
+        key: &str,
+        data: Bytes,
+        id: SliceId,
+        index: u32,
+        len: u32,
+    ) -> Result<(), String> {
         retry(&format!("write block {key} to this region's store"), || {
-            local.put(&key, data.clone())
+            local.put(key, data.clone())
         })
         .await
         .map_err(|e| format!("write block {key} to this region's store: {e}"))?;
@@ -118,7 +148,6 @@ impl Blocks {
             .copied_bytes
             .fetch_add(len as u64, Ordering::Relaxed);
         self.mark(id, index, true).await;
-        self.done(k, len).await;
         Ok(())
     }
 

@@ -6,7 +6,6 @@
 //! time. The queue's own copy of a block finds it marked and skips it.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,11 +15,10 @@ use strait_fs_core::kv::{self, KvTxn};
 use strait_fs_core::layout::{block_count, block_key, block_len};
 use strait_fs_core::meta::{keys, Attr, FileKind, Ino, SliceRef, ROOT_INO};
 use strait_fs_core::object::ObjectError;
-use strait_fs_core::vfs::cache::verify;
 use strait_fs_core::SliceId;
 use tokio::task::JoinSet;
 
-use super::{corrupt, retry, Blocks};
+use super::{corrupt, Blocks};
 
 /// Blocks copied at once by a warm-up (beside the queue's and the readers').
 pub const WARMUP_CONCURRENCY: usize = 8;
@@ -234,15 +232,12 @@ impl Blocks {
     /// Copy one block here unless it is here already: true when it was.
     async fn warm_one(&self, b: WarmBlock) -> Result<bool, String> {
         let local = self.local.as_ref().ok_or("no store of this region")?;
-        if self.is_marked(b.id, b.index).await {
-            return Ok(true);
-        }
         let key = block_key(b.id, b.index, b.len);
-        if let Ok(d) = local.get(&key).await {
-            if verify(&key, &d, b.len, b.crc).is_ok() {
-                self.mark(b.id, b.index, true).await;
-                return Ok(true);
-            }
+        if self
+            .here_already(local, &key, b.id, b.index, b.len, b.crc)
+            .await
+        {
+            return Ok(true);
         }
         let data = match self.fetch_primary(&key, b.len, b.crc).await {
             Ok(d) => d,
@@ -251,16 +246,7 @@ impl Blocks {
             }
             Err(e) => return Err(format!("read block {key} from the primary's store: {e}")),
         };
-        retry(&format!("write block {key} to this region's store"), || {
-            local.put(&key, data.clone())
-        })
-        .await
-        .map_err(|e| format!("write block {key} to this region's store: {e}"))?;
-        self.counters.copied_blocks.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .copied_bytes
-            .fetch_add(b.len as u64, Ordering::Relaxed);
-        self.mark(b.id, b.index, true).await;
+        self.keep(local, &key, data, b.id, b.index, b.len).await?;
         Ok(false)
     }
 
