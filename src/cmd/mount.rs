@@ -429,6 +429,9 @@ fn threads_left(pid: i32) -> usize {
         .unwrap_or(0)
 }
 
+/// How long `strait umount` tries a busy mount again.
+const UMOUNT_BUSY_RETRY_MS: u64 = 2_000;
+
 pub fn umount(a: UmountArgs) -> Result<()> {
     let pidf = pid_file(&a.mountpoint);
     let pid: Option<i32> = std::fs::read_to_string(&pidf)
@@ -439,7 +442,18 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     }
     let c = std::ffi::CString::new(a.mountpoint.as_os_str().as_encoded_bytes())
         .context("mount point path")?;
-    let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
+    // a file closed just now may hold the mount for a moment (its release is still on its
+    // way through the kernel): a busy mount is tried again, for a bounded time
+    let start = Instant::now();
+    let rc = loop {
+        // SAFETY: c is a valid NUL-terminated path that outlives the call
+        let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
+        let busy = rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY);
+        if !busy || start.elapsed() >= Duration::from_millis(UMOUNT_BUSY_RETRY_MS) {
+            break rc;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     if rc != 0 {
         let err = std::io::Error::last_os_error();
         // not root: let fusermount3 do it

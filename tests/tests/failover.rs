@@ -917,11 +917,17 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
     // a change the mount sends again (its connection to A's address broke when the old
     // primary stopped) is answered EIO for a while after an unplanned promotion: it may have
     // been made (docs/operations.md); the application tries once more, as a new change
+    // (for a while: the mount's connection to A's address may break more than once while
+    // the mirror there starts; each change sent again is answered EIO)
     let mut wrote = write_synced(ma.join("from-a-again"), "A writes through B");
-    if let Err(e) = &wrote {
-        if e.raw_os_error() == Some(libc::EIO) {
-            eprintln!("rejoin: the first write at A's mount after the rejoin: {e}; once more");
-            wrote = write_synced(ma.join("from-a-again"), "A writes through B");
+    for attempt in 1..=5 {
+        match &wrote {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                eprintln!("rejoin: write {attempt} at A's mount after the rejoin: {e}; once more");
+                std::thread::sleep(Duration::from_millis(500));
+                wrote = write_synced(ma.join("from-a-again"), "A writes through B");
+            }
+            _ => break,
         }
     }
     if let Err(e) = wrote {
