@@ -281,7 +281,8 @@ pub(crate) fn get_dentry(
     }
 }
 
-pub(crate) fn get_chunk(t: &mut dyn KvTxn, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
+/// The slice list of chunk `idx` of `ino` (empty when it has none).
+pub fn get_chunk(t: &mut dyn KvTxn, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
     match t.get(&keys::chunk(ino, idx))? {
         Some(b) => decode(&b),
         None => Ok(vec![]),

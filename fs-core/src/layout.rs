@@ -50,6 +50,15 @@ pub fn block_len(size: u32, block_size: u32, index: u32) -> u32 {
     (size as u64 - start).min(block_size as u64) as u32
 }
 
+/// The slices of a compaction's new list (`new`) that it wrote: those that are not, exactly
+/// as they are, in the list it replaces (`old`). A compaction rewrites some windows of a
+/// chunk and keeps the other slices unchanged; only the slices it wrote have blocks to upload,
+/// to copy or to check the ownership of.
+pub fn written_by_compaction<'a>(old: &[SliceRef], new: &'a [SliceRef]) -> Vec<&'a SliceRef> {
+    let kept: std::collections::HashSet<&SliceRef> = old.iter().collect();
+    new.iter().filter(|s| !kept.contains(s)).collect()
+}
+
 /// A visible piece of a chunk: `len` bytes at chunk position `pos` come from offset `off` of
 /// the slice object `slice` (or are zeros when `slice` is None).
 #[derive(Clone, Debug, PartialEq, Eq)]

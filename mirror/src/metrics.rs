@@ -36,6 +36,7 @@ pub struct Metrics {
     pub fallback_rate: Gauge,
     pub corrupt_blocks: IntCounter,
     pub deleted_blocks: IntCounter,
+    pub skipped_dead_bytes: IntCounter,
     pub uploaded_blocks: IntCounter,
     pub block_errors: IntCounter,
     pub primary_moves: IntCounter,
@@ -171,6 +172,10 @@ impl Metrics {
                 "strait_mirror_deleted_blocks_total",
                 "Blocks deleted from this region's store after the primary purged their slices",
             ),
+            skipped_dead_bytes: counter(
+                "strait_mirror_copy_skipped_dead_bytes_total",
+                "Bytes of queued blocks not copied: their slice was dead here by their turn",
+            ),
             uploaded_blocks: counter(
                 "strait_mirror_uploaded_blocks_total",
                 "Blocks written at this region uploaded to the primary's store",
@@ -211,6 +216,7 @@ impl Metrics {
             Box::new(m.fallback_rate.clone()),
             Box::new(m.corrupt_blocks.clone()),
             Box::new(m.deleted_blocks.clone()),
+            Box::new(m.skipped_dead_bytes.clone()),
             Box::new(m.uploaded_blocks.clone()),
             Box::new(m.block_errors.clone()),
             Box::new(m.primary_moves.clone()),

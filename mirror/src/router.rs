@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use strait_fs_core::layout::written_by_compaction;
 use strait_fs_core::{SliceId, Version};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaServiceServer;
@@ -689,7 +690,19 @@ fn written_slices(
             .slice
             .into_iter()
             .collect::<Vec<_>>(),
-        "CompactChunk" => decode::<w::CompactChunkRequest>(bytes)?.new,
+        "CompactChunk" => {
+            // only the slices it wrote: the ones it kept from the old list, as they were,
+            // have their blocks where they are
+            let r = decode::<w::CompactChunkRequest>(bytes)?;
+            let old =
+                strait_proto::slices_from_wire(r.old).map_err(|e| Status::invalid_argument(e.0))?;
+            let new =
+                strait_proto::slices_from_wire(r.new).map_err(|e| Status::invalid_argument(e.0))?;
+            return Ok(written_by_compaction(&old, &new)
+                .into_iter()
+                .cloned()
+                .collect());
+        }
         _ => return Ok(vec![]),
     };
     strait_proto::slices_from_wire(slices).map_err(|e| Status::invalid_argument(e.0))

@@ -417,6 +417,7 @@ impl Mirror {
         m.fallback_rate.set(b.fallback_reads_per_s);
         catch_up(&m.corrupt_blocks, b.corrupt_local);
         catch_up(&m.deleted_blocks, b.deleted_blocks);
+        catch_up(&m.skipped_dead_bytes, b.skipped_dead_bytes);
         catch_up(&m.uploaded_blocks, b.uploaded_blocks);
         catch_up(&m.block_errors, b.errors);
     }
@@ -510,6 +511,8 @@ fn block_state(b: &crate::blocks::BlockStats) -> s::BlockState {
         fallback_reads_per_s: b.fallback_reads_per_s,
         corrupt_blocks: b.corrupt_local,
         deleted_blocks: b.deleted_blocks,
+        skipped_dead_blocks: b.skipped_dead_blocks,
+        skipped_dead_bytes: b.skipped_dead_bytes,
         uploaded_blocks: b.uploaded_blocks,
         errors: b.errors,
         last_error: b.last_error.clone(),

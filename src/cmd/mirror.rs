@@ -461,6 +461,9 @@ pub struct Blocks {
     pub fallback_reads_per_s: f64,
     pub corrupt_blocks: u64,
     pub deleted_blocks: u64,
+    /// Queued blocks not copied: their slice was dead here by their turn (and their bytes).
+    pub skipped_dead_blocks: u64,
+    pub skipped_dead_bytes: u64,
     pub uploaded_blocks: u64,
     pub errors: u64,
     pub last_error: String,
@@ -541,6 +544,8 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
             fallback_reads_per_s: b.fallback_reads_per_s,
             corrupt_blocks: b.corrupt_blocks,
             deleted_blocks: b.deleted_blocks,
+            skipped_dead_blocks: b.skipped_dead_blocks,
+            skipped_dead_bytes: b.skipped_dead_bytes,
             uploaded_blocks: b.uploaded_blocks,
             errors: b.errors,
             last_error: b.last_error,

@@ -139,7 +139,7 @@ impl Ctx {
 /// One slice's reference in a chunk: bytes `[off, off + len)` of slice object `id` (whose
 /// total size is `size`) appear at position `pos` of the chunk. [`SliceId::HOLE`] is a hole
 /// (zeros).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SliceRef {
     pub id: SliceId,
     pub size: u32,

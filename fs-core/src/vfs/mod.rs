@@ -35,7 +35,7 @@ use crate::meta::{Attr, Ctx, DirEntry, FileKind, Ino, MetaClient, SetAttr, FILE_
 use crate::object::DynStore;
 pub use cache::BlockCache;
 use chunks::ChunkCache;
-pub use compact::COMPACT_SLICES_MIN;
+pub use compact::{plan as compact_plan, CompactPlan, COMPACT_BYTES_PER_SLICE, COMPACT_WINDOW};
 pub use fallback::{BlockFallback, Fallback};
 use read::BlockCell;
 pub use store::{retry_store, STORE_ATTEMPTS_MAX};
@@ -392,7 +392,13 @@ impl Vfs {
         if self.shared.meta.is_read_only() {
             return sys(libc::EROFS);
         }
-        self.writer(ino).write(&self.shared, off, data)?;
+        let w = self.writer(ino);
+        w.write(&self.shared, off, data)?;
+        if w.tails_full() {
+            // bound the buffer: commit now, as a flush would (a failure is also counted for
+            // the handles' next close or fsync)
+            w.flush(&self.shared)?;
+        }
         Ok(data.len() as u32)
     }
 

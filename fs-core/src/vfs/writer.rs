@@ -16,6 +16,10 @@ use crate::SliceId;
 
 /// Smallest buffer allocated for a slice's unfinished block.
 const TAIL_CAPACITY_MIN: usize = 128 << 10;
+/// Memory the unfinished blocks of one file's buffered slices may hold before its writes are
+/// committed: random writes (each its own slice, its tail unfinished until a flush) would
+/// otherwise buffer everything a writer that never flushes writes, until its close.
+pub(super) const WRITE_TAILS_BYTES_MAX: usize = 32 << 20;
 /// Times one slice is written again under a new id after the metadata service refused its
 /// id as not given to this session (see [`rekey`]).
 const REKEY_ATTEMPTS_MAX: u32 = 3;
@@ -71,6 +75,13 @@ impl FileWriter {
 
     pub fn is_dirty(&self) -> bool {
         !self.state.lock().slices.is_empty()
+    }
+
+    /// Whether the buffered slices' unfinished blocks hold [`WRITE_TAILS_BYTES_MAX`] or more:
+    /// time to commit them.
+    pub fn tails_full(&self) -> bool {
+        let st = self.state.lock();
+        st.slices.iter().map(|s| s.tail.capacity()).sum::<usize>() >= WRITE_TAILS_BYTES_MAX
     }
 
     /// How many flushes of this file failed so far, and the errno of the last failure. A

@@ -15,6 +15,7 @@ use strait_fs_core::vfs::cache::verify;
 use strait_fs_core::SliceId;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tonic::Status;
 
 use super::keys::{u32_at, COPY};
 use super::{retry, Blocks, RETRY_PAUSE, SCAN_PAGE};
@@ -70,24 +71,53 @@ impl Blocks {
             return Ok(());
         };
         let key = block_key(id, index, len);
+        // A slice a later record made dead here (a compaction that rewrote its window, a
+        // truncate, a deletion) is read by nobody who asks this region's metadata: its copy
+        // would only cross the link to be deleted. A reader still holding an older list
+        // reads it from the primary's store, which keeps it until this mirror has applied
+        // past its death.
+        if self.slice_dead(id).await {
+            self.counters
+                .skipped_dead_blocks
+                .fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .skipped_dead_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.done(k, len).await;
+            return Ok(());
+        }
         if self.here_already(local, &key, id, index, len, crc).await {
             self.done(k, len).await;
             return Ok(());
         }
         self.limiter.take(len as u64).await;
-        let data = match self.fetch_primary(&key, len, crc).await {
-            Ok(d) => d,
-            Err(ObjectError::NotFound(_)) => {
+        // One fetch across the link for the copier and a reader waiting for the same block:
+        // whichever asks first fetches, the other takes its bytes.
+        let cell = self.inflight.lock().entry(key.clone()).or_default().clone();
+        let mut mine: Option<Result<Bytes, ObjectError>> = None;
+        let shared = cell
+            .get_or_init(|| async {
+                let r = self.fetch_primary(&key, len, crc).await;
+                let out = match &r {
+                    Ok(d) => Ok(d.clone()),
+                    Err(ObjectError::NotFound(e)) => Err(Status::not_found(format!(
+                        "block {key} is not in the primary's store ({e})"
+                    ))),
+                    Err(e) => Err(Status::unavailable(format!(
+                        "fetch block {key} from the primary's store: {e}"
+                    ))),
+                };
+                mine = Some(r);
+                out
+            })
+            .await
+            .clone();
+        self.inflight.lock().remove(&key);
+        let data = match mine {
+            Some(Ok(d)) => d,
+            Some(Err(ObjectError::NotFound(_))) => {
                 // purged at the primary: a later record frees the slice here too
-                let kv = self.kv.clone();
-                let dead = tokio::task::spawn_blocking(move || {
-                    kv::read(kv.as_ref(), |t| Ok(t.get(&keys::deadslice(id))?.is_some()))
-                })
-                .await
-                .ok()
-                .and_then(|r| r.ok())
-                .unwrap_or(false);
-                if !dead {
+                if !self.slice_dead(id).await {
                     self.error(format!(
                         "block {key} is missing from the primary's store: not copied"
                     ));
@@ -95,11 +125,30 @@ impl Blocks {
                 self.done(k, len).await;
                 return Ok(());
             }
-            Err(e) => return Err(format!("copy block {key}: {e}")),
+            Some(Err(e)) => return Err(format!("copy block {key}: {e}")),
+            // a reader's fetch brought it (and keeps it here, unless its writes are all busy)
+            None => {
+                let d = shared.map_err(|s| format!("copy block {key}: {}", s.message()))?;
+                if self.is_marked(id, index).await {
+                    self.done(k, len).await;
+                    return Ok(());
+                }
+                d
+            }
         };
         self.keep(local, &key, data, id, index, len).await?;
         self.done(k, len).await;
         Ok(())
+    }
+
+    /// Whether slice `id` is dead in this mirror's metadata (false when that cannot be read).
+    async fn slice_dead(&self, id: SliceId) -> bool {
+        super::kv_call(&self.kv, move |kv| {
+            kv::read(kv, |t| Ok(t.get(&keys::deadslice(id))?.is_some()))
+        })
+        .await
+        .and_then(|r| r.ok())
+        .unwrap_or(false)
     }
 
     /// Whether block `key` is in this region's store already: marked (it landed here checked:

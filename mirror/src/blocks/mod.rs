@@ -105,6 +105,9 @@ pub struct Counters {
     /// Local blocks that failed their CRC check and were fetched again.
     pub corrupt_local: AtomicU64,
     pub deleted_blocks: AtomicU64,
+    /// Queued blocks not copied: their slice was dead here when their turn came.
+    pub skipped_dead_blocks: AtomicU64,
+    pub skipped_dead_bytes: AtomicU64,
     /// Blocks uploaded to the primary's store for writes made here.
     pub uploaded_blocks: AtomicU64,
     pub errors: AtomicU64,
@@ -125,6 +128,8 @@ pub struct BlockStats {
     pub fallback_reads_per_s: f64,
     pub corrupt_local: u64,
     pub deleted_blocks: u64,
+    pub skipped_dead_blocks: u64,
+    pub skipped_dead_bytes: u64,
     pub uploaded_blocks: u64,
     pub errors: u64,
     pub last_error: String,
@@ -354,6 +359,8 @@ impl Blocks {
             fallback_reads_per_s: fallback_rate,
             corrupt_local: c.corrupt_local.load(Ordering::Relaxed),
             deleted_blocks: c.deleted_blocks.load(Ordering::Relaxed),
+            skipped_dead_blocks: c.skipped_dead_blocks.load(Ordering::Relaxed),
+            skipped_dead_bytes: c.skipped_dead_bytes.load(Ordering::Relaxed),
             uploaded_blocks: c.uploaded_blocks.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             last_error: self.last_error.lock().clone(),

@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use strait_fs_core::changelog::{decode, Change, ChangeRecord, DeadSlice, Unlinked};
+use strait_fs_core::changelog::{decode, get_chunk, Change, ChangeRecord, DeadSlice, Unlinked};
 use strait_fs_core::kv::{self, decode_counter, KvTxn};
-use strait_fs_core::layout::{block_count, block_len};
+use strait_fs_core::layout::{block_count, block_len, written_by_compaction};
 use strait_fs_core::meta::{keys, Format, Ino, SliceRef};
 use strait_fs_core::Version;
 
@@ -126,7 +126,17 @@ impl Blocks {
             Change::WriteSlice { ino, slice, .. } => {
                 self.enqueue_eager(t, version, *ino, [slice])?
             }
-            Change::Compact { ino, slices, .. } => self.enqueue_eager(t, version, *ino, slices)?,
+            Change::Compact {
+                ino,
+                chunk,
+                replaced,
+                slices,
+            } => {
+                // before the record applies: the list it replaces the head of is the chunk's
+                let list = get_chunk(t, *ino, *chunk)?;
+                let old = list.get(..*replaced as usize).unwrap_or(&list);
+                self.enqueue_eager(t, version, *ino, written_by_compaction(old, slices))?
+            }
             Change::Truncate {
                 ino,
                 hole: Some((_, s)),

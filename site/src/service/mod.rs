@@ -17,6 +17,7 @@ use std::time::Instant;
 use parking_lot::RwLock;
 use strait_auth::{Slot, Slots};
 use strait_fs_core::error::Error;
+use strait_fs_core::layout::written_by_compaction;
 use strait_fs_core::meta::{Attr, Committed, Ctx, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
@@ -663,7 +664,9 @@ impl MetaService for MetaServer {
         mutation!(self, req, "compact_chunk", |m, r| {
             let old = strait_proto::slices_from_wire(r.old).map_err(invalid)?;
             let new = strait_proto::slices_from_wire(r.new).map_err(invalid)?;
-            own_slices(&ranges, &m, &new)?;
+            // the slices it kept as they were are the chunk's already (the engine checks the
+            // list starts with `old`); the ones it wrote must be under this session's ids
+            own_slices(&ranges, &m, written_by_compaction(&old, &new))?;
             Ok(m.compact_chunk_versioned(r.ino, r.index, &old, new)?
                 .map(|done| w::CompactChunkReply { done }))
         })
