@@ -132,14 +132,15 @@ fn read_order(n: usize) -> Vec<usize> {
 }
 
 /// Read every file under `root` (`files` relative), `readers` at once, in `order`; returns
-/// (seconds, bytes, SHA-256 of each file, in the order of `files`).
+/// (seconds, bytes, SHA-256 of each file and the seconds its read took, in the order of
+/// `files`).
 fn read_all(
     root: &Path,
     files: &[(String, usize)],
     order: &[usize],
     readers: usize,
     progress: Option<(Duration, &(dyn Fn() -> u64 + Sync))>,
-) -> (f64, u64, Vec<String>) {
+) -> (f64, u64, Vec<(String, f64)>) {
     let t0 = Instant::now();
     let done = AtomicUsize::new(0);
     let done_bytes = std::sync::atomic::AtomicU64::new(0);
@@ -172,16 +173,18 @@ fn read_all(
         }
         let sums = parallel(order, readers, |&i| {
             let rel = &files[i].0;
+            let t = Instant::now();
             let data = std::fs::read(root.join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"));
+            let secs = t.elapsed().as_secs_f64();
             done.fetch_add(1, Ordering::Relaxed);
             done_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
-            (i, hex::encode(Sha256::digest(&data)))
+            (i, (hex::encode(Sha256::digest(&data)), secs))
         });
         finished.store(true, Ordering::Relaxed);
         sums
     });
     let secs = t0.elapsed().as_secs_f64();
-    let mut by_file = vec![String::new(); files.len()];
+    let mut by_file = vec![(String::new(), 0.0); files.len()];
     for (i, sum) in sums {
         by_file[i] = sum;
     }
@@ -365,7 +368,11 @@ fn main() -> Result<()> {
     let down = link.stats().bytes_down.load(Ordering::Relaxed) - down0;
     let busy = cpu_busy_since(cpu);
     let shares = share.per(files.len());
-    let mismatched = sums_a.iter().zip(&sums_b).filter(|(x, y)| x != y).count();
+    let mismatched = sums_a
+        .iter()
+        .zip(&sums_b)
+        .filter(|(x, y)| **x != y.0)
+        .count();
     println!(
         "read at B before sync (lazy):   {:>8.1} s  {:>7.1} MB/s  = {:.0} % of the link; {} of {} files differ",
         s,
@@ -382,12 +389,32 @@ fn main() -> Result<()> {
         row["blocks"]["cross_region_read_bytes"],
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    // the proof that the link held its cap while the readers ran
+    // the proof that the link held its cap while the readers ran, and that no block crossed
+    // it twice (the dataset's bytes, plus the calls' own)
     println!(
-        "  link toward B meanwhile: {down} bytes = {:.1} MB/s (cap {} MB/s)",
+        "  link toward B meanwhile: {down} bytes = {:.1} MB/s (cap {} MB/s) = {:.3} × the dataset",
         mb_s(down, s),
-        o.bw_mb_s
+        o.bw_mb_s,
+        down as f64 / total.max(1) as f64
     );
+    // how the readers of the big files, read at the same time as each other and the small
+    // ones, shared the link: each file's own rate
+    let mut big: Vec<f64> = files
+        .iter()
+        .zip(&sums_b)
+        .filter(|(f, _)| f.1 == o.big_mib << 20)
+        .map(|(f, r)| mb_s(f.1 as u64, r.1))
+        .collect();
+    if !big.is_empty() {
+        big.sort_by(f64::total_cmp);
+        println!(
+            "  each big file's own read rate: min {:.1}, median {:.1}, max {:.1} MB/s ({} files)",
+            big[0],
+            big[big.len() / 2],
+            big[big.len() - 1],
+            big.len()
+        );
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     println!(
         "  CPU per file read: {:.2} ms on all cores; {shares}",
@@ -408,7 +435,11 @@ fn main() -> Result<()> {
         let eb = eager.mount(&margs);
         let (sb, _, sums_e) = read_all(&eb.path(""), &files, &order, o.readers, None);
         drop(eb);
-        mismatched += sums_a.iter().zip(&sums_e).filter(|(x, y)| x != y).count();
+        mismatched += sums_a
+            .iter()
+            .zip(&sums_e)
+            .filter(|(x, y)| **x != y.0)
+            .count();
         println!(
             "  round {round}: read at A from A's store {:>6.1} MB/s, at B from B's store {:>6.1} MB/s",
             mb_s(total, sa),
