@@ -113,8 +113,9 @@ impl Blocks {
             .await
             .clone();
         self.inflight.lock().remove(&key);
-        let data = match mine {
-            Some(Ok(d)) => d,
+        // (the bytes, whether this copy brought them across the link)
+        let (data, crossed) = match mine {
+            Some(Ok(d)) => (d, true),
             Some(Err(ObjectError::NotFound(_))) => {
                 // purged at the primary: a later record frees the slice here too
                 if !self.slice_dead(id).await {
@@ -126,17 +127,18 @@ impl Blocks {
                 return Ok(());
             }
             Some(Err(e)) => return Err(format!("copy block {key}: {e}")),
-            // a reader's fetch brought it (and keeps it here, unless its writes are all busy)
+            // a reader's fetch brought it, counted as its (and keeps it here, unless its
+            // writes are all busy)
             None => {
                 let d = shared.map_err(|s| format!("copy block {key}: {}", s.message()))?;
                 if self.is_marked(id, index).await {
                     self.done(k, len).await;
                     return Ok(());
                 }
-                d
+                (d, false)
             }
         };
-        self.keep(local, &key, data, id, index, len).await?;
+        self.keep(local, data, id, index, len, crossed).await?;
         self.done(k, len).await;
         Ok(())
     }
@@ -177,25 +179,30 @@ impl Blocks {
         false
     }
 
-    /// Write a block read from the primary's store to this region's, count it and mark it.
+    /// Write a block read from the primary's store to this region's, mark it, and count it as
+    /// copied when `crossed` (this copy brought it across the link; not when a reader's fetch
+    /// did, which counted it).
     pub(super) async fn keep(
         &self,
         local: &DynStore,
-        key: &str,
         data: Bytes,
         id: SliceId,
         index: u32,
         len: u32,
+        crossed: bool,
     ) -> Result<(), String> {
+        let key = &block_key(id, index, len);
         retry(&format!("write block {key} to this region's store"), || {
             local.put(key, data.clone())
         })
         .await
         .map_err(|e| format!("write block {key} to this region's store: {e}"))?;
-        self.counters.copied_blocks.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .copied_bytes
-            .fetch_add(len as u64, Ordering::Relaxed);
+        if crossed {
+            self.counters.copied_blocks.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .copied_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+        }
         self.mark(id, index, true).await;
         Ok(())
     }

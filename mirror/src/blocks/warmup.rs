@@ -246,7 +246,7 @@ impl Blocks {
             }
             Err(e) => return Err(format!("read block {key} from the primary's store: {e}")),
         };
-        self.keep(local, &key, data, b.id, b.index, b.len).await?;
+        self.keep(local, data, b.id, b.index, b.len, true).await?;
         Ok(false)
     }
 
