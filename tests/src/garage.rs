@@ -37,6 +37,28 @@ impl Garage {
     }
 }
 
+impl Garage {
+    /// The bucket, as strait's S3 object store sees it with the server's key.
+    pub async fn store(&self) -> strait_fs_core::object::DynStore {
+        use strait_fs_core::object::s3::{S3Config, S3Store, StaticCredentials};
+        std::sync::Arc::new(
+            S3Store::open_with(S3Config {
+                bucket: self.bucket().to_string(),
+                prefix: String::new(),
+                endpoint: Some(self.endpoint()),
+                region: Some(self.region().to_string()),
+                credentials: Some(StaticCredentials {
+                    access_key_id: self.access_key().to_string(),
+                    secret_access_key: self.secret_key().to_string(),
+                }),
+                ca: None,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("open the Garage bucket: {e}")),
+        )
+    }
+}
+
 impl Deref for Garage {
     type Target = strait_devkit::Garage;
 

@@ -6,11 +6,9 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use strait_fs_core::layout::block_key;
-use strait_fs_core::object::s3::{S3Config, S3Store, StaticCredentials};
 use strait_fs_core::object::DynStore;
 use strait_fs_core::vfs::orphans::{self, References, SweepOptions};
 use strait_fs_core::SliceId;
@@ -18,21 +16,7 @@ use strait_tests::garage::Garage;
 use strait_tests::mount::TestFs;
 
 async fn open(garage: &Garage) -> DynStore {
-    Arc::new(
-        S3Store::open_with(S3Config {
-            bucket: garage.bucket().to_string(),
-            prefix: String::new(),
-            endpoint: Some(garage.endpoint()),
-            region: Some(garage.region().to_string()),
-            credentials: Some(StaticCredentials {
-                access_key_id: garage.access_key().to_string(),
-                secret_access_key: garage.secret_key().to_string(),
-            }),
-            ca: None,
-        })
-        .await
-        .expect("open the Garage bucket"),
-    )
+    garage.store().await
 }
 
 /// Every key in the store, with its modification time.

@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use strait_devkit::usage::process_cpu_s;
 use strait_devkit::{Faults, Link, Proxy};
-use strait_fs_core::object::s3::{S3Config, S3Store, StaticCredentials};
 use strait_fs_core::object::DynStore;
 use strait_tests::garage::Garage;
 use strait_tests::mount::TestFs;
@@ -84,24 +83,6 @@ fn opts() -> Result<Opts> {
         i += 2;
     }
     Ok(o)
-}
-
-async fn open(garage: &Garage) -> Result<DynStore> {
-    Ok(Arc::new(
-        S3Store::open_with(S3Config {
-            bucket: garage.bucket().to_string(),
-            prefix: String::new(),
-            endpoint: Some(garage.endpoint()),
-            region: Some(garage.region().to_string()),
-            credentials: Some(StaticCredentials {
-                access_key_id: garage.access_key().to_string(),
-                secret_access_key: garage.secret_key().to_string(),
-            }),
-            ca: None,
-        })
-        .await
-        .context("open a Garage bucket")?,
-    ))
 }
 
 /// Bytes and objects under `chunks/` in a store.
@@ -161,8 +142,7 @@ fn main() -> Result<()> {
         ],
     );
     let a = primary.mount(&[]);
-    let (store_a, store_b) =
-        rt.block_on(async { Ok::<_, anyhow::Error>((open(&ga).await?, open(&gb).await?)) })?;
+    let (store_a, store_b) = rt.block_on(async { (ga.store().await, gb.store().await) });
     let dir = a.path("amp");
     std::fs::create_dir_all(&dir)?;
     println!(
