@@ -363,4 +363,40 @@ mod tests {
         vfs.flush_handle(writer, ino).unwrap();
         vfs.flush_handle(reader, ino).unwrap();
     }
+
+    /// Random writes that are never flushed do not pile up in memory: once the unfinished
+    /// blocks of a file's buffered slices hold WRITE_TAILS_BYTES_MAX, they are committed.
+    #[test]
+    fn random_writes_never_flushed_are_committed_once_their_buffers_fill() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        Meta::format(&kv, test_format()).unwrap();
+        let meta = Meta::open(kv, MetaOptions::default()).unwrap();
+        meta.new_session("writer").unwrap();
+        let vfs = Vfs::new(
+            meta.clone() as Arc<dyn MetaClient>,
+            Arc::new(MemoryStore::default()),
+            VfsOptions::default(),
+            None,
+        )
+        .unwrap();
+        let root = Ctx::root();
+        let (fh, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+        // 64 KiB writes two blocks apart: each its own slice, its block never finished
+        let w = 64 << 10;
+        let per_fill = super::WRITE_TAILS_BYTES_MAX / (128 << 10);
+        for i in 0..per_fill + 10 {
+            vfs.write(ino, i as u64 * (8 << 20), &vec![1u8; w]).unwrap();
+        }
+        let committed: usize = (0..=(per_fill + 10) / 8)
+            .map(|c| meta.read_chunk(ino, c as u32).map(|s| s.len()).unwrap_or(0))
+            .sum();
+        assert!(
+            committed >= per_fill,
+            "{committed} slices committed after {} writes never flushed",
+            per_fill + 10
+        );
+        let w_state = vfs.existing_writer(ino).unwrap();
+        assert!(!w_state.tails_full());
+        vfs.flush_handle(fh, ino).unwrap();
+    }
 }
