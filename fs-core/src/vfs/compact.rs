@@ -357,25 +357,10 @@ mod tests {
     /// times more: docs/benchmarks/mirror.md).
     #[test]
     fn random_writes_are_compacted_by_window_and_read_back_unchanged() {
-        use crate::kv::{memory::MemoryKv, DynKv};
-        use crate::meta::conformance::test_format;
-        use crate::meta::{Ctx, Meta, MetaClient, MetaOptions, ROOT_INO};
-        use crate::object::memory::MemoryStore;
+        use crate::meta::{Ctx, ROOT_INO};
         use crate::object::ObjectStore;
-        use crate::vfs::{Vfs, VfsOptions};
 
-        let kv: DynKv = Arc::new(MemoryKv::new());
-        Meta::format(&kv, test_format()).unwrap();
-        let meta = Meta::open(kv, MetaOptions::default()).unwrap();
-        meta.new_session("mount").unwrap();
-        let store = Arc::new(MemoryStore::default());
-        let vfs = Vfs::new(
-            meta.clone() as Arc<dyn MetaClient>,
-            store.clone(),
-            VfsOptions::default(),
-            None,
-        )
-        .unwrap();
+        let (_, meta, store, vfs) = crate::vfs::memory_vfs();
         let root = Ctx::root();
         let (fh, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
         const SIZE: usize = 16 << 20;

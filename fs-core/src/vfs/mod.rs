@@ -534,3 +534,27 @@ impl Vfs {
         first_err.map_or(Ok(()), Err)
     }
 }
+
+/// A VFS over the in-memory engine and store, for unit tests.
+#[cfg(test)]
+pub(crate) fn memory_vfs() -> (
+    crate::kv::DynKv,
+    Arc<crate::meta::Meta>,
+    Arc<crate::object::memory::MemoryStore>,
+    Arc<Vfs>,
+) {
+    use crate::meta::{Meta, MetaOptions};
+    let kv: crate::kv::DynKv = Arc::new(crate::kv::memory::MemoryKv::new());
+    Meta::format(&kv, crate::meta::conformance::test_format()).expect("format");
+    let meta = Meta::open(kv.clone(), MetaOptions::default()).expect("open");
+    meta.new_session("mount").expect("session");
+    let store = Arc::new(crate::object::memory::MemoryStore::default());
+    let vfs = Vfs::new(
+        meta.clone() as Arc<dyn MetaClient>,
+        store.clone(),
+        VfsOptions::default(),
+        None,
+    )
+    .expect("vfs");
+    (kv, meta, store, vfs)
+}

@@ -324,29 +324,14 @@ fn spawn_upload(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use crate::kv::{memory::MemoryKv, DynKv};
-    use crate::meta::conformance::test_format;
     use crate::meta::{Ctx, Meta, MetaClient, MetaOptions, ROOT_INO};
-    use crate::object::memory::MemoryStore;
-    use crate::vfs::{Vfs, VfsOptions};
+    use crate::vfs::memory_vfs;
 
     /// A write buffered through one handle, lost when a flush through another handle (a
     /// reader's close) fails to commit it, is reported at the writer's own close, once.
     #[test]
     fn a_failed_flush_is_reported_to_every_handle_open_then() {
-        let kv: DynKv = Arc::new(MemoryKv::new());
-        Meta::format(&kv, test_format()).unwrap();
-        let meta = Meta::open(kv.clone(), MetaOptions::default()).unwrap();
-        meta.new_session("writer").unwrap();
-        let vfs = Vfs::new(
-            meta.clone() as Arc<dyn MetaClient>,
-            Arc::new(MemoryStore::default()),
-            VfsOptions::default(),
-            None,
-        )
-        .unwrap();
+        let (kv, _, _, vfs) = memory_vfs();
         let root = Ctx::root();
         let (writer, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
         let (reader, _, _) = vfs.open(&root, ino, libc::O_RDONLY).unwrap();
@@ -368,17 +353,7 @@ mod tests {
     /// blocks of a file's buffered slices hold WRITE_TAILS_BYTES_MAX, they are committed.
     #[test]
     fn random_writes_never_flushed_are_committed_once_their_buffers_fill() {
-        let kv: DynKv = Arc::new(MemoryKv::new());
-        Meta::format(&kv, test_format()).unwrap();
-        let meta = Meta::open(kv, MetaOptions::default()).unwrap();
-        meta.new_session("writer").unwrap();
-        let vfs = Vfs::new(
-            meta.clone() as Arc<dyn MetaClient>,
-            Arc::new(MemoryStore::default()),
-            VfsOptions::default(),
-            None,
-        )
-        .unwrap();
+        let (_, meta, _, vfs) = memory_vfs();
         let root = Ctx::root();
         let (fh, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
         // 64 KiB writes two blocks apart: each its own slice, its block never finished
