@@ -100,6 +100,22 @@ require_build() {
     "$@"
 }
 
+# cargo test, its output also kept in $WORK/test.log: the summary repeats the failed tests and
+# their panics, so that the end of a long log (all a CI page may show) says what failed.
+cargo_tests() {
+    cargo test --workspace --no-fail-fast 2>&1 | tee "$WORK/test.log"
+}
+
+# The failed tests of the test stage and the first lines of each one's panic.
+failed_tests() {
+    [[ -s "$WORK/test.log" ]] || return 0
+    grep -E '^test .* \.\.\. FAILED$|^thread .* panicked at |^error: test failed|^    `-p ' "$WORK/test.log" |
+        head -n 60 || true
+    # each panic's message: the line after "panicked at"
+    grep -A2 -E '^thread .* panicked at ' "$WORK/test.log" | grep -vE '^thread |^--$|^stack backtrace' |
+        head -n 40 || true
+}
+
 pjdfstest_rocksdb() {
     "$ROOT/scripts/pjdfstest.sh" "rocksdb://$WORK/pj-rocks/meta" "file://$WORK/pj-rocks/data"
 }
@@ -201,7 +217,7 @@ stage build cargo build --workspace --all-targets
 BUILD_OK=$((N_FAILED == failed_before))
 stage clippy cargo clippy --workspace --all-targets -- -D warnings
 # --no-fail-fast: one crate's failure does not hide the others' results
-stage test cargo test --workspace --no-fail-fast
+stage test cargo_tests
 export STRAIT=$CARGO_TARGET_DIR/debug/strait
 # Without a fresh build the binary may be stale: the stages below then fail unrun.
 # The README's first command (its build is this one), so that it stays true: one region, then
@@ -220,5 +236,10 @@ echo "=================== summary"
 for i in "${!STAGES[@]}"; do
     printf '  %-26s %s\n' "${STAGES[$i]}" "${RESULTS[$i]}"
 done
+if grep -qE '^test .* \.\.\. FAILED$|^error: test failed' "$WORK/test.log" 2>/dev/null; then
+    echo
+    echo "=================== failed tests (from the test stage's log)"
+    failed_tests
+fi
 echo "$N_PASSED passed, $N_FAILED failed"
 ((N_FAILED == 0))

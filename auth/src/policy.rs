@@ -136,7 +136,12 @@ mod tests {
 
     #[test]
     fn every_method_of_every_proto_has_its_roles_and_no_line_is_stale() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/proto");
+        // cargo test gives the checkout's directory at run time; the one built in may be
+        // another checkout's that shared the target directory
+        let root = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+        let dir = root.join("../proto/proto");
         let mut in_protos = BTreeSet::new();
         for f in std::fs::read_dir(&dir).unwrap() {
             let p = f.unwrap().path();
