@@ -66,6 +66,12 @@ enum Command {
     Certs(cmd::certs::Args),
 }
 
+/// jemalloc, as TiKV and Neon use: it keeps freed memory for reuse, where glibc's malloc gave
+/// each 4 MiB block buffer back to the kernel and had it fault in and zeroed again at the next
+/// block (a sixth of a mount's CPU time reading blocks across regions; docs/benchmarks/mirror.md).
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let cli = Cli::parse();
     // two TLS crypto back ends are linked (ring for gRPC, aws-lc-rs through the S3 SDK):

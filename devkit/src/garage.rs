@@ -178,6 +178,8 @@ db_engine = "lmdb"
 replication_factor = 1
 # blocks are checked, random or already compressed data: zstd would only cost CPU
 compression_level = "none"
+# one Garage block per strait block (4 MiB): a PUT writes one file and one reference, not four
+block_size = 4194304
 
 rpc_bind_addr = "{ip}:{rpc_port}"
 rpc_public_addr = "{ip}:{rpc_port}"
