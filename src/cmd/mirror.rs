@@ -874,12 +874,13 @@ fn print_table(r: &Report) {
     }
     println!();
     println!(
-        "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>8} {:>7} {:>6}  STORE (POLICY)",
+        "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>11} {:>8} {:>7} {:>6}  STORE (POLICY)",
         "BLOCKS",
         "PENDING",
         "PENDING B",
         "COPIED B",
         "COPY/s",
+        "SKIPPED B",
         "FALLBACKS",
         "X-REGION B",
         "FB/s",
@@ -888,12 +889,14 @@ fn print_table(r: &Report) {
     );
     for (m, b) in with_blocks {
         println!(
-            "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>8.1} {:>7} {:>6}  {} ({}){}",
+            "{:<12} {:>9} {:>11} {:>11} {:>10} {:>11} {:>11} {:>11} {:>8.1} {:>7} {:>6}  {} ({}){}",
             m.mirror,
             b.pending_blocks,
             super::human_bytes(b.pending_bytes),
             super::human_bytes(b.copied_bytes),
             super::human_bytes(b.copy_bytes_per_s as u64),
+            // queued blocks left uncopied: a later compaction had made their slices dead
+            super::human_bytes(b.skipped_dead_bytes),
             b.fallback_reads,
             super::human_bytes(b.cross_region_read_bytes),
             b.fallback_reads_per_s,
