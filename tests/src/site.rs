@@ -135,8 +135,8 @@ impl Site {
     }
 }
 
-/// `strait mirror status --json` against `addr`.
-pub fn status_json(addr: &str, token: &str) -> serde_json::Value {
+/// `strait mirror status` against `addr`, with `more` arguments: its standard output.
+fn status_out(addr: &str, token: &str, more: &[&str]) -> Vec<u8> {
     let out = Command::new(strait_bin())
         .args([
             "mirror",
@@ -147,8 +147,8 @@ pub fn status_json(addr: &str, token: &str) -> serde_json::Value {
             token,
             "--replicator-token",
             crate::replicator::ADMIN_TOKEN,
-            "--json",
         ])
+        .args(more)
         .output()
         .unwrap();
     assert!(
@@ -156,7 +156,18 @@ pub fn status_json(addr: &str, token: &str) -> serde_json::Value {
         "mirror status: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("mirror status --json is JSON")
+    out.stdout
+}
+
+/// `strait mirror status --json` against `addr`.
+pub fn status_json(addr: &str, token: &str) -> serde_json::Value {
+    serde_json::from_slice(&status_out(addr, token, &["--json"]))
+        .expect("mirror status --json is JSON")
+}
+
+/// `strait mirror status` against `addr`, as a person reads it.
+pub fn status_text(addr: &str, token: &str) -> String {
+    String::from_utf8_lossy(&status_out(addr, token, &[])).into_owned()
 }
 
 pub fn mirror_row(addr: &str, token: &str) -> serde_json::Value {

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use strait_tests::daemon::Primary;
 use strait_tests::replicator::RegionA;
-use strait_tests::site::{block_files, mirror_row, primary_version, wait_applied, wait_synced};
+use strait_tests::site::{
+    block_files, mirror_row, primary_version, status_text, wait_applied, wait_synced,
+};
 
 const SIZE: usize = 8 << 20;
 const W: usize = 64 << 10;
@@ -113,4 +115,15 @@ fn random_writes_at_both_regions_are_compacted_by_window_and_read_the_same_every
     for (k, d) in &bb {
         assert!(ab.get(k) == Some(d), "block {k} at B is not A's");
     }
+    // the skipped blocks are counted, and shown in the table a person reads
+    assert!(
+        row["blocks"]["skipped_dead_bytes"].is_u64(),
+        "no skipped_dead_bytes in {row:#}"
+    );
+    let text = status_text(&mirror.addr, &mirror.token);
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("BLOCKS"))
+        .unwrap_or_else(|| panic!("no blocks table in:\n{text}"));
+    assert!(header.contains("SKIPPED B"), "{header}");
 }
