@@ -106,13 +106,16 @@ cargo_tests() {
     cargo test --workspace --no-fail-fast 2>&1 | tee "$WORK/test.log"
 }
 
-# The failed tests of the test stage and the first lines of each one's panic.
+# The failed tests of the test stage and the first lines of each one's panic; nothing when
+# none failed.
 failed_tests() {
-    [[ -s "$WORK/test.log" ]] || return 0
+    grep -qE '^test .* \.\.\. FAILED$|^error: test failed' "$WORK/test.log" 2>/dev/null || return 0
+    echo
+    echo "=================== failed tests (from the test stage's log)"
     grep -E '^test .* \.\.\. FAILED$|^thread .* panicked at |^error: test failed|^    `-p ' "$WORK/test.log" |
         head -n 60 || true
     # each panic's message: the line after "panicked at"
-    grep -A2 -E '^thread .* panicked at ' "$WORK/test.log" | grep -vE '^thread |^--$|^stack backtrace' |
+    grep -A2 -E '^thread .* panicked at ' "$WORK/test.log" | grep -vE '^thread |^--$|^stack backtrace|^error: ' |
         head -n 40 || true
 }
 
@@ -236,10 +239,6 @@ echo "=================== summary"
 for i in "${!STAGES[@]}"; do
     printf '  %-26s %s\n' "${STAGES[$i]}" "${RESULTS[$i]}"
 done
-if grep -qE '^test .* \.\.\. FAILED$|^error: test failed' "$WORK/test.log" 2>/dev/null; then
-    echo
-    echo "=================== failed tests (from the test stage's log)"
-    failed_tests
-fi
+failed_tests
 echo "$N_PASSED passed, $N_FAILED failed"
 ((N_FAILED == 0))
