@@ -22,9 +22,10 @@ struct Cluster {
     addrs: BTreeMap<u64, SocketAddr>,
 }
 
+/// A port below the ephemeral range: a node stopped and started again binds it once more,
+/// and an outgoing connection of another test can never have taken it meanwhile.
 fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], strait_devkit::free_port().unwrap()))
 }
 
 impl Cluster {
