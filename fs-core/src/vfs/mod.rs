@@ -103,13 +103,30 @@ pub struct Shared {
 
 struct Handle {
     ino: Ino,
-    /// Where the last read ended, and how many blocks to read ahead.
+    /// How far this handle's reads have come, and how many blocks to read ahead.
     next_off: u64,
     window_blocks: u32,
     dir: Option<Listing>,
     /// The count of the file's failed flushes this handle has reported (see
     /// [`FileWriter::errors`]).
     failures_reported: u64,
+}
+
+/// The read-ahead window (in blocks) of a handle after a read at `off`, given how far its
+/// reads had come and its window before: doubled (up to `max`) while the reads stay
+/// sequential, dropped to none on a jump. A read within `slack` of where the reads had come
+/// counts as sequential: the kernel sends a file's reads on several FUSE threads at once, so
+/// a sequential reader's requests arrive slightly out of order (in a 1 GiB read at a mirror,
+/// one request in nine came before the one it followed, and each reset the window).
+fn readahead_window((next_off, window): (u64, u32), off: u64, slack: u64, max: u32) -> u32 {
+    if off == 0 && next_off == 0 {
+        // the first read of the file: nothing says yet that the reader is sequential
+        window
+    } else if off.abs_diff(next_off) <= slack {
+        (window * 2).clamp(1, max)
+    } else {
+        0
+    }
 }
 
 pub struct Vfs {
@@ -353,13 +370,18 @@ impl Vfs {
             let mut hs = self.handles.lock();
             match hs.get_mut(&fh) {
                 Some(h) => {
-                    if h.next_off == off && off > 0 {
-                        h.window_blocks =
-                            (h.window_blocks * 2).clamp(1, self.opts.readahead_blocks_max);
-                    } else if h.next_off != off {
-                        h.window_blocks = 0;
-                    }
-                    h.next_off = end;
+                    let slack = self.shared.block_size as u64;
+                    h.window_blocks = readahead_window(
+                        (h.next_off, h.window_blocks),
+                        off,
+                        slack,
+                        self.opts.readahead_blocks_max,
+                    );
+                    h.next_off = if off.abs_diff(h.next_off) <= slack {
+                        h.next_off.max(end)
+                    } else {
+                        end
+                    };
                     h.window_blocks
                 }
                 None => 0,
@@ -557,4 +579,51 @@ pub(crate) fn memory_vfs() -> (
     )
     .expect("vfs");
     (kv, meta, store, vfs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{memory_vfs, readahead_window};
+    use crate::meta::{Ctx, ROOT_INO};
+
+    const K: u64 = 128 << 10;
+    const SLACK: u64 = 4 << 20;
+
+    #[test]
+    fn the_window_doubles_while_reads_stay_near_and_closes_on_a_jump() {
+        // the first read says nothing yet; the next sequential ones double the window
+        assert_eq!(readahead_window((0, 0), 0, SLACK, 8), 0);
+        assert_eq!(readahead_window((K, 0), K, SLACK, 8), 1);
+        assert_eq!(readahead_window((2 * K, 1), 2 * K, SLACK, 8), 2);
+        assert_eq!(readahead_window((3 * K, 4), 3 * K, SLACK, 8), 8);
+        assert_eq!(readahead_window((4 * K, 8), 4 * K, SLACK, 8), 8);
+        // a request that arrived before the one it follows (another FUSE thread's) keeps it
+        assert_eq!(readahead_window((6 * K, 8), 5 * K, SLACK, 8), 8);
+        assert_eq!(readahead_window((6 * K, 8), 7 * K, SLACK, 8), 8);
+        // a jump further than the slack, either way, is a random reader
+        assert_eq!(readahead_window((6 * K, 8), 6 * K + SLACK + 1, SLACK, 8), 0);
+        assert_eq!(readahead_window((SLACK + 7 * K, 8), 6 * K, SLACK, 8), 0);
+    }
+
+    /// Through `read`: a sequential reader whose requests arrive pairwise swapped (as two
+    /// FUSE threads deliver them) keeps its full window; a jump closes it.
+    #[test]
+    fn reads_arriving_out_of_order_keep_the_handles_window() {
+        let (_, _, _, vfs) = memory_vfs();
+        let root = Ctx::root();
+        let (fh, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+        let data = vec![7u8; (64 << 20) as usize];
+        vfs.write(ino, 0, &data).unwrap();
+        vfs.flush_handle(fh, ino).unwrap();
+        let window = || vfs.handles.lock()[&fh].window_blocks;
+        let max = vfs.opts.readahead_blocks_max;
+        for pair in 0..16u64 {
+            for off in [(2 * pair + 1) * K, 2 * pair * K] {
+                assert_eq!(vfs.read(fh, ino, off, K as u32).unwrap().len(), K as usize);
+            }
+        }
+        assert_eq!(window(), max);
+        vfs.read(fh, ino, 40 << 20, K as u32).unwrap();
+        assert_eq!(window(), 0);
+    }
 }
