@@ -112,20 +112,25 @@ struct Handle {
     failures_reported: u64,
 }
 
-/// The read-ahead window (in blocks) of a handle after a read at `off`, given how far its
-/// reads had come and its window before: doubled (up to `max`) while the reads stay
-/// sequential, dropped to none on a jump. A read within `slack` of where the reads had come
+/// A handle's read-ahead after a read of `[off, end)`, from how far its reads had come and
+/// its window (in blocks) before: the window doubles (up to `max`) while the reads stay
+/// sequential and drops to none on a jump. A read within `slack` of where the reads had come
 /// counts as sequential: the kernel sends a file's reads on several FUSE threads at once, so
 /// a sequential reader's requests arrive slightly out of order (in a 1 GiB read at a mirror,
 /// one request in nine came before the one it followed, and each reset the window).
-fn readahead_window((next_off, window): (u64, u32), off: u64, slack: u64, max: u32) -> u32 {
+fn readahead(
+    (next_off, window): (u64, u32),
+    (off, end): (u64, u64),
+    slack: u64,
+    max: u32,
+) -> (u64, u32) {
     if off == 0 && next_off == 0 {
         // the first read of the file: nothing says yet that the reader is sequential
-        window
+        (end, window)
     } else if off.abs_diff(next_off) <= slack {
-        (window * 2).clamp(1, max)
+        (next_off.max(end), (window * 2).clamp(1, max))
     } else {
-        0
+        (end, 0)
     }
 }
 
@@ -370,18 +375,12 @@ impl Vfs {
             let mut hs = self.handles.lock();
             match hs.get_mut(&fh) {
                 Some(h) => {
-                    let slack = self.shared.block_size as u64;
-                    h.window_blocks = readahead_window(
+                    (h.next_off, h.window_blocks) = readahead(
                         (h.next_off, h.window_blocks),
-                        off,
-                        slack,
+                        (off, end),
+                        self.shared.block_size as u64,
                         self.opts.readahead_blocks_max,
                     );
-                    h.next_off = if off.abs_diff(h.next_off) <= slack {
-                        h.next_off.max(end)
-                    } else {
-                        end
-                    };
                     h.window_blocks
                 }
                 None => 0,
@@ -583,7 +582,7 @@ pub(crate) fn memory_vfs() -> (
 
 #[cfg(test)]
 mod tests {
-    use super::{memory_vfs, readahead_window};
+    use super::{memory_vfs, readahead};
     use crate::meta::{Ctx, ROOT_INO};
 
     const K: u64 = 128 << 10;
@@ -591,18 +590,21 @@ mod tests {
 
     #[test]
     fn the_window_doubles_while_reads_stay_near_and_closes_on_a_jump() {
+        let read = |before, off| readahead(before, (off, off + K), SLACK, 8);
         // the first read says nothing yet; the next sequential ones double the window
-        assert_eq!(readahead_window((0, 0), 0, SLACK, 8), 0);
-        assert_eq!(readahead_window((K, 0), K, SLACK, 8), 1);
-        assert_eq!(readahead_window((2 * K, 1), 2 * K, SLACK, 8), 2);
-        assert_eq!(readahead_window((3 * K, 4), 3 * K, SLACK, 8), 8);
-        assert_eq!(readahead_window((4 * K, 8), 4 * K, SLACK, 8), 8);
-        // a request that arrived before the one it follows (another FUSE thread's) keeps it
-        assert_eq!(readahead_window((6 * K, 8), 5 * K, SLACK, 8), 8);
-        assert_eq!(readahead_window((6 * K, 8), 7 * K, SLACK, 8), 8);
+        assert_eq!(read((0, 0), 0), (K, 0));
+        assert_eq!(read((K, 0), K), (2 * K, 1));
+        assert_eq!(read((2 * K, 1), 2 * K), (3 * K, 2));
+        assert_eq!(read((3 * K, 4), 3 * K), (4 * K, 8));
+        assert_eq!(read((4 * K, 8), 4 * K), (5 * K, 8));
+        // a request that arrived before the one it follows (another FUSE thread's) keeps the
+        // window, and how far the reads had come
+        assert_eq!(read((6 * K, 8), 5 * K), (6 * K, 8));
+        assert_eq!(read((6 * K, 8), 7 * K), (8 * K, 8));
         // a jump further than the slack, either way, is a random reader
-        assert_eq!(readahead_window((6 * K, 8), 6 * K + SLACK + 1, SLACK, 8), 0);
-        assert_eq!(readahead_window((SLACK + 7 * K, 8), 6 * K, SLACK, 8), 0);
+        let far = 6 * K + SLACK + 1;
+        assert_eq!(read((6 * K, 8), far), (far + K, 0));
+        assert_eq!(read((SLACK + 7 * K, 8), 6 * K), (7 * K, 0));
     }
 
     /// Through `read`: a sequential reader whose requests arrive pairwise swapped (as two
