@@ -46,11 +46,20 @@ impl From<&[u8]> for Name {
     }
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// One change as the log holds it. Encoded as postcard encodes the pair `(ts_ns, change)`,
+/// followed, for a change made under a request id, by the id as postcard encodes a byte
+/// string: a record without one is byte for byte what it was before ids were carried, and a
+/// reader that knows nothing of ids (postcard ignores what follows a value) reads the change.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChangeRecord {
     /// The primary's clock when the change committed, in ns since the epoch.
     pub ts_ns: i64,
     pub change: Change,
+    /// The request id the change was made under (a mount's call that carried one): every
+    /// engine that applies the record keeps the request's record too, so a call sent again
+    /// after a switchover is answered at the new primary from it, not run a second time
+    /// ([`crate::meta::requests`]).
+    pub request: Option<Vec<u8>>,
 }
 
 /// Whether an inode that lost its last link is deleted now or kept for its open handles.
@@ -206,10 +215,38 @@ impl ChangeRecord {
     }
 
     pub fn encode(&self) -> Result<Vec<u8>> {
-        postcard::to_stdvec(self).map_err(|e| Error::corrupt(format!("encode change record: {e}")))
+        let fail = |e: postcard::Error| Error::corrupt(format!("encode change record: {e}"));
+        let mut out = postcard::to_stdvec(&(self.ts_ns, &self.change)).map_err(fail)?;
+        if let Some(id) = &self.request {
+            out.extend(postcard::to_stdvec(id.as_slice()).map_err(fail)?);
+        }
+        Ok(out)
     }
+
     pub fn decode(b: &[u8]) -> Result<Self> {
-        postcard::from_bytes(b).map_err(|e| Error::corrupt(format!("decode change record: {e}")))
+        let fail = |e: postcard::Error| Error::corrupt(format!("decode change record: {e}"));
+        let ((ts_ns, change), rest): ((i64, Change), _) =
+            postcard::take_from_bytes(b).map_err(fail)?;
+        let request = if rest.is_empty() {
+            None
+        } else {
+            let (id, rest): (&[u8], _) = postcard::take_from_bytes(rest).map_err(fail)?;
+            if id.is_empty() || id.len() > crate::meta::requests::ID_LEN_MAX || !rest.is_empty() {
+                return Err(Error::corrupt(format!(
+                    "decode change record: a request id of {} bytes (1 to {} allowed), then {} \
+                     bytes more",
+                    id.len(),
+                    crate::meta::requests::ID_LEN_MAX,
+                    rest.len()
+                )));
+            }
+            Some(id.to_vec())
+        };
+        Ok(ChangeRecord {
+            ts_ns,
+            change,
+            request,
+        })
     }
 }
 
@@ -595,8 +632,19 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
 
 /// Commit `change` at the primary: apply it and append it to the log in the caller's transaction.
 pub fn commit(t: &mut dyn KvTxn, change: Change, ts_ns: i64) -> Result<()> {
-    let rec = ChangeRecord { ts_ns, change };
-    apply(t, &rec)?;
+    commit_record(
+        t,
+        &ChangeRecord {
+            ts_ns,
+            change,
+            request: None,
+        },
+    )
+}
+
+/// [`commit`] of a whole record (one that names its request id, too).
+pub fn commit_record(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
+    apply(t, rec)?;
     t.append_log(rec.encode()?);
     Ok(())
 }
@@ -782,8 +830,13 @@ pub fn apply_replica_with(
             return Err(Error::Invalid("version gap".into()));
         }
         for (i, rec) in records.iter().enumerate() {
-            hook(t, first_version + i as u64, rec)?;
+            let version = first_version + i as u64;
+            hook(t, version, rec)?;
             apply(t, rec)?;
+            if let Some(id) = &rec.request {
+                let outcome = crate::meta::requests::Outcome::of(&rec.change);
+                crate::meta::requests::put_record(t, id, rec.ts_ns, &outcome, Some(version))?;
+            }
         }
         raise_id_counters(t, records)?;
         t.add(crate::kv::LAST_VERSION_KEY, n as i64);
@@ -818,9 +871,35 @@ mod tests {
             change: Change::PurgeSlices {
                 ids: vec![SliceId(1), SliceId(300)],
             },
+            request: None,
         };
         assert_eq!(rec.encode().unwrap(), before);
         assert_eq!(ChangeRecord::decode(&before).unwrap(), rec);
+
+        // with a request id: the same bytes, then the id (length 3, "m-1")
+        let named = ChangeRecord {
+            request: Some(b"m-1".to_vec()),
+            ..rec.clone()
+        };
+        let bytes = named.encode().unwrap();
+        assert_eq!(bytes[..before.len()], before);
+        assert_eq!(bytes[before.len()..], [0x03, b'm', b'-', b'1']);
+        assert_eq!(ChangeRecord::decode(&bytes).unwrap(), named);
+        // a reader that knows nothing of ids reads the change
+        let (ts, change): (i64, Change) = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!((ts, change), (rec.ts_ns, rec.change.clone()));
+        // an id out of bounds, or bytes after it: corrupt
+        let mut long = before.to_vec();
+        long.push(65);
+        long.extend([b'x'; 65]);
+        let mut after = bytes.clone();
+        after.push(0);
+        let mut empty = before.to_vec();
+        empty.push(0);
+        for bad in [long, after, empty, bytes[..bytes.len() - 1].to_vec()] {
+            let e = ChangeRecord::decode(&bad).expect_err("corrupt");
+            assert!(e.to_string().contains("decode change record"), "{e}");
+        }
 
         // a slice reference beside the struct it was with a u64 id
         #[derive(Serialize)]

@@ -493,6 +493,7 @@ mod tests {
                     .unwrap()
                     .unwrap(),
             },
+            request: None,
         };
         let v = replica.last_version().unwrap() + 1;
         let e = apply_replica(replica.as_ref(), v, &[rec]).unwrap_err();

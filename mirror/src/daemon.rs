@@ -239,6 +239,13 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         stop.clone(),
         metrics.base.clone(),
     ));
+    // request records past the retry horizon: the log brings the primary's, and a promoted
+    // mirror writes its own
+    tokio::spawn(strait_site::requests::sweep::sweep_request_records(
+        engine.clone(),
+        stop.clone(),
+        metrics.base.clone(),
+    ));
     tokio::spawn(follower::ack(mirror.clone(), follow_stop.clone()));
     tokio::spawn(follower::poll_clock(
         mirror.clone(),

@@ -12,11 +12,13 @@
 //! - The id counters are past every id the log used (the replica's apply raises them, see
 //!   `changelog::apply_replica_with`) and past every slice id the old primary gave this
 //!   region's mounts through the mirror, whose blocks may be in this region's store.
-//! - A change a mount sends again (its answer from the old primary was lost) finds no request
-//!   record here (they are region-local, at the old primary): the time is noted as one of lost
-//!   records, so for a while such a change is answered EIO rather than made a second time.
-//!   Not in a planned switchover: the old primary refused every call (UNAVAILABLE) from
-//!   before its last version on, so a change sent again was never made there.
+//! - A change a mount sends again (its answer from the old primary was lost) is answered from
+//!   its request record when the change is in the log: the change record names its request
+//!   id, and applying it here wrote the record. After a planned switchover that is every
+//!   change the old primary made (it handed over its whole log). After a failover the old
+//!   primary may have committed changes the log never got (`local` durability, or a call in
+//!   flight): the time is noted as one of lost records, so for a while a change sent again
+//!   that finds no record is answered EIO rather than made a second time.
 //! - The promotion is written in the metadata before the first change is taken, so a restart
 //!   comes back as the primary, shipping at the new epoch; it never follows again.
 //! - A promotion that fails before the epoch was raised changes nothing. One that fails after
@@ -387,9 +389,9 @@ impl Promoter {
         joined(
             "record the promotion",
             tokio::task::spawn_blocking(move || {
-                // the records of changes the old primary made for this region's mounts are
-                // there, not here: a change sent again that finds none is answered EIO for a
-                // while, never made a second time
+                // the log brought the records of the changes in it; the old primary may have
+                // made others (see the module's notes): a change sent again that finds no
+                // record is answered EIO for a while, never made a second time
                 if !planned {
                     requests::note_lost(kv.as_ref(), now_ns())?;
                 }

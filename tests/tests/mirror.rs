@@ -141,6 +141,7 @@ fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
     let bogus = strait_fs_core::changelog::ChangeRecord {
         ts_ns: 1,
         change: strait_fs_core::changelog::Change::DeleteInode { ino: 999_999_999 },
+        request: None,
     };
     let bogus2 = strait_fs_core::changelog::ChangeRecord {
         ts_ns: 1,
@@ -150,6 +151,7 @@ fn a_mirror_follows_the_primary_exactly_through_a_storm_and_a_crash() {
             ino: 999_999_999,
             parent_attr: serde_default_attr(),
         },
+        request: None,
     };
     rt.block_on(async {
         let c = strait_tests::replicator::log_client(&addrs);

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use strait_devkit::cluster::{Cluster, ClusterConfig};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use strait_proto::REQUEST_ID_HEADER;
@@ -24,7 +25,13 @@ struct Caller {
 impl Caller {
     /// Connect to `daemon` and open a session (or resume session `resume`).
     async fn connect(daemon: &Primary, resume: u64) -> Caller {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", daemon.addr))
+        Caller::at(&daemon.addr, &daemon.token, resume).await
+    }
+
+    /// Connect to the site daemon at `addr` with the mount's `token`, and open a session (or
+    /// resume session `resume`).
+    async fn at(addr: &str, token: &str, resume: u64) -> Caller {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .expect("endpoint")
             .timeout(Duration::from_secs(10))
             .connect()
@@ -38,7 +45,7 @@ impl Caller {
         });
         open.metadata_mut().insert(
             "authorization",
-            format!("Bearer {}", daemon.token).parse().expect("ascii"),
+            format!("Bearer {token}").parse().expect("ascii"),
         );
         let sid = c
             .open_session(open)
@@ -48,7 +55,7 @@ impl Caller {
             .session;
         Caller {
             c,
-            token: daemon.token.clone(),
+            token: token.to_string(),
             sid,
         }
     }
@@ -123,6 +130,15 @@ impl Caller {
 
     async fn exchange(&mut self, id: Option<&str>) -> Result<(), tonic::Status> {
         let r = self.exchange_req(id);
+        self.c.rename(r).await.map(|_| ())
+    }
+
+    /// The exchange under `id`, marked as sent before (as a mount sends a call again after
+    /// its connection broke with the call in flight).
+    async fn exchange_again(&mut self, id: &str) -> Result<(), tonic::Status> {
+        let mut r = self.exchange_req(Some(id));
+        r.metadata_mut()
+            .insert(strait_proto::RETRY_HEADER, "2".parse().expect("ascii"));
         self.c.rename(r).await.map(|_| ())
     }
 }
@@ -252,4 +268,76 @@ fn a_change_committed_before_a_kill_is_answered_from_its_record_after_the_restar
         "{}",
         daemon.log_text()
     );
+}
+
+/// A change committed at the old primary whose answer its mount never got (the connection
+/// broke as the primary handed over), sent again after a planned switchover: the new primary
+/// answers it from its record and does not run it a second time, in both directions, and
+/// through the old primary's region (now a mirror that forwards) too. The request records
+/// travel with the change records, so every engine that applies the log holds them.
+#[test]
+fn a_change_sent_again_after_a_planned_switchover_is_answered_from_its_record() {
+    let work = tempfile::tempdir().expect("temp dir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cfg = ClusterConfig {
+        delay_ms: 5,
+        mount: false,
+        witness: true,
+        primary_args: vec!["--durability".into(), "replicated".into()],
+        mirror_args: vec!["--promotion-durability".into(), "replicated".into()],
+        ..ClusterConfig::new(strait_tests::strait_bin(), work.path().join("dev"))
+    };
+    let mut cluster = Cluster::start(&cfg, &rt, &mut |_| {}).expect("start the regions");
+    let topo = cluster.topology().clone();
+    let (a_addr, b_addr, token) = (
+        topo.primary.clone(),
+        topo.mirror.clone(),
+        topo.token.clone(),
+    );
+
+    // at A, the primary: a and b, swapped under an id
+    let (a, b) = rt.block_on(async {
+        let mut k = Caller::at(&a_addr, &token, 0).await;
+        let a = k.create("a").await;
+        let b = k.create("b").await;
+        k.exchange(Some("planned-1")).await.expect("exchange at A");
+        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
+        (a, b)
+    });
+    eprintln!("{}", cluster.switch_to_b().expect("switch to B"));
+
+    rt.block_on(async {
+        // sent again at B, the new primary, and at A, now B's mirror: the first result each
+        // time; run again, the exchange would swap the files back
+        let mut at_b = Caller::at(&b_addr, &token, 0).await;
+        at_b.exchange_again("planned-1")
+            .await
+            .expect("sent again at B");
+        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (b, a));
+        let mut at_a = Caller::at(&a_addr, &token, 0).await;
+        at_a.exchange_again("planned-1")
+            .await
+            .expect("sent again at A's mirror");
+        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (b, a));
+
+        // the other way: swapped back at B under an id
+        at_b.exchange(Some("planned-2"))
+            .await
+            .expect("exchange at B");
+        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (a, b));
+    });
+    eprintln!("{}", cluster.switch_back_to_a().expect("switch back to A"));
+
+    rt.block_on(async {
+        let mut at_a = Caller::at(&a_addr, &token, 0).await;
+        at_a.exchange_again("planned-2")
+            .await
+            .expect("sent again at A");
+        assert_eq!((at_a.lookup("a").await, at_a.lookup("b").await), (a, b));
+        // a new id is a new change
+        at_a.exchange(Some("planned-3"))
+            .await
+            .expect("a new exchange");
+        assert_eq!((at_a.lookup("a").await, at_a.lookup("b").await), (b, a));
+    });
 }

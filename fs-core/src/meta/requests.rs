@@ -9,9 +9,13 @@
 //! (the change committed: answer with the record) or does not (the change did not commit,
 //! since the record commits with it: run the call).
 //!
-//! Records are region-local runtime state, as sessions are: they are not in the change log,
-//! so no mirror gets them, and snapshots and digests, which walk the file system tree, never
-//! see them.
+//! The change record carries the request id ([`crate::changelog::ChangeRecord::request`]),
+//! and every engine that applies the log from the replicator (a mirror, a primary catching
+//! up) writes the same request record with the change. So a mirror promoted to primary
+//! answers a change that the old primary committed, and whose answer was lost on the way
+//! (the connection broke as the primary handed over), from its record instead of running it
+//! a second time. Snapshots and digests, which walk the file system tree, never see records:
+//! an engine loaded from a snapshot has none for the changes before it.
 //!
 //! # To ensure correctness
 //! - The record is written in the transaction that appends the change record
@@ -42,6 +46,8 @@ use crate::Version;
 
 /// How long a request record is kept.
 pub const KEEP: Duration = Duration::from_secs(300);
+/// The longest request id.
+pub const ID_LEN_MAX: usize = 64;
 /// Most request records kept; past that the oldest are removed first.
 pub const RECORDS_MAX: u64 = 1 << 20;
 /// Most records one sweep transaction reads and removes.
@@ -134,6 +140,44 @@ impl Lookup {
 /// record is [`Lookup::Unknown`] rather than run perhaps a second time.
 pub fn note_lost(kv: &dyn KvEngine, at_ns: i64) -> Result<()> {
     kv::txn(kv, |t| raise_lost(t, at_ns)).map(|_| ())
+}
+
+/// Write, in `t`, the record of a change committed under request `id` at `ts_ns` with
+/// `outcome`: at the primary (`version` None) the version is the one `t`'s change record
+/// gets at commit; a replica applying the log names it. A record already there (a replica
+/// applying a version again) is replaced, and counted once.
+pub(crate) fn put_record(
+    t: &mut dyn KvTxn,
+    id: &[u8],
+    ts_ns: i64,
+    outcome: &Outcome,
+    version: Option<Version>,
+) -> Result<()> {
+    let key = keys::request(id);
+    let value = RequestRecord::encode_unversioned(ts_ns, outcome)?;
+    let fresh = match version {
+        None => {
+            t.put_versioned(&key, &value);
+            true
+        }
+        Some(v) => {
+            let fresh = t.get(&key)?.is_none();
+            let mut stored = value;
+            stored.extend_from_slice(&v.0.to_be_bytes());
+            t.put(&key, &stored);
+            fresh
+        }
+    };
+    if fresh {
+        t.put(&keys::request_by_age(age_key(ts_ns), id), &[]);
+        t.add(&keys::requests_state(keys::REQUEST_COUNT), 1);
+    }
+    Ok(())
+}
+
+/// The age key's time: a clock before 1970 counts as 0.
+pub(crate) fn age_key(ts_ns: i64) -> u64 {
+    u64::try_from(ts_ns).unwrap_or(0)
 }
 
 /// Move the time [`note_lost`] keeps to `at_ns`, if that is later.

@@ -43,8 +43,8 @@ pub use strait_proto::{REQUEST_ID_HEADER, RETRY_HEADER};
 
 pub mod sweep;
 
-/// The longest request id accepted.
-pub const REQUEST_ID_LEN_MAX: usize = 64;
+/// The longest request id accepted (the change record carries it).
+pub const REQUEST_ID_LEN_MAX: usize = strait_fs_core::meta::requests::ID_LEN_MAX;
 /// How long a result is kept for a retry: as long as its record.
 pub const KEEP: Duration = strait_fs_core::meta::requests::KEEP;
 /// Results kept at most.

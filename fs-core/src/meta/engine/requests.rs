@@ -9,7 +9,9 @@ use crate::changelog::{self, Change};
 use crate::error::{Error, Result};
 use crate::kv::{self, decode_counter, KvTxn};
 use crate::meta::keys;
-use crate::meta::requests::{plan_sweep, raise_lost, Lookup, Outcome, RequestRecord, Swept};
+use crate::meta::requests::{
+    plan_sweep, put_record, raise_lost, Lookup, Outcome, RequestRecord, Swept,
+};
 
 impl Meta {
     /// A view of this one for one call made under request id `id`: every change it commits
@@ -33,19 +35,21 @@ impl Meta {
 
     /// Commit `change` at `ts_ns` in `t` ([`changelog::commit`]) and, in a view for a
     /// request, the request's record with it.
+    /// The change record names the id, so the engines that apply the log keep the record too.
     pub(super) fn commit(&self, t: &mut dyn KvTxn, change: Change, ts_ns: i64) -> Result<()> {
         let Some(id) = &self.request else {
             return changelog::commit(t, change, ts_ns);
         };
         let outcome = Outcome::of(&change);
-        changelog::commit(t, change, ts_ns)?;
-        t.put_versioned(
-            &keys::request(id),
-            &RequestRecord::encode_unversioned(ts_ns, &outcome)?,
-        );
-        t.put(&keys::request_by_age(age_key(ts_ns), id), &[]);
-        t.add(&keys::requests_state(keys::REQUEST_COUNT), 1);
-        Ok(())
+        changelog::commit_record(
+            t,
+            &changelog::ChangeRecord {
+                ts_ns,
+                change,
+                request: Some(id.clone()),
+            },
+        )?;
+        put_record(t, id, ts_ns, &outcome, None)
     }
 
     /// Whether a change made under request `id` committed (see [`Lookup`]), judged at
@@ -128,11 +132,6 @@ impl Meta {
             left: count.saturating_sub(removed as u64),
         })
     }
-}
-
-/// The age key's time: a clock before 1970 counts as 0.
-fn age_key(ts_ns: i64) -> u64 {
-    u64::try_from(ts_ns).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -267,6 +266,59 @@ mod tests {
         m.setattr_versioned(&root, made.value.0, &SetAttr::default())
             .expect("setattr");
         assert_eq!(m.request_count().expect("count"), before);
+    }
+
+    #[test]
+    fn a_replica_applying_the_log_keeps_the_records_of_its_changes() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        let m = engine(kv.clone());
+        let root = Ctx::root();
+        let replica: DynKv = Arc::new(MemoryKv::new());
+        let mut buf = vec![];
+        crate::snapshot::dump(kv.as_ref(), &mut buf).expect("dump");
+        crate::snapshot::load(replica.as_ref(), &mut buf.as_slice()).expect("load");
+        let at = replica.last_version().expect("version");
+
+        let (a, _) = m
+            .for_request("mount-1")
+            .create_versioned(&root, ROOT_INO, b"a", 0o644, 0)
+            .expect("create")
+            .value;
+        m.for_request("mount-2")
+            .rename_versioned(&root, ROOT_INO, b"a", ROOT_INO, b"b", 0)
+            .expect("rename");
+        // a change without an id names none, and leaves no record anywhere
+        m.setattr_versioned(&root, a, &SetAttr::default())
+            .expect("setattr");
+        let log = crate::changelog::read_log(kv.as_ref(), at, 10).expect("read the log");
+        let ids: Vec<_> = log.iter().map(|(_, r)| r.request.clone()).collect();
+        assert_eq!(
+            ids,
+            [Some(b"mount-1".to_vec()), Some(b"mount-2".to_vec()), None]
+        );
+
+        // the replica, as a mirror applies the log: the same records, versions and results
+        let records: Vec<_> = log.into_iter().map(|(_, r)| r).collect();
+        crate::changelog::apply_replica(replica.as_ref(), at.next(), &records).expect("apply");
+        for id in ["mount-1", "mount-2"] {
+            let theirs = record_of(&kv, id).expect("the primary's record");
+            assert_eq!(record_of(&replica, id), Some(theirs), "{id}");
+        }
+        // promoted, it answers a retry from them, and counts them for its sweep
+        let promoted = Meta::open(replica.clone(), MetaOptions::default()).expect("open");
+        assert!(matches!(
+            promoted.request_lookup("mount-2", now_ns(), true),
+            Ok(Lookup::Committed(r)) if r.outcome == Outcome::Done
+        ));
+        assert_eq!(promoted.request_count().expect("count"), 2);
+        let swept = promoted
+            .sweep_requests(i64::MAX, u64::MAX, 100)
+            .expect("sweep");
+        assert_eq!((swept.expired, swept.left), (2, 0));
+        assert_eq!(
+            Meta::digest(&replica).expect("digest"),
+            Meta::digest(&kv).expect("digest")
+        );
     }
 
     #[test]
