@@ -98,6 +98,13 @@ pub fn describe(e: &Event) -> String {
     s
 }
 
+/// The errno an event's error names ("... (os error N)"), if any.
+fn errno_in(e: &Event) -> Option<i32> {
+    let text = e.error.as_deref()?;
+    let (_, tail) = text.rsplit_once("(os error ")?;
+    tail.strip_suffix(')')?.parse().ok()
+}
+
 /// Replay each client's history through its model, checking its own reads (checkers 3, 5);
 /// returns the models for the final reads.
 pub fn replay(events: &[Event], tally: &mut Tally) -> BTreeMap<u32, Model> {
@@ -116,7 +123,7 @@ pub fn replay(events: &[Event], tally: &mut Tally) -> BTreeMap<u32, Model> {
         match (&e.op, &e.observed) {
             (Op::Mutate { effects, .. }, _) => {
                 tally.checked[3] += 1;
-                if let Err(x) = m.operation(effects, e.outcome) {
+                if let Err(x) = m.operation_errno(effects, e.outcome, errno_in(e)) {
                     tally.violated(
                         3,
                         format!(

@@ -11,7 +11,8 @@
 //! 2. a mount's reads of a register never go back;
 //! 3. read-your-writes: every read a client makes of its own files, at either region, is a
 //!    state its history allows (a write applied twice, a stale read at the writer's own
-//!    mount, a clean error that no state explains all fail it);
+//!    mount, a clean error that no state explains, ENOENT where the name exists, all fail
+//!    it);
 //! 4. a read at the mirror started more than the window (plus one link round trip and the
 //!    kernel's attribute cache) after a write at the primary was acknowledged sees it (while
 //!    a `switchover` has the primary in region B, the same bound holds region A's reads of

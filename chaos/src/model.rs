@@ -258,6 +258,10 @@ enum Mode {
     Succeeded,
     /// The step failed cleanly: keep the states in which it fails, unchanged.
     Failed,
+    /// The step failed with ENOENT: keep the states in which it fails because a name it
+    /// needs is absent (a change made twice, the second time finding its own result, fails
+    /// so where every state has the name).
+    Missing,
     /// It may or may not have happened.
     Maybe,
 }
@@ -301,6 +305,8 @@ impl Model {
             match (step_one(n, e), mode) {
                 (Some(m), Mode::Succeeded) => next.push(m),
                 (None, Mode::Failed) => next.push(n.clone()),
+                // the steps that fail on an absent name are those that need it
+                (None, Mode::Missing) if *n == Node::Absent => next.push(n.clone()),
                 (Some(m), Mode::Maybe) => {
                     next.push(m);
                     next.push(n.clone())
@@ -327,6 +333,7 @@ impl Model {
         }
         // per name: the states the pair may leave it in, over every pair of states
         let (mut ns, mut nd) = (vec![], vec![]);
+        let failed = matches!(mode, Mode::Failed | Mode::Missing);
         for a in &s.states {
             for b in &d.states {
                 let ok = rename_ok(a, b, flags);
@@ -334,11 +341,15 @@ impl Model {
                     RenameFlags::Exchange => (b.clone(), a.clone()),
                     _ => (Node::Absent, a.clone()),
                 };
-                if ok && mode != Mode::Failed {
+                if ok && !failed {
                     ns.push(moved.0);
                     nd.push(moved.1);
                 }
-                if (!ok && mode == Mode::Failed) || mode == Mode::Maybe {
+                // ENOENT: the source is absent (for an exchange, either name)
+                let missing =
+                    *a == Node::Absent || (flags == RenameFlags::Exchange && *b == Node::Absent);
+                let fails_so = mode == Mode::Failed || (mode == Mode::Missing && missing);
+                if (!ok && fails_so) || mode == Mode::Maybe {
                     ns.push(a.clone());
                     nd.push(b.clone());
                 }
@@ -368,6 +379,22 @@ impl Model {
     /// (an operation that succeeded where no state allows it, or failed where every state
     /// allows it); the names involved then become indeterminate.
     pub fn operation(&mut self, effects: &[Effect], outcome: Outcome) -> Result<(), Mismatch> {
+        self.operation_errno(effects, outcome, None)
+    }
+
+    /// [`Model::operation`] of an operation that failed with `errno`: ENOENT is explained only
+    /// by a state where a name the failing step needs is absent.
+    pub fn operation_errno(
+        &mut self,
+        effects: &[Effect],
+        outcome: Outcome,
+        errno: Option<i32>,
+    ) -> Result<(), Mismatch> {
+        let fail = if errno == Some(libc::ENOENT) {
+            Mode::Missing
+        } else {
+            Mode::Failed
+        };
         let before = self.clone();
         match outcome {
             Outcome::Ok => {
@@ -390,7 +417,7 @@ impl Model {
                 let mut cur = before.clone();
                 for e in effects {
                     let mut failed_here = cur.clone();
-                    failed_here.apply(e, Mode::Failed);
+                    failed_here.apply(e, fail);
                     match &mut acc {
                         None => acc = Some(failed_here),
                         Some(a) => a.merge(failed_here),
@@ -582,6 +609,63 @@ mod tests {
         assert!(m
             .operation(&mv(RenameFlags::NoReplace), Outcome::Ok)
             .is_err());
+    }
+
+    #[test]
+    fn enoent_is_explained_only_by_an_absent_name() {
+        let mut m = Model::default();
+        m.operation(&write("a", 1, 1), Outcome::Ok).unwrap();
+        m.operation(&[Effect::Mkdir { name: "d".into() }], Outcome::Ok)
+            .unwrap();
+        let mv = |from: &str, to: &str| {
+            [Effect::Rename {
+                from: from.into(),
+                to: to.into(),
+                flags: RenameFlags::Plain,
+            }]
+        };
+        let enoent = Some(libc::ENOENT);
+        // a file onto a directory fails (EISDIR), but never with ENOENT while a exists
+        m.clone()
+            .operation_errno(&mv("a", "d"), Outcome::Failed, Some(libc::EISDIR))
+            .unwrap();
+        assert!(m
+            .clone()
+            .operation_errno(&mv("a", "d"), Outcome::Failed, enoent)
+            .is_err());
+        // a rename made twice: the second finds its source gone, which the first explains
+        m.operation(&mv("a", "b"), Outcome::Ok).unwrap();
+        m.operation_errno(&mv("a", "b"), Outcome::Failed, enoent)
+            .unwrap();
+        // an append (create, then write) never fails with ENOENT in an existing directory
+        let append = [
+            Effect::Create { name: "b".into() },
+            Effect::Write {
+                name: "b".into(),
+                at: None,
+                n: 1,
+                seq: 2,
+            },
+        ];
+        assert!(m
+            .clone()
+            .operation_errno(&append, Outcome::Failed, enoent)
+            .is_err());
+        // unlink and rmdir: ENOENT only for an absent name
+        assert!(m
+            .clone()
+            .operation_errno(
+                &[Effect::Rmdir { name: "d".into() }],
+                Outcome::Failed,
+                enoent
+            )
+            .is_err());
+        m.operation_errno(
+            &[Effect::Unlink { name: "a".into() }],
+            Outcome::Failed,
+            enoent,
+        )
+        .unwrap();
     }
 
     #[test]
