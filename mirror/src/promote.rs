@@ -14,11 +14,11 @@
 //!   region's mounts through the mirror, whose blocks may be in this region's store.
 //! - A change a mount sends again (its answer from the old primary was lost) is answered from
 //!   its request record when the change is in the log: the change record names its request
-//!   id, and applying it here wrote the record. After a planned switchover that is every
-//!   change the old primary made (it handed over its whole log). After a failover the old
-//!   primary may have committed changes the log never got (`local` durability, or a call in
-//!   flight): the time is noted as one of lost records, so for a while a change sent again
-//!   that finds no record is answered EIO rather than made a second time.
+//!   id, and applying it here wrote the record. One that finds no record runs: it is in no
+//!   version of the history that goes on from here. The old primary either never made it, or
+//!   made it without the log getting it (`local` durability, or a change in flight at a
+//!   failover), and then the change is set aside when the old primary rejoins
+//!   (`strait primary rejoin`), so it is made once in the history that survives, here.
 //! - The promotion is written in the metadata before the first change is taken, so a restart
 //!   comes back as the primary, shipping at the new epoch; it never follows again.
 //! - A promotion that fails before the epoch was raised changes nothing. One that fails after
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prost::Message;
 use strait_fs_core::kv::{self, tags, DynKv};
-use strait_fs_core::meta::{keys, now_ns, requests, Meta};
+use strait_fs_core::meta::{keys, Meta};
 use strait_fs_core::{Epoch, Version};
 use strait_proto::site as s;
 use strait_replicator_client::LogClient;
@@ -238,13 +238,8 @@ fn joined<T>(
 }
 
 impl Promoter {
-    /// Promote this mirror (the site service's `Promote`).
-    /// `planned`: the old primary handed over first, so every change it made is in the log.
-    pub async fn promote(
-        &self,
-        drain_timeout: Duration,
-        planned: bool,
-    ) -> Result<s::Promotion, Status> {
+    /// Promote this mirror (the site service's `Promote`; planned or not, the same steps).
+    pub async fn promote(&self, drain_timeout: Duration) -> Result<s::Promotion, Status> {
         let Ok(_one) = self.busy.try_lock() else {
             return Err(Status::failed_precondition(
                 "a promotion of this mirror is under way",
@@ -388,16 +383,7 @@ impl Promoter {
         let rec = p;
         joined(
             "record the promotion",
-            tokio::task::spawn_blocking(move || {
-                // the log brought the records of the changes in it; the old primary may have
-                // made others (see the module's notes): a change sent again that finds no
-                // record is answered EIO for a while, never made a second time
-                if !planned {
-                    requests::note_lost(kv.as_ref(), now_ns())?;
-                }
-                record(&kv, &rec)
-            })
-            .await,
+            tokio::task::spawn_blocking(move || record(&kv, &rec)).await,
         )?;
         p.switch_ms = t2.elapsed().as_millis() as u64;
         self.switch(&p)
@@ -653,7 +639,7 @@ impl Promoter {
                 "the replicator has taken nothing from the primary for {quiet:?} (failover \
                  after {after:?}): promoting this mirror"
             );
-            match self.promote(DRAIN_TIMEOUT_DEFAULT, false).await {
+            match self.promote(DRAIN_TIMEOUT_DEFAULT).await {
                 Ok(_) => return,
                 Err(s) => {
                     tracing::error!("automatic promotion failed: {}", s.message());

@@ -318,7 +318,8 @@ impl SiteService for MirrorSite {
             0 => crate::promote::DRAIN_TIMEOUT_DEFAULT,
             t => Duration::from_millis(t.min(DIGEST_TIMEOUT_MS_MAX)),
         };
-        let promotion = p.promote(timeout, r.planned).await?;
+        // a planned promotion differs only before this call (`Handover` at the old primary)
+        let promotion = p.promote(timeout).await?;
         Ok(Response::new(s::PromoteReply {
             promotion: Some(promotion),
         }))

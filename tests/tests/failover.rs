@@ -915,10 +915,9 @@ fn the_old_primary_rejoins_as_a_mirror_and_lists_what_it_lost() {
     }
     assert!(!ma.join("lost-0").exists(), "a lost create at A's mount");
     // a change the mount sends again (its connection to A's address broke when the old
-    // primary stopped) is answered EIO for a while after an unplanned promotion: it may have
-    // been made (docs/operations.md); the application tries once more, as a new change
-    // (for a while: the mount's connection to A's address may break more than once while
-    // the mirror there starts; each change sent again is answered EIO)
+    // primary stopped) is answered from its request record at B, or runs there
+    // (docs/operations.md); should a write still fail with EIO while the mirror at A's
+    // address starts, the application tries once more, as a new change
     let mut wrote = write_synced(ma.join("from-a-again"), "A writes through B");
     for attempt in 1..=5 {
         match &wrote {

@@ -274,9 +274,10 @@ fn a_change_committed_before_a_kill_is_answered_from_its_record_after_the_restar
 /// broke as the primary handed over), sent again after a planned switchover: the new primary
 /// answers it from its record and does not run it a second time, in both directions, and
 /// through the old primary's region (now a mirror that forwards) too. The request records
-/// travel with the change records, so every engine that applies the log holds them.
+/// travel with the change records, so every engine that applies the log holds them. The
+/// same after an unplanned failover, where a change sent again that no primary made runs.
 #[test]
-fn a_change_sent_again_after_a_planned_switchover_is_answered_from_its_record() {
+fn a_change_sent_again_after_a_switchover_or_failover_is_answered_from_its_record() {
     let work = tempfile::tempdir().expect("temp dir");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let cfg = ClusterConfig {
@@ -339,5 +340,24 @@ fn a_change_sent_again_after_a_planned_switchover_is_answered_from_its_record() 
             .await
             .expect("a new exchange");
         assert_eq!((at_a.lookup("a").await, at_a.lookup("b").await), (b, a));
+    });
+
+    // an unplanned failover: region A killed, B promoted. The change in the log is answered
+    // from its record; one never made, sent again, runs (it is in no history but B's), once
+    eprintln!("{}", cluster.lose_region_a().expect("lose region A"));
+    rt.block_on(async {
+        let mut at_b = Caller::at(&b_addr, &token, 0).await;
+        at_b.exchange_again("planned-3")
+            .await
+            .expect("sent again at B after the failover");
+        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (b, a));
+        at_b.exchange_again("never-made")
+            .await
+            .expect("a change sent again that no primary made runs");
+        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (a, b));
+        at_b.exchange_again("never-made")
+            .await
+            .expect("and once made, is answered from its record");
+        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (a, b));
     });
 }
