@@ -133,13 +133,20 @@ impl Caller {
         self.c.rename(r).await.map(|_| ())
     }
 
-    /// The exchange under `id`, marked as sent before (as a mount sends a call again after
-    /// its connection broke with the call in flight).
-    async fn exchange_again(&mut self, id: &str) -> Result<(), tonic::Status> {
+    /// The exchange under `id`, `again`: marked as sent before (as a mount sends a call
+    /// again after its connection broke with the call in flight). It must succeed, and leave
+    /// a and b with the inodes `want`.
+    async fn exchange_checked(&mut self, id: &str, again: bool, want: (u64, u64), what: &str) {
         let mut r = self.exchange_req(Some(id));
-        r.metadata_mut()
-            .insert(strait_proto::RETRY_HEADER, "2".parse().expect("ascii"));
-        self.c.rename(r).await.map(|_| ())
+        if again {
+            r.metadata_mut()
+                .insert(strait_proto::RETRY_HEADER, "2".parse().expect("ascii"));
+        }
+        if let Err(s) = self.c.rename(r).await {
+            panic!("{what}: {s:?}");
+        }
+        let got = (self.lookup("a").await, self.lookup("b").await);
+        assert_eq!(got, want, "{what}: a and b");
     }
 }
 
@@ -164,8 +171,8 @@ fn a_mutation_sent_again_with_its_request_id_runs_once() {
         assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
 
         // a new id is a new call: swapped back
-        k.exchange(Some("test-nonce-2")).await.expect("exchange");
-        assert_eq!((k.lookup("a").await, k.lookup("b").await), (a, b));
+        k.exchange_checked("test-nonce-2", false, (a, b), "exchange")
+            .await;
 
         // without an id, each call runs (the old behaviour, which applied a retry twice)
         k.exchange(None).await.expect("exchange");
@@ -253,8 +260,8 @@ fn a_change_committed_before_a_kill_is_answered_from_its_record_after_the_restar
             .expect_err("a exists");
         assert_eq!(strait_proto::status_errno(&s), Some(libc::EEXIST), "{s:?}");
         k.exchange(Some("killed-4")).await.expect("a new exchange");
-        k.exchange(Some("killed-4")).await.expect("sent again");
-        assert_eq!((k.lookup("a").await, k.lookup("b").await), (a, b));
+        k.exchange_checked("killed-4", false, (a, b), "sent again")
+            .await;
     });
 
     // two retries were answered from the records, none from memory after the restart
@@ -301,8 +308,8 @@ fn a_change_sent_again_after_a_switchover_or_failover_is_answered_from_its_recor
         let mut k = Caller::at(&a_addr, &token, 0).await;
         let a = k.create("a").await;
         let b = k.create("b").await;
-        k.exchange(Some("planned-1")).await.expect("exchange at A");
-        assert_eq!((k.lookup("a").await, k.lookup("b").await), (b, a));
+        k.exchange_checked("planned-1", false, (b, a), "exchange at A")
+            .await;
         (a, b)
     });
     eprintln!("{}", cluster.switch_to_b().expect("switch to B"));
@@ -311,35 +318,25 @@ fn a_change_sent_again_after_a_switchover_or_failover_is_answered_from_its_recor
         // sent again at B, the new primary, and at A, now B's mirror: the first result each
         // time; run again, the exchange would swap the files back
         let mut at_b = Caller::at(&b_addr, &token, 0).await;
-        at_b.exchange_again("planned-1")
-            .await
-            .expect("sent again at B");
-        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (b, a));
+        at_b.exchange_checked("planned-1", true, (b, a), "sent again at B")
+            .await;
         let mut at_a = Caller::at(&a_addr, &token, 0).await;
-        at_a.exchange_again("planned-1")
-            .await
-            .expect("sent again at A's mirror");
-        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (b, a));
+        at_a.exchange_checked("planned-1", true, (b, a), "sent again at A's mirror")
+            .await;
 
         // the other way: swapped back at B under an id
-        at_b.exchange(Some("planned-2"))
-            .await
-            .expect("exchange at B");
-        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (a, b));
+        at_b.exchange_checked("planned-2", false, (a, b), "exchange at B")
+            .await;
     });
     eprintln!("{}", cluster.switch_back_to_a().expect("switch back to A"));
 
     rt.block_on(async {
         let mut at_a = Caller::at(&a_addr, &token, 0).await;
-        at_a.exchange_again("planned-2")
-            .await
-            .expect("sent again at A");
-        assert_eq!((at_a.lookup("a").await, at_a.lookup("b").await), (a, b));
+        at_a.exchange_checked("planned-2", true, (a, b), "sent again at A")
+            .await;
         // a new id is a new change
-        at_a.exchange(Some("planned-3"))
-            .await
-            .expect("a new exchange");
-        assert_eq!((at_a.lookup("a").await, at_a.lookup("b").await), (b, a));
+        at_a.exchange_checked("planned-3", false, (b, a), "a new exchange")
+            .await;
     });
 
     // an unplanned failover: region A killed, B promoted. The change in the log is answered
@@ -347,17 +344,26 @@ fn a_change_sent_again_after_a_switchover_or_failover_is_answered_from_its_recor
     eprintln!("{}", cluster.lose_region_a().expect("lose region A"));
     rt.block_on(async {
         let mut at_b = Caller::at(&b_addr, &token, 0).await;
-        at_b.exchange_again("planned-3")
-            .await
-            .expect("sent again at B after the failover");
-        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (b, a));
-        at_b.exchange_again("never-made")
-            .await
-            .expect("a change sent again that no primary made runs");
-        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (a, b));
-        at_b.exchange_again("never-made")
-            .await
-            .expect("and once made, is answered from its record");
-        assert_eq!((at_b.lookup("a").await, at_b.lookup("b").await), (a, b));
+        at_b.exchange_checked(
+            "planned-3",
+            true,
+            (b, a),
+            "sent again at B after the failover",
+        )
+        .await;
+        at_b.exchange_checked(
+            "never-made",
+            true,
+            (a, b),
+            "a change sent again that no primary made runs",
+        )
+        .await;
+        at_b.exchange_checked(
+            "never-made",
+            true,
+            (a, b),
+            "and once made, is answered from its record",
+        )
+        .await;
     });
 }
