@@ -108,7 +108,8 @@ pub struct Report {
     pub faults: Vec<(Scheduled, Option<String>)>,
     pub unknown: usize,
     pub failed: usize,
-    /// Changes made on a mount whose process was dead (they changed nothing).
+    /// Changes made on a mount whose process was dead, and clean errors on one being killed
+    /// (they changed nothing).
     pub not_run: usize,
     /// More lines for the summary: what the object-store proxies did, how the workload fared
     /// after the last fault.
@@ -751,7 +752,10 @@ pub fn summary(r: &Report) -> String {
         r.failed,
         r.unknown,
         if r.not_run > 0 {
-            format!(", {} changes never reached a dead mount", r.not_run)
+            format!(
+                ", {} changes on a dead or dying mount changed nothing",
+                r.not_run
+            )
         } else {
             String::new()
         },

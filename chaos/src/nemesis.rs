@@ -418,6 +418,9 @@ impl Nemesis {
     /// SIGKILL region `region`'s mount process and wait until it is gone; from then on a
     /// call that finds the mount dead never reached it ([`MountState::dead`]).
     fn kill_mount(&self, c: &mut Cluster, region: usize) -> Result<()> {
+        self.mount_state(region)?
+            .dying
+            .store(true, Ordering::SeqCst);
         c.signal_mount(region, libc::SIGKILL)?;
         wait_gone(
             &format!("the mount process of region {region}"),
@@ -441,6 +444,7 @@ impl Nemesis {
             })?;
         c.remount(region)?;
         st.dead.store(false, Ordering::SeqCst);
+        st.dying.store(false, Ordering::SeqCst);
         Ok(())
     }
 

@@ -116,6 +116,12 @@ pub struct MountState {
     /// without reaching anything, so it changed nothing (unlike a call in flight when the
     /// process died, whose outcome is unknown).
     pub dead: AtomicBool,
+    /// The mount's process was sent SIGKILL and is not mounted again yet. A call that ends in
+    /// a clean error meanwhile changed nothing, but its error may be the kernel's answer from
+    /// its caches, not the file system's: a name cached as a directory is EISDIR to `unlink`
+    /// without the dead process being asked, even when a change the process never reported
+    /// (an exchange cut off by the kill, applied at the primary) made it a file.
+    pub dying: AtomicBool,
 }
 
 /// Pause after a call that found its mount dead, so a client does not spin on it.
@@ -215,7 +221,19 @@ impl Client {
             let (outcome, error, observed) = {
                 let _in = self.mount_state.gate.read();
                 let dead = self.mount_state.dead.load(Ordering::SeqCst);
-                self.perform(&op, dead)
+                match self.perform(&op, dead) {
+                    // it changed nothing, and says nothing of the state (see `dying`)
+                    (Outcome::Failed, Some(e), o)
+                        if self.mount_state.dying.load(Ordering::SeqCst) =>
+                    {
+                        (
+                            Outcome::NotRun,
+                            Some(format!("{e}, while the mount was being killed")),
+                            o,
+                        )
+                    }
+                    done => done,
+                }
             };
             let done = start.elapsed().as_millis() as u64;
             let not_connected = format!("(os error {})", libc::ENOTCONN);
