@@ -538,8 +538,7 @@ impl<P: Placement> Installation<P> {
         let words = expand(&self.local(host, &u.start), &env);
         let (program, args) = words.split_first().context("an empty ExecStart")?;
         let name = Self::service_name(host, unit);
-        let mut args = args.to_vec();
-        args.extend(self.placement.service_args(&name));
+        let args = unit::with_settings(args, &self.placement.service_args(&name));
         let mut process_env: Vec<(String, String)> = env.clone().into_iter().collect();
         if !self.log_filter.is_empty() {
             process_env.push(("STRAIT_LOG".into(), self.log_filter.clone()));

@@ -61,6 +61,32 @@ pub(crate) fn expand(line: &str, env: &BTreeMap<String, String>) -> Vec<String> 
 }
 
 /// `KEY=VALUE` lines of an environment file.
+/// `args` (a unit's command line) with `extra` (the cluster's settings for the service)
+/// after it: an option `--name VALUE` in `extra` replaces the unit's `--name VALUE`, which
+/// the program would refuse to take twice (the guide's mount sets `--cache-size`, which a
+/// harness with small cache disks sets too).
+pub(crate) fn with_settings(args: &[String], extra: &[String]) -> Vec<String> {
+    let given = |i: usize| {
+        let flag = &extra[i];
+        let valued = extra.get(i + 1).is_some_and(|v| !v.starts_with("--"));
+        (flag.starts_with("--") && valued).then_some(flag)
+    };
+    let replaced: Vec<&String> = (0..extra.len()).filter_map(given).collect();
+    let mut out = Vec::with_capacity(args.len() + extra.len());
+    let mut i = 0;
+    while i < args.len() {
+        let valued = args.get(i + 1).is_some_and(|v| !v.starts_with("--"));
+        if valued && replaced.contains(&&args[i]) {
+            i += 2;
+            continue;
+        }
+        out.push(args[i].clone());
+        i += 1;
+    }
+    out.extend(extra.iter().cloned());
+    out
+}
+
 pub(crate) fn parse_env(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .map(str::trim)
@@ -98,6 +124,38 @@ mod tests {
                 "--cache-size",
                 "50G"
             ]
+        );
+    }
+
+    #[test]
+    fn the_clusters_settings_replace_the_units_options() {
+        let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let unit = own(&[
+            "mount",
+            "u",
+            "/m",
+            "--cache-dir",
+            "/c",
+            "--cache-size",
+            "50G",
+        ]);
+        assert_eq!(
+            with_settings(&unit, &own(&["--cache-size", "24M", "--foreground"])),
+            own(&[
+                "mount",
+                "u",
+                "/m",
+                "--cache-dir",
+                "/c",
+                "--cache-size",
+                "24M",
+                "--foreground"
+            ])
+        );
+        // nothing to replace: appended as given
+        assert_eq!(
+            with_settings(&unit, &own(&["--ca", "x"])),
+            [unit.clone(), own(&["--ca", "x"])].concat()
         );
     }
 
