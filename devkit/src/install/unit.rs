@@ -60,7 +60,6 @@ pub(crate) fn expand(line: &str, env: &BTreeMap<String, String>) -> Vec<String> 
     words
 }
 
-/// `KEY=VALUE` lines of an environment file.
 /// `args` (a unit's command line) with `extra` (the cluster's settings for the service)
 /// after it: an option `--name VALUE` in `extra` replaces the unit's `--name VALUE`, which
 /// the program would refuse to take twice (the guide's mount sets `--cache-size`, which a
@@ -87,6 +86,7 @@ pub(crate) fn with_settings(args: &[String], extra: &[String]) -> Vec<String> {
     out
 }
 
+/// `KEY=VALUE` lines of an environment file.
 pub(crate) fn parse_env(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .map(str::trim)

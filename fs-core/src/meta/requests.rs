@@ -144,8 +144,7 @@ pub fn note_lost(kv: &dyn KvEngine, at_ns: i64) -> Result<()> {
 
 /// Write, in `t`, the record of a change committed under request `id` at `ts_ns` with
 /// `outcome`: at the primary (`version` None) the version is the one `t`'s change record
-/// gets at commit; a replica applying the log names it. A record already there (a replica
-/// applying a version again) is replaced, and counted once.
+/// gets at commit; a replica applying the log (each version once) names it.
 pub(crate) fn put_record(
     t: &mut dyn KvTxn,
     id: &[u8],
@@ -154,24 +153,16 @@ pub(crate) fn put_record(
     version: Option<Version>,
 ) -> Result<()> {
     let key = keys::request(id);
-    let value = RequestRecord::encode_unversioned(ts_ns, outcome)?;
-    let fresh = match version {
-        None => {
-            t.put_versioned(&key, &value);
-            true
-        }
+    let mut value = RequestRecord::encode_unversioned(ts_ns, outcome)?;
+    match version {
+        None => t.put_versioned(&key, &value),
         Some(v) => {
-            let fresh = t.get(&key)?.is_none();
-            let mut stored = value;
-            stored.extend_from_slice(&v.0.to_be_bytes());
-            t.put(&key, &stored);
-            fresh
+            value.extend_from_slice(&v.0.to_be_bytes());
+            t.put(&key, &value);
         }
-    };
-    if fresh {
-        t.put(&keys::request_by_age(age_key(ts_ns), id), &[]);
-        t.add(&keys::requests_state(keys::REQUEST_COUNT), 1);
     }
+    t.put(&keys::request_by_age(age_key(ts_ns), id), &[]);
+    t.add(&keys::requests_state(keys::REQUEST_COUNT), 1);
     Ok(())
 }
 
