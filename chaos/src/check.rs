@@ -6,7 +6,7 @@ use crate::model::{Model, Node, Outcome};
 use crate::workload::{Event, Observed, Op, Region, NAMES};
 
 /// The checkers, by number (index 0 unused).
-pub const CHECKERS: [&str; 8] = [
+pub const CHECKERS: [&str; 11] = [
     "",
     "acknowledged writes are not lost",
     "a mount's reads never go back",
@@ -15,6 +15,9 @@ pub const CHECKERS: [&str; 8] = [
     "every byte read was written",
     "the mirror converges after the heal",
     "no orphan object after GC",
+    "no block a history references is deleted",
+    "fcntl locks exclude each other",
+    "no change applied twice",
 ];
 
 #[derive(Debug, Clone)]
@@ -28,7 +31,7 @@ pub struct Violation {
 /// What the checkers looked at and found.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
-    pub checked: [u64; 8],
+    pub checked: [u64; 11],
     pub violations: Vec<Violation>,
 }
 
@@ -96,6 +99,97 @@ pub fn describe(e: &Event) -> String {
         s.push_str(&format!(" saw {}", o.chars().take(160).collect::<String>()));
     }
     s
+}
+
+/// How long after a fault's heal a read may still fail with EIO for it (a daemon starting
+/// again, a mount remounted, a store catching up), in ms.
+pub const SETTLE_MS: u64 = 15_000;
+
+/// Checker 8: no read that began outside every fault (from its start to [`SETTLE_MS`] after
+/// its heal) failed with EIO. A block some history still references, deleted (a fenced
+/// primary's GC, a mirror's sweep of a store it shares) or lost (a copy marked present before
+/// it was durable, a record shipped before its blocks), reads as EIO, never as wrong bytes
+/// (checker 5 sees those).
+pub fn no_block_lost(events: &[Event], faults: &[(u64, u64)], tally: &mut Tally) {
+    let quiet = |t: u64| {
+        !faults
+            .iter()
+            .any(|&(from, to)| from <= t && t <= to + SETTLE_MS)
+    };
+    for e in events {
+        let read = matches!(e.op, Op::Read { .. } | Op::RegGet { .. });
+        if !read || !quiet(e.invoke_ms) {
+            continue;
+        }
+        tally.checked[8] += 1;
+        if errno_in(e) == Some(libc::EIO) {
+            tally.violated(
+                8,
+                format!(
+                    "a read at {:?} failed with EIO {} ms into the run, outside every fault",
+                    e.region, e.invoke_ms
+                ),
+                vec![describe(e)],
+            );
+        }
+    }
+}
+
+/// Checker 9: the fcntl locks of each region excluded each other. `holds` are each region's
+/// holders' holds ([`crate::locks`]); a hold whose read back found another's token, or two
+/// holds by different holders of one region that overlap in time (each measured inside the
+/// real hold), are violations. Holds whose I/O failed prove nothing.
+pub fn locks_exclude(holds: &[(Region, crate::locks::Hold)], tally: &mut Tally) {
+    let line = |r: &Region, h: &crate::locks::Hold| {
+        format!(
+            "holder {} at {r:?}: {}..{} ms{}",
+            h.client,
+            h.acquired_ms,
+            h.released_ms,
+            if h.note.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", h.note)
+            }
+        )
+    };
+    for (r, h) in holds.iter().filter(|(_, h)| h.changed) {
+        tally.violated(
+            9,
+            format!(
+                "the lock file of {r:?} was written by another while holder {} held it",
+                h.client
+            ),
+            vec![line(r, h)],
+        );
+    }
+    for region in [Region::A, Region::B] {
+        let mut ok: Vec<&crate::locks::Hold> = holds
+            .iter()
+            .filter(|(r, h)| *r == region && h.ok && !h.changed)
+            .map(|(_, h)| h)
+            .collect();
+        tally.checked[9] += ok.len() as u64;
+        ok.sort_by_key(|h| h.acquired_ms);
+        // each hold against the later ones that begin before it ends
+        for (i, a) in ok.iter().enumerate() {
+            for b in ok[i + 1..]
+                .iter()
+                .take_while(|b| b.acquired_ms <= a.released_ms)
+            {
+                if b.client != a.client {
+                    tally.violated(
+                        9,
+                        format!(
+                            "holders {} and {} held the lock of {region:?} at once",
+                            a.client, b.client
+                        ),
+                        vec![line(&region, a), line(&region, b)],
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// The errno an event's error names ("... (os error N)"), if any.

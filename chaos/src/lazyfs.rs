@@ -9,7 +9,8 @@
 //! storage". [`LazyFs::power_loss`], called once the daemon above is dead, puts every file
 //! back as it was at its last sync: the kept bytes written back in reverse order, the length
 //! cut back. So a power loss loses, as a real one may, every byte written since the last
-//! sync of its file.
+//! sync of its file. An fsync of the layer's root directory counts as a sync of every file:
+//! it stands for the `syncfs(2)` that FUSE does not pass on (see `fsyncdir`).
 //!
 //! What it does not model: names. Creating, renaming and removing files and directories is
 //! kept at once, as if the directory were synced after each (a real file system may lose a
@@ -685,11 +686,18 @@ impl Filesystem for Layer {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        // syncfs(2) does not reach a file system in user space (the kernel sends FUSE_SYNCFS
+        // only to virtiofs); a sync of the whole file system (a `file://` object store's
+        // `sync`) follows its syncfs with an fsync of its root directory, which this layer
+        // takes for the syncfs it stands for: every file is on stable storage from now on
+        if ino.0 == 1 {
+            self.inner.lock().unsynced.clear();
+        }
         reply.ok();
     }
 

@@ -36,6 +36,7 @@ pub mod clock;
 pub mod disk;
 pub mod interrupt;
 pub mod lazyfs;
+pub mod locks;
 pub mod model;
 pub mod nemesis;
 pub mod payload;
@@ -83,6 +84,9 @@ pub struct RunConfig {
     /// Clients per region that only read the writers' registers.
     #[serde(default)]
     pub readers: u32,
+    /// Lock holders per region, each a process of its own ([`locks`], checker 9).
+    #[serde(default)]
+    pub lockers: u32,
     /// The primary's durability: `local` or `replicated`.
     pub durability: String,
     /// The mirror's policy outside its window (`forward`, `wait`, `serve`) and the window.
@@ -92,6 +96,16 @@ pub struct RunConfig {
     pub delay_ms: u64,
     /// A Garage per region (otherwise a directory per region).
     pub garage: bool,
+    /// One store for both regions (region A's).
+    #[serde(default)]
+    pub shared_store: bool,
+    /// The mirror's block copy: `eager` or `lazy`.
+    #[serde(default = "eager")]
+    pub sync: String,
+    /// The file system's GC delay, s ([`GC_DELAY_S`] by default); below it GC runs fast in
+    /// every region (a pass a second, the mirrors' grace the same delay).
+    #[serde(default = "gc_delay_default")]
+    pub gc_delay_s: u64,
     /// Where the cluster, its logs and the history go.
     pub dir: PathBuf,
     /// The `strait` program.
@@ -99,6 +113,37 @@ pub struct RunConfig {
     /// Only the schedule, from a replayed run; otherwise computed from the seed.
     #[serde(default)]
     pub schedule: Option<Vec<Scheduled>>,
+}
+
+fn eager() -> String {
+    "eager".into()
+}
+
+fn gc_delay_default() -> u64 {
+    GC_DELAY_S
+}
+
+/// The arguments that make GC fast for a run whose GC delay is `delay_s` (none at the
+/// default): for the primary, and for a mirror once promoted.
+fn fast_gc(delay_s: u64) -> (Vec<String>, Vec<String>) {
+    if delay_s >= GC_DELAY_S {
+        return (vec![], vec![]);
+    }
+    let grace_ms = (delay_s * 1000).to_string();
+    (
+        vec![
+            "--gc-interval-s".into(),
+            "1".into(),
+            "--gc-mirror-grace-ms".into(),
+            grace_ms.clone(),
+        ],
+        vec![
+            "--promotion-gc-interval-s".into(),
+            "1".into(),
+            "--promotion-gc-mirror-grace-ms".into(),
+            grace_ms,
+        ],
+    )
 }
 
 /// What a run found.
@@ -224,6 +269,21 @@ pub fn run(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Report> {
             instruments.lazy.push((name.to_string(), l));
         }
     }
+    if chosen("power-loss") && !cfg.garage {
+        // each region's `file://` store through a layer of its own, its root the layer's
+        // (a store's sync fsyncs its root, which the layer takes for a syncfs)
+        for (i, name) in nemesis::STORES.into_iter().enumerate() {
+            if i == 1 && cfg.shared_store {
+                continue; // region B uses region A's
+            }
+            let top = cfg.dir.join("lazyfs").join(name);
+            say(&format!("{name} (a directory) through a power-loss layer"));
+            let l = lazyfs::LazyFs::mount(&top.join("backing"), &top.join("point"))
+                .with_context(|| format!("--nemesis power-loss: {name}'s layer"))?;
+            hooks.store_dirs[i] = Some(l.point().to_path_buf());
+            instruments.lazy.push((name.to_string(), l));
+        }
+    }
     if chosen("clock-jump") {
         for name in nemesis::CLOCKS {
             let c = clock::FakeClock::new(&cfg.dir.join(format!("clock-{name}")))
@@ -240,18 +300,27 @@ pub fn run(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Report> {
         window_ms: cfg.window_ms,
         policy: cfg.policy.clone(),
         source: "local".into(),
-        sync: "eager".into(),
+        sync: cfg.sync.clone(),
         garage: cfg.garage,
         link_mb_s: 0.0,
         primary_proxies: true,
-        primary_args: vec!["--durability".into(), cfg.durability.clone()],
+        primary_args: [
+            vec!["--durability".into(), cfg.durability.clone()],
+            fast_gc(cfg.gc_delay_s).0,
+        ]
+        .concat(),
         // promoted (switchover, failover), the mirror commits as the primary does
-        mirror_args: vec!["--promotion-durability".into(), cfg.durability.clone()],
+        mirror_args: [
+            vec!["--promotion-durability".into(), cfg.durability.clone()],
+            fast_gc(cfg.gc_delay_s).1,
+        ]
+        .concat(),
         mount_args,
-        format_args: vec!["--gc-delay".into(), GC_DELAY_S.to_string()],
+        format_args: vec!["--gc-delay".into(), cfg.gc_delay_s.to_string()],
         tls: false,
         // losing region A leaves a quorum only with a node in a third region
         witness: chosen("failover"),
+        shared_store: cfg.shared_store,
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");
@@ -322,6 +391,15 @@ fn drive(
         std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     }
     wait_visible(&workload::dir_of(&mb, n - 1), Duration::from_secs(60))?;
+    // each region's lock file, for its lock holders (locks exclude within a region)
+    let lock_file = |mount: &Path, r: &str| mount.join("chaos").join(format!("lock-{r}"));
+    if cfg.lockers > 0 {
+        for r in ["a", "b"] {
+            std::fs::write(lock_file(&ma, r), vec![b'.'; 64])
+                .with_context(|| format!("create the lock file of region {r}"))?;
+        }
+        wait_visible(&lock_file(&mb, "b"), Duration::from_secs(60))?;
+    }
 
     let state_of = |region: Region| {
         let i = if region == Region::A { 0 } else { 1 };
@@ -359,9 +437,30 @@ fn drive(
                 .context("start a client")?,
         );
     }
+    // the lock holders: processes of their own, their holds in a file each
+    let mut holders = vec![];
+    for i in 0..cfg.lockers * 2 {
+        let (region, mount, r) = if i < cfg.lockers {
+            (Region::A, &ma, "a")
+        } else {
+            (Region::B, &mb, "b")
+        };
+        let out = cfg.dir.join(format!("locks-{i}.jsonl"));
+        let mut cmd = std::process::Command::new(&cfg.strait_bin);
+        cmd.args(["chaos", "lock-client", "--file"])
+            .arg(lock_file(mount, r))
+            .args(["--client", &i.to_string()])
+            .args(["--seconds", &cfg.seconds.to_string()])
+            .args(["--seed", &cfg.seed.to_string()])
+            .stdout(std::fs::File::create(&out).context("a lock holder's output")?)
+            .stderr(std::process::Stdio::null());
+        let child = strait_devkit::process::spawn_tied(cmd).context("start a lock holder")?;
+        holders.push((region, out, child));
+    }
     say(&format!(
-        "workload: {n} writers and {} readers for {} s, {} faults scheduled",
+        "workload: {n} writers, {} readers and {} lock holders for {} s, {} faults scheduled",
         all - n,
+        holders.len(),
         cfg.seconds,
         schedule.len()
     ));
@@ -447,6 +546,31 @@ fn drive(
     }
     let events = history.snapshot();
     say(&format!("{} operations recorded; checking", events.len()));
+    // 9: the lock holders' holds (they stop by themselves at the end of the workload)
+    let mut holds = vec![];
+    for (region, out, mut child) in holders {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            tally.violated(
+                9,
+                format!("a lock holder of {region:?} was still in a call 60 s after the end"),
+                vec![],
+            );
+        }
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        for line in text.lines() {
+            match serde_json::from_str::<locks::Hold>(line) {
+                Ok(h) => holds.push((region, h)),
+                Err(e) => bail!("a lock holder wrote {line:?}: {e}"),
+            }
+        }
+    }
+    check::locks_exclude(&holds, &mut tally);
 
     let mut models = check::replay(&events, &mut tally);
     let max_delay = schedule
@@ -538,6 +662,11 @@ fn drive(
     // 7: GC leaves no orphan object in either region's store, and takes no referenced one
     say("collecting garbage in both regions' stores (grace 0), then counting what is left");
     for (region, addr) in [("A", &topo.primary), ("B", &topo.mirror)] {
+        if region == "B" && cfg.shared_store {
+            // one store: the primary swept it; the mirror must refuse to
+            mirror_refuses_a_shared_store(cfg, addr, &topo.admin_token, &mut tally, say);
+            continue;
+        }
         no_orphans_after_gc(cfg, region, addr, &topo.admin_token, &mut tally, say);
     }
     std::thread::sleep(Duration::from_millis(1_500));
@@ -555,6 +684,34 @@ fn drive(
                 ),
                 vec![],
             );
+        }
+    }
+    // 8: no read outside the faults (and a settling time after each) failed with EIO: a
+    // block some history still references was never deleted nor lost
+    let windows: Vec<(u64, u64)> = faults
+        .iter()
+        .map(|(s, _)| (s.at_ms, s.at_ms + s.hold_ms))
+        .collect();
+    check::no_block_lost(&events, &windows, &mut tally);
+    // 10: no change was applied twice: no request id was committed twice in either region's
+    // history
+    for (region, metrics) in [("A", &topo.primary_metrics), ("B", &topo.mirror_metrics)] {
+        tally.checked[10] += 1;
+        match applied_twice(metrics) {
+            Ok(0) => {}
+            Ok(n) => tally.violated(
+                10,
+                format!(
+                    "region {region}'s history holds {n} changes committed under a request id \
+                     another change had committed under (strait_requests_applied_twice)"
+                ),
+                vec![],
+            ),
+            Err(e) => tally.violated(
+                10,
+                format!("read region {region}'s strait_requests_applied_twice: {e:#}"),
+                vec![],
+            ),
         }
     }
     let unknown = events
@@ -660,6 +817,57 @@ fn converge(cfg: &RunConfig, primary: &str, mirror: &str, token: &str) -> Result
 
 /// Checker 7 for one region's store: `strait gc` with a grace of 0 through its site daemon,
 /// then a dry run, which must find no object unreferenced.
+/// `strait_requests_applied_twice` on the daemon whose metrics listen at `addr`.
+fn applied_twice(addr: &str) -> Result<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("strait_requests_applied_twice "))
+        .with_context(|| format!("{addr}/metrics has no strait_requests_applied_twice"))?;
+    let v: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("read {line:?}"))?;
+    Ok(v as u64)
+}
+
+/// Checker 7 with one store for both regions: the primary swept it; the mirror must refuse
+/// (its metadata is behind the primary's: its sweep would delete what the primary committed
+/// since), and say so.
+fn mirror_refuses_a_shared_store(
+    cfg: &RunConfig,
+    addr: &str,
+    token: &str,
+    tally: &mut Tally,
+    say: &mut dyn FnMut(&str),
+) {
+    tally.checked[7] += 1;
+    match gc(cfg, &format!("strait://{addr}"), token, true) {
+        Err(e) if format!("{e:#}").contains("also the primary's") => {
+            say("region B's mirror refuses to sweep the store it shares with the primary")
+        }
+        Err(e) => tally.violated(
+            7,
+            format!("the mirror's sweep of the shared store failed otherwise: {e:#}"),
+            vec![],
+        ),
+        Ok(r) => tally.violated(
+            7,
+            format!(
+                "the mirror swept the store it shares with the primary ({} objects listed)",
+                r.listed
+            ),
+            vec![],
+        ),
+    }
+}
+
 fn no_orphans_after_gc(
     cfg: &RunConfig,
     region: &str,

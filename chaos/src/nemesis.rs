@@ -23,7 +23,7 @@ use crate::s3proxy::{S3Faults, S3Mode, S3Proxy};
 use crate::workload::MountState;
 
 /// The kinds of fault, as `--nemesis` names them.
-pub const KINDS: [&str; 19] = [
+pub const KINDS: [&str; 20] = [
     "kill",
     "stop",
     "partition",
@@ -43,6 +43,7 @@ pub const KINDS: [&str; 19] = [
     "power-loss",
     "switchover",
     "failover",
+    "gc",
 ];
 
 /// What a `disk-full` fault may fill: the primary's or the mirror's metadata directory
@@ -83,6 +84,20 @@ fn powered_by(target: &str) -> Vec<&str> {
         "region-a" => vec!["primary", "replicator1", "replicator2"],
         "region-b" => vec!["mirror", "replicator3"],
         one => vec![one],
+    }
+}
+
+/// The `file://` object stores under a power-loss layer of their own (with `--store dir`),
+/// by region (A, then B). A store loses its power with its whole region, the region's mount
+/// with it (then mounted again at the heal).
+pub const STORES: [&str; 2] = ["store-a", "store-b"];
+
+/// The region (0: A, 1: B) whose store a `power-loss` of `target` hits, if a whole region.
+fn region_of(target: &str) -> Option<usize> {
+    match target {
+        "region-a" => Some(0),
+        "region-b" => Some(1),
+        _ => None,
     }
 }
 
@@ -177,7 +192,15 @@ pub enum Fault {
     /// [`Cluster::region_a_rejoins`]). Runs with the witness placement (replicator node 2 in a
     /// third region) and `replicated` durability.
     Failover,
+    /// `strait gc` (the dead slices' pass, then an orphan sweep with a grace of a minute) at
+    /// the site daemons of both regions, whatever they are then (a primary, a mirror, one
+    /// fenced or handing over): each deletes only what no history still needs, or refuses.
+    Gc,
 }
+
+/// The grace of the `gc` nemesis's orphan sweeps: far above the time between a block's
+/// upload and its commit under the other faults (a mount stopped for at most 6 s).
+pub const GC_NEMESIS_GRACE: &str = "60s";
 
 /// A fault and when it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,6 +295,7 @@ pub fn schedule(seed: u64, seconds: u64, kinds: &[String], garage: bool) -> Vec<
             ),
             "switchover" => Fault::Switchover,
             "failover" => Fault::Failover,
+            "gc" => Fault::Gc,
             _ => Fault::StopGarage(rng.random_range(0..2)),
         };
         out.push(Scheduled {
@@ -316,6 +340,12 @@ impl Instruments {
             .find(|(n, _)| n == name)
             .map(|(_, c)| c)
             .with_context(|| format!("{name} does not run under libfaketime in this run"))
+    }
+
+    /// The power-loss layer under region `region`'s store, if it has one.
+    fn store_layer(&self, region: usize) -> Option<&LazyFs> {
+        let name = STORES.get(region)?;
+        self.lazy.iter().find(|(n, _)| n == name).map(|(_, l)| l)
     }
 
     fn lazy(&self, name: &str) -> Result<&LazyFs> {
@@ -378,6 +408,42 @@ fn wait_gone(what: &str, max_ms: u64, mut gone: impl FnMut() -> Result<bool>) ->
 fn kill_and_wait(c: &mut Cluster, target: &str) -> Result<()> {
     c.signal(target, libc::SIGKILL)?;
     wait_gone(target, DAEMON_EXIT_MS_MAX, || c.exited(target))
+}
+
+/// The `gc` nemesis: `strait gc` at the site daemon of each region, a line on what each did
+/// (or why it refused: a mirror not following, a store a primary uses too, a fenced primary).
+fn collect_everywhere(c: &Cluster) -> String {
+    let t = c.topology();
+    let mut lines = vec![];
+    for (region, addr) in [("A", &t.primary), ("B", &t.mirror)] {
+        let out = std::process::Command::new(c.strait_bin())
+            .args(["gc", &format!("strait://{addr}"), "--token", &t.admin_token])
+            .args(["--orphan-grace", GC_NEMESIS_GRACE, "--json"])
+            .output();
+        let said = match out {
+            Ok(o) => {
+                let text = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                let last = text
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("");
+                let cut: String = last.chars().take(200).collect();
+                if o.status.success() {
+                    format!("ran: {cut}")
+                } else {
+                    format!("refused: {cut}")
+                }
+            }
+            Err(e) => format!("could not run strait gc: {e}"),
+        };
+        lines.push(format!("{region} {said}"));
+    }
+    lines.join("; ")
 }
 
 /// Injects and heals faults, remembering each proxy's faults from before the run.
@@ -461,6 +527,7 @@ impl Nemesis {
         match fault {
             Fault::Kill(name) => c.signal(name, libc::SIGKILL)?,
             Fault::Stop(name) => c.signal(name, libc::SIGSTOP)?,
+            Fault::Gc => return Ok(Some(collect_everywhere(c))),
             Fault::Switchover => return Ok(Some(c.switch_to_b()?)),
             Fault::Failover => {
                 self.kill_mount(c, 0)?;
@@ -575,6 +642,12 @@ impl Nemesis {
                     .iter()
                     .map(|d| self.instruments.lazy(d))
                     .collect::<Result<Vec<_>>>()?;
+                // a whole region's store goes with it, and so does its mount
+                let store =
+                    region_of(target).and_then(|r| Some((r, self.instruments.store_layer(r)?)));
+                if let Some((r, _)) = store {
+                    self.kill_mount(c, r)?;
+                }
                 // every daemon of a region dies before any of them is waited for
                 for d in &hit {
                     c.signal(d, libc::SIGKILL)?;
@@ -588,6 +661,24 @@ impl Nemesis {
                     lines.push(format!(
                         "{d}: {} files put back to their last sync ({} bytes written back, {} cut)",
                         lost.files, lost.bytes_restored, lost.bytes_cut
+                    ));
+                }
+                if let Some((r, layer)) = store {
+                    // region A's store is written by the mirror too (its forwarded writes'
+                    // blocks): it waits while the store is put back
+                    let pause = r == 0 && !c.exited("mirror")?;
+                    if pause {
+                        c.signal("mirror", libc::SIGSTOP)?;
+                    }
+                    let lost = layer.power_loss();
+                    if pause {
+                        c.signal("mirror", libc::SIGCONT)?;
+                    }
+                    let lost = lost.with_context(|| format!("{}'s power loss", STORES[r]))?;
+                    lines.push(format!(
+                        "{}: {} files put back to their last sync ({} bytes written back, {} \
+                         cut), the region's mount killed",
+                        STORES[r], lost.files, lost.bytes_restored, lost.bytes_cut
                     ));
                 }
                 return Ok(Some(format!(
@@ -615,7 +706,13 @@ impl Nemesis {
                 for d in powered_by(target).into_iter().rev() {
                     c.restart(d, Some(Duration::from_secs(120)))?
                 }
+                if let Some(r) =
+                    region_of(target).filter(|&r| self.instruments.store_layer(r).is_some())
+                {
+                    self.remount(c, r)?;
+                }
             }
+            Fault::Gc => {}
             Fault::Stop(name) => c.signal(name, libc::SIGCONT)?,
             Fault::StopGarage(i) => {
                 if let Some(pid) = c.garage_pids().get(*i) {

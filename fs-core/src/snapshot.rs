@@ -5,7 +5,8 @@
 //! the counters, the dead-slice and unlinked-file tables, and every inode reachable from the
 //! root (or kept by an open handle) with its attributes, entries, chunks, symlink target and
 //! xattrs. Sessions and locks are region-local runtime state and are left out; so is the
-//! change-log outbox. A replica that loads the snapshot and then applies the log from `S + 1`
+//! change-log outbox. The request records go with it ([`walk_snapshot`]), though no digest
+//! counts them. A replica that loads the snapshot and then applies the log from `S + 1`
 //! holds exactly the primary's metadata at every later version.
 //!
 //! # To ensure correctness
@@ -97,6 +98,38 @@ pub fn walk(
     Ok(())
 }
 
+/// The key a snapshot ends with to say that it carries the request records (one of an
+/// older primary does not: its loader notes them as lost). Never stored as a record.
+fn carried_key() -> Vec<u8> {
+    keys::requests_state("carried")
+}
+
+/// Call `visit` with every pair a snapshot carries: the tree ([`walk`]), then the request
+/// records with their age index and state (region-local, not file system content: no digest
+/// counts them), then [`carried_key`]. A replica loaded from it answers a change sent again
+/// from its record, as the engine it was taken from would: without them a change committed
+/// before the snapshot and sent again (its answer lost) ran a second time at a mirror
+/// promoted soon after its bootstrap, or at an old primary rejoined from a snapshot.
+pub fn walk_snapshot(
+    t: &mut dyn KvTxn,
+    visit: &mut dyn FnMut(Vec<u8>, Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    walk(t, visit)?;
+    let carried = carried_key();
+    for owner in [
+        keys::REQUESTS_BY_ID,
+        keys::REQUESTS_BY_AGE,
+        keys::REQUESTS_STATE,
+    ] {
+        for (k, v) in t.scan(&keys::group(keys::REQUEST, owner), None, usize::MAX)? {
+            if k != carried {
+                visit(k, v)?;
+            }
+        }
+    }
+    visit(carried, vec![])
+}
+
 /// The version of the last change record, read inside `t`.
 pub fn version_in(t: &mut dyn KvTxn) -> Result<Version> {
     Ok(Version(decode_counter(t.get(LAST_VERSION_KEY)?)? as u64))
@@ -126,7 +159,7 @@ pub fn collect(
             start(version)?;
             let mut buf: KvPairs = Vec::with_capacity(BATCH_PAIRS_MAX);
             let mut pairs = 0u64;
-            walk(t, &mut |k, v| {
+            walk_snapshot(t, &mut |k, v| {
                 buf.push((k, v));
                 pairs += 1;
                 if buf.len() >= BATCH_PAIRS_MAX {
@@ -162,6 +195,8 @@ pub fn collect(
 pub struct Loader<'a> {
     kv: &'a dyn KvEngine,
     pairs: u64,
+    /// The snapshot said it carries the request records ([`walk_snapshot`]).
+    carried: bool,
 }
 
 impl<'a> Loader<'a> {
@@ -176,13 +211,19 @@ impl<'a> Loader<'a> {
                 kv.name()
             )));
         }
-        Ok(Loader { kv, pairs: 0 })
+        Ok(Loader {
+            kv,
+            pairs: 0,
+            carried: false,
+        })
     }
 
     /// Write one batch of pairs (replicated keys only; anything else is refused).
     pub fn batch(&mut self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let carried = carried_key();
         for (k, _) in pairs {
             check_key(k)?;
+            self.carried |= *k == carried;
         }
         self.kv.txn(&mut |t| {
             for (k, v) in pairs {
@@ -203,16 +244,29 @@ impl<'a> Loader<'a> {
                 self.pairs
             )));
         }
+        let carried = self.carried;
         self.kv.txn(&mut |t| {
             t.add(LAST_VERSION_KEY, version.0 as i64);
+            if !carried {
+                // a snapshot without the request records (an older primary's): a change sent
+                // again that finds no record may have committed before it; for a while such a
+                // retry is answered "not known" rather than run a second time
+                crate::meta::requests::raise_lost(t, crate::meta::now_ns())?;
+            }
             Ok(())
         })?;
         let (got, digest) = kv::read(self.kv, |t| {
             let mut n = 0u64;
-            walk(t, &mut |_, _| {
+            let mut count = |_, _| {
                 n += 1;
                 Ok(())
-            })?;
+            };
+            // an older snapshot carried the tree alone
+            if carried {
+                walk_snapshot(t, &mut count)?;
+            } else {
+                walk(t, &mut count)?;
+            }
             Ok((n, crate::meta::Meta::digest_in(t)?))
         })?;
         if got != pairs {
@@ -224,7 +278,7 @@ impl<'a> Loader<'a> {
     }
 }
 
-/// A snapshot may only carry replicated keys.
+/// A snapshot may only carry replicated keys, and the request records.
 fn check_key(k: &[u8]) -> Result<()> {
     let ok = k.len() >= kv::GROUP_LEN
         && matches!(
@@ -238,6 +292,7 @@ fn check_key(k: &[u8]) -> Result<()> {
                 | keys::DEADSLICE
                 | keys::SETTING
                 | keys::COUNTER
+                | keys::REQUEST
         );
     if ok {
         Ok(())

@@ -298,6 +298,9 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
             .ok()
             .map(|c| c.with_attempts(2));
     let mut source = 0usize;
+    // the region's sessions and locks, kept across a new bootstrap, which empties the engine
+    // (a snapshot carries neither): the mounts go on with their sessions and their locks
+    let mut region_state: Option<Vec<(Vec<u8>, Vec<u8>)>> = None;
     // The follower's worker loop, run until `stop`: its two retries (a bootstrap, a
     // subscription) are steps of it, pausing as `pauses` says, begun again after a success.
     // Not backon's `retry`: its pause cannot end at `stop` without either cutting short a
@@ -323,6 +326,52 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
             let register = registrar.as_ref().map(|c| (c, mirror.cfg.id.as_str()));
             match bootstrap(&mirror.kv, &primary, register).await {
                 Ok(v) => {
+                    if let Some(pairs) = region_state.take() {
+                        let kv = mirror.kv.clone();
+                        let n = pairs.len();
+                        let put = tokio::task::spawn_blocking(move || {
+                            use strait_fs_core::meta::keys;
+                            strait_fs_core::kv::txn(kv.as_ref(), |t| {
+                                for (k, v) in &pairs {
+                                    t.put(k, v);
+                                }
+                                Ok(())
+                            })?;
+                            // the snapshot brought the primary's session counter: no new
+                            // session here may take the id of one kept
+                            let top = pairs
+                                .iter()
+                                .filter(|(k, _)| k.first() == Some(&keys::SESSION))
+                                .filter_map(|(k, _)| keys::u64_at(k, 9))
+                                .max()
+                                .unwrap_or(0) as i64;
+                            let counter = keys::counter(keys::NEXT_SESSION);
+                            let cur = kv.incr(&counter, 0)?;
+                            if top > cur {
+                                kv.incr(&counter, top - cur)?;
+                            }
+                            Ok::<_, strait_fs_core::Error>(())
+                        })
+                        .await;
+                        match put {
+                            Ok(Ok(())) => tracing::info!(
+                                "kept the region's sessions and locks across the new bootstrap \
+                                 ({n} keys)"
+                            ),
+                            other => {
+                                // the mounts resume with new sessions, and take their locks
+                                // back in a grace period
+                                tracing::warn!(
+                                    "put back the region's sessions and locks: {other:?}"
+                                );
+                                let kv = mirror.kv.clone();
+                                let _ = tokio::task::spawn_blocking(move || {
+                                    strait_fs_core::meta::lock_grace_from_now(kv.as_ref())
+                                })
+                                .await;
+                            }
+                        }
+                    }
                     mirror.on_applied(v, &[], None);
                     // the snapshot was taken after it was asked for: it holds everything
                     // committed before `requested`, which bounds the lag as a poll would
@@ -390,8 +439,16 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
                 ));
                 let kv = mirror.kv.clone();
                 // version 0 means "bootstrap": the next turn loads the snapshot
-                match tokio::task::spawn_blocking(move || kv.wipe()).await {
-                    Ok(Ok(())) => mirror.on_wiped(),
+                match tokio::task::spawn_blocking(move || {
+                    let kept = region_local_state(kv.as_ref())?;
+                    kv.wipe().map(|()| kept)
+                })
+                .await
+                {
+                    Ok(Ok(kept)) => {
+                        region_state = Some(kept);
+                        mirror.on_wiped()
+                    }
                     other => {
                         tracing::error!("empty the mirror's engine for a new bootstrap: {other:?}");
                         mirror.set_error(&format!(
@@ -420,6 +477,21 @@ pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken)
         }
         pauses = RETRY_BACKOFF.build();
     }
+}
+
+/// The region's own state in the mirror's engine that a snapshot does not carry and a new
+/// bootstrap must not lose: its mounts' sessions and their locks.
+fn region_local_state(
+    kv: &dyn strait_fs_core::kv::KvEngine,
+) -> strait_fs_core::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use strait_fs_core::meta::keys;
+    strait_fs_core::kv::read(kv, |t| {
+        let mut out = vec![];
+        for tag in [keys::SESSION, keys::FLOCK, keys::PLOCK, keys::LOCKED] {
+            out.extend(t.scan(&[tag], None, usize::MAX)?);
+        }
+        Ok(out)
+    })
 }
 
 /// The next pause from `pauses` ([`RETRY_BACKOFF`]), to the millisecond: backon doubles in
@@ -725,9 +797,20 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
         match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
             Ok(Ok(r)) => {
                 let s = r.into_inner();
-                mirror.on_poll(requested, s.clock_ms, Version(s.version));
-                mirror.on_primary_lease(s.lease_ms, s.lease_left_ms);
-                warned = false;
+                // only the primary the log goes on with bounds the lag: an old one, fenced or
+                // superseded, would keep this mirror "fresh" while the new one commits
+                match reading_refused(&s, mirror.epoch()) {
+                    None => {
+                        mirror.on_poll(requested, s.clock_ms, Version(s.version));
+                        mirror.on_primary_lease(s.lease_ms, s.lease_left_ms);
+                        warned = false;
+                    }
+                    Some(why) if !warned => {
+                        tracing::warn!("the primary's clock is not taken as a reading: {why}");
+                        warned = true;
+                    }
+                    Some(_) => {}
+                }
             }
             Ok(Err(e)) if !warned => {
                 tracing::warn!("read the primary's clock: {}", e.message());
@@ -742,9 +825,74 @@ pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: Cancellatio
     }
 }
 
+/// Why the answer `st` to a poll of the primary may not bound this mirror's lag, when the
+/// newest records it received are of epoch `known_epoch` (None: it may): only a daemon that
+/// answers as the primary, is not fenced, is at that epoch or later and, with a lease, still
+/// holds it.
+pub fn reading_refused(st: &s::SiteStatus, known_epoch: u64) -> Option<String> {
+    if st.role != "primary" {
+        return Some(format!(
+            "the daemon at the primary's address answers as a {}",
+            st.role
+        ));
+    }
+    if !st.fenced.is_empty() {
+        return Some(format!("the primary is fenced: {}", st.fenced));
+    }
+    if st.epoch < known_epoch {
+        return Some(format!(
+            "the primary answers at epoch {}, and the log is at epoch {known_epoch}: another \
+             primary was promoted",
+            st.epoch
+        ));
+    }
+    if st.lease_ms > 0 && st.lease_left_ms == 0 {
+        return Some(format!(
+            "the primary's lease of {} ms has run out: another may have been promoted",
+            st.lease_ms
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_primary_the_log_goes_on_with_bounds_the_lag() {
+        let ok = s::SiteStatus {
+            role: "primary".into(),
+            epoch: 2,
+            ..Default::default()
+        };
+        assert_eq!(reading_refused(&ok, 2), None);
+        assert_eq!(reading_refused(&ok, 1), None);
+        // an older epoch: another primary was promoted since
+        assert!(reading_refused(&ok, 3).unwrap().contains("epoch 2"));
+        let fenced = s::SiteStatus {
+            fenced: "stale-epoch".into(),
+            ..ok.clone()
+        };
+        assert!(reading_refused(&fenced, 2).unwrap().contains("fenced"));
+        let mirror = s::SiteStatus {
+            role: "mirror".into(),
+            ..ok.clone()
+        };
+        assert!(reading_refused(&mirror, 2).is_some());
+        let lapsed = s::SiteStatus {
+            lease_ms: 2000,
+            lease_left_ms: 0,
+            ..ok.clone()
+        };
+        assert!(reading_refused(&lapsed, 2).unwrap().contains("lease"));
+        let leased = s::SiteStatus {
+            lease_ms: 2000,
+            lease_left_ms: 1500,
+            ..ok
+        };
+        assert_eq!(reading_refused(&leased, 2), None);
+    }
 
     /// A site service whose snapshot is a real one with the end's digest changed.
     struct TamperedSite {

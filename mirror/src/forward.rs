@@ -147,6 +147,8 @@ impl ForwardSession {
                     self.resume.load(Ordering::Relaxed)
                 },
                 open_inodes,
+                // the region's locks are its own (the mirror's engine): none held here
+                locks: vec![],
             })
             .await?
             .into_inner();

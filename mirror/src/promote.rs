@@ -142,6 +142,16 @@ impl WriteFence for LateShipping {
             None => Box::pin(async { None }),
         }
     }
+
+    fn in_flight(&self) -> Option<Arc<strait_site::InFlight>> {
+        Some(self.handover.in_flight.clone())
+    }
+
+    fn reads_refused(&self) -> Option<String> {
+        self.shipping
+            .get()
+            .and_then(|s| s.fence.reads_refused_now())
+    }
 }
 
 impl ReplicationWait for LateShipping {
@@ -455,6 +465,10 @@ impl Promoter {
             durability: pc.durability,
             replicated_timeout: Duration::from_millis(pc.replicated_timeout_ms),
             lease: (pc.lease_ms > 0).then(|| Duration::from_millis(pc.lease_ms)),
+            // this region's mounts write their blocks here
+            blocks: self.mirror.blocks.local_store(),
+            // fenced later (another promoted), it answers reads as long as a mirror would
+            fenced_reads: Duration::from_millis(cfg.window_ms),
         };
         let shipping = strait_ship::start(
             self.mirror.kv.clone(),
@@ -463,6 +477,23 @@ impl Promoter {
             self.mirror.metrics.base.clone(),
             self.ship_stop.clone(),
         )?;
+        // fenced (another promoted since): the status and /health say so
+        let mut shipped = shipping.shipper.watch();
+        let (mirror, stop) = (self.mirror.clone(), self.ship_stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                r = shipped.wait_for(|s| s.fenced.is_some()) => {
+                    if let Ok(s) = r {
+                        mirror.set_fenced(s.fenced.as_deref().unwrap_or_default());
+                    }
+                }
+                _ = stop.cancelled() => {}
+            }
+        });
+        // deleting nothing on its own once superseded, as `strait primary` does
+        let fence = shipping.fence.clone();
+        let gate: strait_fs_core::meta::DeletionGate = Arc::new(move || fence.deletions_refused());
+        self.engine.gate_deletions(gate.clone());
         if self.late.shipping.set(shipping).is_err() {
             anyhow::bail!("the shipper was started already");
         }
@@ -472,7 +503,8 @@ impl Promoter {
                 &cfg.replicator,
                 &settings.creds,
                 Duration::from_millis(pc.gc_mirror_grace_ms),
-            )?;
+            )?
+            .for_primary(Epoch(p.epoch), gate);
             let horizon = Arc::new(tokio::sync::Mutex::new(horizon));
             if pc.gc_interval_s > 0 {
                 tokio::spawn(strait_ship::gc::run(
@@ -609,6 +641,8 @@ impl Promoter {
              nothing from the primary for {after:?}"
         );
         let mut silence = Silence::default();
+        // said once until it changes: why a silent primary is not failed over
+        let mut refusal: Option<String> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -633,6 +667,20 @@ impl Promoter {
             );
             let quiet = silence.observe(heard, Instant::now());
             if quiet < after {
+                refusal = None;
+                continue;
+            }
+            // the old primary may still acknowledge changes until its lease runs out: only a
+            // lease known and run out makes its silence a failure (with none it goes on in
+            // `local` durability however long it is cut off: two primaries)
+            let (lease_ms, _) = self.mirror.primary_lease();
+            if let Some(why) = lease_refusal(lease_ms, quiet) {
+                if refusal.as_deref() != Some(why.as_str()) {
+                    tracing::warn!("automatic failover waits: {why}");
+                    self.mirror
+                        .set_error(&format!("automatic failover waits: {why}"));
+                    refusal = Some(why);
+                }
                 continue;
             }
             tracing::warn!(
@@ -650,9 +698,44 @@ impl Promoter {
     }
 }
 
+/// What a primary's lease is known to cover beyond the replicator's silence: the time
+/// between its call and the replicator taking it (its lease counts from the send), and a
+/// poll of the leader here.
+const LEASE_MARGIN: Duration = Duration::from_millis(500);
+
+/// Why `failover = "auto"` may not promote after the replicator has taken nothing from the
+/// primary for `quiet`, when the primary's last answer named a lease of `lease_ms` (0: none,
+/// or it never answered): None once the lease is known and has run out.
+fn lease_refusal(lease_ms: u64, quiet: Duration) -> Option<String> {
+    if lease_ms == 0 {
+        return Some(format!(
+            "the replicator has taken nothing from the primary for {quiet:?}, but the primary's \
+             lease is not known (it runs without one, lease_ms = 0, or it never answered this \
+             mirror): it may still acknowledge changes, so this mirror does not promote itself; \
+             promote it by hand (`strait mirror promote`) once the old primary is known to be \
+             down, or give the primary a lease"
+        ));
+    }
+    let lease = Duration::from_millis(lease_ms) + LEASE_MARGIN;
+    (quiet < lease).then(|| {
+        format!("the primary's lease of {lease_ms} ms has not run out yet ({quiet:?} of silence)")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn automatic_failover_needs_a_lease_known_and_run_out() {
+        let s = Duration::from_secs;
+        // no lease: never, however long the silence
+        assert!(lease_refusal(0, s(3600)).unwrap().contains("not known"));
+        // a 2 s lease: not within it (and its margin), then yes
+        assert!(lease_refusal(2000, s(2)).is_some());
+        assert!(lease_refusal(2000, Duration::from_millis(2400)).is_some());
+        assert_eq!(lease_refusal(2000, s(3)), None);
+    }
 
     #[test]
     fn silence_counts_from_the_first_answer_that_shows_the_same() {

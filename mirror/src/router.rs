@@ -20,7 +20,8 @@
 //!   answers from the stale metadata and counts it;
 //! - `Open` is the region's (the mirror counts its handles), but its answer carries the
 //!   file's attributes and, when asked, chunk 0's slices, so it obeys the window too: outside
-//!   it, `wait` waits as a read does, and `forward` takes both from the primary.
+//!   it, `wait` waits as a read does, and `forward` opens the file at the primary (which
+//!   finds it and checks the caller's permission), holding that handle for the region.
 //!
 //! Forwarding works on the HTTP/2 request, below the generated code: the primary answers the
 //! same protobuf messages the mirror would, so the call needs no decoding.
@@ -422,124 +423,50 @@ impl Router {
         }
     }
 
-    /// `Open` outside the window under `forward`: the attributes, and chunk 0's slices when
-    /// the mount asks for them, come from the primary (asked before the handle is opened
-    /// here, so a failure there opens nothing), so the two agree: attributes from the primary
-    /// with slices from the mirror's older metadata would read as zeros past what the mirror
-    /// has. The handle is the region's, opened here.
+    /// `Open` outside the window under `forward`: answered as the primary answers it. The
+    /// open is sent to the primary as the mount asked it (its caller, its flags, chunk 0 when
+    /// asked), under the mirror's session there, so the file is found and the permission
+    /// checked by the primary's metadata, not this mirror's older one (a file created at the
+    /// primary since is not here yet: opening it here failed with ESTALE; a mode changed
+    /// since was checked as it was). The handle the primary opened is held there for the
+    /// region and counted here for the mount's session, as a create forwarded to the primary
+    /// is: the region's close gives it back (see [`crate::forward`]).
     async fn open_forwarded(&self, req: http::Request<Body>) -> Reply {
-        use http_body_util::BodyExt;
         self.mirror.metrics.forwarded_reads.inc();
+        // the mount's session here, checked as the local open would check it
+        let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
+        let mount = match self.server.held_session(&md) {
+            Ok(sid) => sid,
+            Err(s) => return status_reply(s),
+        };
         let (parts, body) = req.into_parts();
         let bytes = match http_body_util_collect(body).await {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
-        let mut open = match decode::<w::OpenRequest>(&bytes) {
-            Ok(o) => o,
+        let ino = match decode::<w::OpenRequest>(&bytes) {
+            Ok(o) => o.ino,
             Err(s) => return status_reply(s),
         };
-        let wants_chunk0 = open.chunk0;
-        open.chunk0 = false;
-        // 1. the file's attributes (and chunk 0) at the primary
-        let getattr = w::InodeRequest {
-            ctx: open.ctx.clone(),
-            ino: open.ino,
-        };
-        let attr = match self
-            .ask_primary::<w::AttrReply>(&parts, "GetAttr", frame(&getattr))
-            .await
-        {
-            Ok(r) => r.attr,
-            Err(reply) => return reply,
-        };
-        let is_file = attr
-            .as_ref()
-            .is_some_and(|a| a.kind == w::FileKind::File as i32);
-        let chunk0 = if wants_chunk0 && is_file {
-            let ask = w::ChunkRequest {
-                ino: open.ino,
-                index: 0,
-            };
-            match self
-                .ask_primary::<w::ReadChunkReply>(&parts, "ReadChunk", frame(&ask))
-                .await
-            {
-                Ok(r) => Some(r),
-                Err(reply) => return reply,
-            }
-        } else {
-            None
-        };
-        // 2. the handle, here
-        let local_req = http::Request::from_parts(parts, Body::new(http_body_full(frame(&open))));
-        let (lparts, lbody) = Self::local_call(self.local.clone(), local_req)
-            .await
-            .into_parts();
-        let local = match lbody.collect().await {
-            Ok(c) => c,
+        let reply = match self.send_to_primary(&parts, bytes, true, None).await {
+            Ok((r, _)) => r,
             Err(e) => {
                 return status_reply(errno_status(
                     libc::EIO,
-                    format!("read the mirror's open: {e}"),
-                ))
-            }
-        };
-        let trailers = local.trailers().cloned();
-        let data = local.to_bytes();
-        match decode::<w::AttrReply>(&data) {
-            Ok(_) if !data.is_empty() => {
-                let reply = w::AttrReply { attr, chunk0 };
-                rebuild(lparts, frame(&reply), trailers)
-            }
-            _ => rebuild(lparts, data, trailers),
-        }
-    }
-
-    /// Call `method` of the metadata service at the primary with the message `body`, under
-    /// the mirror's session there; Err is the reply to give the mount (the primary's error,
-    /// or EIO when it cannot be reached).
-    async fn ask_primary<R: prost::Message + Default>(
-        &self,
-        parts: &http::request::Parts,
-        method: &str,
-        body: bytes::Bytes,
-    ) -> Result<R, Reply> {
-        use http_body_util::BodyExt;
-        let path = match parts.uri.path().rsplit_once('/') {
-            Some((service, _)) => format!("{service}/{method}"),
-            None => format!("/{method}"),
-        };
-        let mut head = http::Request::new(());
-        *head.method_mut() = parts.method.clone();
-        *head.headers_mut() = parts.headers.clone();
-        *head.uri_mut() = path
-            .parse()
-            .map_err(|e| status_reply(Status::internal(format!("{method} path: {e}"))))?;
-        let (head, ()) = head.into_parts();
-        let (reply, _) = self
-            .send_to_primary(&head, body, true, None)
-            .await
-            .map_err(|e| {
-                status_reply(errno_status(
-                    libc::EIO,
                     format!("open outside the window: the primary cannot be reached: {e}"),
                 ))
-            })?;
-        let (rparts, rbody) = reply.into_parts();
-        let got = rbody.collect().await.map_err(|e| {
-            status_reply(errno_status(
-                libc::EIO,
-                format!("read the primary's answer to {method}: {e}"),
-            ))
-        })?;
-        let trailers = got.trailers().cloned();
-        let data = got.to_bytes();
-        match decode::<R>(&data) {
-            Ok(r) if !data.is_empty() => Ok(r),
-            // the primary's error (the file is gone there, ...): the mount gets it
-            _ => Err(rebuild(rparts, data, trailers)),
+            }
+        };
+        let (rparts, data, trailers) = match collect_reply(reply).await {
+            Ok(got) => got,
+            Err(failed) => return failed,
+        };
+        // opened at the primary (an answer with a message): the handle is counted for the
+        // mount here and held at the primary until the region closes the file
+        if !data.is_empty() && decode::<w::AttrReply>(&data).is_ok() {
+            self.forward.created(Some(mount), ino).await;
         }
+        rebuild(rparts, data, trailers)
     }
 
     /// The primary's answer to a forwarded `AllocSliceIds`: the range is the mount's, under
@@ -725,16 +652,6 @@ fn reply_version(reply: &Reply) -> Option<Version> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .map(Version)
-}
-
-/// One gRPC message as a unary body: no compression, length, message.
-fn frame(m: &impl prost::Message) -> bytes::Bytes {
-    let body = m.encode_to_vec();
-    let mut out = Vec::with_capacity(5 + body.len());
-    out.push(0);
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(&body);
-    out.into()
 }
 
 /// A reply's head, its one message (or none) and its trailers, read whole; a reply that

@@ -154,12 +154,61 @@ impl SiteService for MirrorSite {
                 "the mirror is loading a snapshot: its metadata does not yet say which blocks it references",
             ));
         }
+        let gate: strait_site::orphans::Gate = if self.mirror.promoted() {
+            // the primary now: it sweeps only while it is the primary the log goes on with
+            let Some(gc) = self.promoter.as_ref().and_then(|p| p.gc.get()) else {
+                return Err(Status::failed_precondition(
+                    "this promoted mirror deletes no blocks (it has no store of its own)",
+                ));
+            };
+            if let Some(why) = gc.horizon.lock().await.refused().await {
+                return Err(Status::failed_precondition(format!(
+                    "this primary deletes no object now: {why}"
+                )));
+            }
+            let Some(p) = self.promoter.clone() else {
+                return Err(Status::unavailable("the mirror is still starting"));
+            };
+            Arc::new(move || p.engine.deletions_refused())
+        } else {
+            // a mirror's metadata names what it has applied: a sweep against metadata behind
+            // the primary's deletes blocks the primary committed since (written here by a
+            // forwarded write, or copied)
+            if let Some(why) = sweep_refused(&self.mirror) {
+                return Err(Status::failed_precondition(why));
+            }
+            match self
+                .mirror
+                .blocks
+                .shared_with_a_primary(&self.mirror.cfg.id)
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(url)) => {
+                    return Err(Status::failed_precondition(format!(
+                        "this region's store is also the primary's ({url}: the marker this mirror \
+                         wrote to its store is there): a mirror's metadata is behind the \
+                         primary's, so its sweep would delete blocks the primary committed since; \
+                         sweep through the primary"
+                    )))
+                }
+                Err(why) => {
+                    return Err(Status::unavailable(format!(
+                        "cannot tell whether this region's store is also the primary's, so \
+                         nothing is swept: {why}"
+                    )))
+                }
+            }
+            let mirror = self.mirror.clone();
+            Arc::new(move || sweep_refused(&mirror))
+        };
         let blocks = self.mirror.blocks.clone();
         let stream = strait_site::orphans::sweep_stream(
             self.mirror.kv.clone(),
             store,
             req.into_inner(),
             Some(Arc::new(move |gone: Vec<_>| blocks.unmark_all(&gone))),
+            gate,
         )?;
         Ok(Response::new(stream))
     }
@@ -369,6 +418,7 @@ impl SiteService for MirrorSite {
         .ok()
         .and_then(|r| r.ok())
         .unwrap_or_default();
+        let epoch = m.epoch;
         Ok(Response::new(s::SiteStatus {
             role: if promoted { "primary" } else { "mirror" }.into(),
             name,
@@ -378,8 +428,35 @@ impl SiteService for MirrorSite {
             mirror: Some(m),
             lease_ms: lease.0.as_millis() as u64,
             lease_left_ms: lease.1.as_millis() as u64,
+            epoch,
+            fenced: self.mirror.fenced().unwrap_or_default(),
         }))
     }
+}
+
+/// Why a mirror (not promoted) may not sweep its store now: unless it follows within its
+/// window, unpaused, its metadata may lack slices whose blocks are in its store already.
+fn sweep_refused(mirror: &Mirror) -> Option<String> {
+    if mirror.promoted() {
+        return None;
+    }
+    let lag = mirror.lag();
+    let cfg = &mirror.cfg;
+    let state = crate::state::state_name(mirror.phase(), &lag, cfg.window_ms, cfg.silence_ms);
+    if state != "following" {
+        return Some(format!(
+            "the mirror is {state} (lag {} ms, window {} ms): its metadata may be behind the \
+             blocks in its store, so it sweeps only while it follows within its window",
+            lag.ms, cfg.window_ms
+        ));
+    }
+    if let Some(at) = *mirror.hold.lock() {
+        return Some(format!(
+            "the mirror is paused at version {at}: its metadata is behind the blocks in its \
+             store, so it sweeps only while it follows (strait mirror resume)"
+        ));
+    }
+    None
 }
 
 /// Lifts the digest hold when dropped (also when the call is cancelled).

@@ -97,6 +97,8 @@ pub struct Mirror {
     primary_addr: Mutex<String>,
     /// The primary's lease and what was left of it, as its last answer to a poll said (ms).
     primary_lease: Mutex<(u64, u64)>,
+    /// Once promoted: why it takes no changes for good (another primary was promoted since).
+    fenced: Mutex<Option<String>>,
     /// When the follower applied its recent batches (for the traces of forwarded writes).
     pub applies: crate::follower::traced::Applies,
 }
@@ -150,6 +152,7 @@ impl Mirror {
             epoch: AtomicU64::new(0),
             primary_addr: Mutex::new(cfg_primary),
             primary_lease: Mutex::new((0, 0)),
+            fenced: Mutex::new(None),
             applies: Default::default(),
         })
     }
@@ -320,6 +323,23 @@ impl Mirror {
         *self.primary_lease.lock() = (lease_ms, left_ms);
     }
 
+    /// Promoted, and fenced since: it takes no changes for good.
+    pub fn set_fenced(&self, why: &str) {
+        *self.fenced.lock() = Some(why.to_string());
+        self.bump();
+    }
+
+    /// Why this promoted mirror takes no changes for good, if it was fenced.
+    pub fn fenced(&self) -> Option<String> {
+        self.fenced.lock().clone()
+    }
+
+    /// The primary's lease (ms; 0: none, or never asked) and what was left of it, as its
+    /// last answer to a poll said.
+    pub fn primary_lease(&self) -> (u64, u64) {
+        *self.primary_lease.lock()
+    }
+
     /// The epoch of the newest records received.
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
@@ -358,7 +378,10 @@ impl Mirror {
             let i = self.inner.lock();
             (i.phase, Self::lag_of(&i, self.mono_ms()), i.lag.applied)
         };
-        matches!(phase, Phase::Following | Phase::Disconnected)
+        // not while disconnected from the replicator: cut off from the log, the mirror cannot
+        // learn of a new epoch, so no reading proves it current (the daemon answering at the
+        // primary's address may be one superseded without knowing it)
+        phase == Phase::Following
             && lag.known
             && lag.ms <= self.cfg.window_ms
             && applied.0 >= self.seen.load(Ordering::Acquire)

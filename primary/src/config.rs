@@ -58,6 +58,15 @@ pub struct PrimaryConfig {
     /// replicator may go on taking changes after another primary was promoted. 0: no lease
     /// (a cut-off primary in `local` durability goes on until it hears of the new epoch).
     pub lease_ms: u64,
+    /// Start on a Redis engine that may lose acknowledged writes (one not running with
+    /// `appendonly yes` and `appendfsync always`, or that does not let its settings be
+    /// read): without it such an engine is refused, since a Redis restart that lost its last
+    /// second takes back acknowledged changes and hands slice ids out twice.
+    pub accept_redis_loss: bool,
+    /// Once fenced (another primary was promoted, or its history diverged), how long it
+    /// still answers reads of its metadata, as a mirror does within its window; then every
+    /// read answers EIO: what it holds is a history that no longer goes on.
+    pub fenced_window_ms: u64,
 }
 
 /// When a client's operation returns (shared with a promoted mirror).
@@ -82,6 +91,8 @@ impl Default for PrimaryConfig {
             heartbeat_ms: 200,
             replicated_timeout_ms: 30_000,
             lease_ms: 0,
+            accept_redis_loss: false,
+            fenced_window_ms: 5_000,
         }
     }
 }
@@ -221,6 +232,12 @@ replicated_timeout_ms = 30000
 # After this many ms without a word from the replicator, every change is refused (EROFS) until
 # it answers again: the bound on how long a cut-off primary goes on after a promotion. 0: none.
 lease_ms = 0
+# On a Redis engine: start even when it may lose acknowledged writes (not `appendonly yes` with
+# `appendfsync always`); otherwise such an engine is refused.
+accept_redis_loss = false
+# Once fenced (another primary promoted, or a diverged history), ms it still answers reads;
+# then reads answer EIO (its metadata no longer is the file system's).
+fenced_window_ms = 5000
 
 # A token per role (docs/security.md): mount (this region's mounts), mirror (mirrors forwarding
 # their region's calls, taking snapshots), admin (strait gc, fsck --compare, pause).

@@ -34,7 +34,16 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     } else {
         strait_replicator_client::Credentials::default()
     };
+    let accept_loss = cfg.accept_redis_loss;
     let (engine, signal) = tokio::task::spawn_blocking(move || -> Result<_> {
+        // an engine that may lose what it acknowledged breaks the durability promise
+        // (docs/guarantees.md §1), and hands slice ids out twice after a loss
+        if let Some(why) = strait_fs_core::kv::durability_problem(&meta_url)? {
+            if !accept_loss {
+                anyhow::bail!("{why}; or start with --accept-redis-loss to accept that");
+            }
+            tracing::warn!("{why}; started all the same (accept_redis_loss)");
+        }
         let kv = strait_fs_core::kv::open(&meta_url)?;
         let (kv, signal) = if ship {
             let (kv, s) = TappedKv::wrap(kv);
@@ -56,6 +65,20 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     .await
     .context("open the metadata engine")??;
     let format = engine.settings().clone();
+    // mounts that held locks here before a restart (or before a rejoin replaced the
+    // metadata) take them back before new ones are granted
+    let e = engine.clone();
+    if tokio::task::spawn_blocking(move || e.lock_grace_at_start())
+        .await
+        .context("start the lock grace period")??
+    {
+        tracing::info!(
+            "no new lock for {:?}: the mounts that held locks take them back first",
+            strait_fs_core::meta::LOCK_GRACE
+        );
+    }
+    // the store its mounts write to: synced before shipping, and GC's
+    let store = strait_fs_core::object::open(&format.data_url).await;
     let metrics = Metrics::new();
     strait_site::metrics::note_certificate_expiries(&metrics.tls_expiry, &cfg.security);
     let stop = CancellationToken::new();
@@ -75,6 +98,8 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             durability: cfg.durability,
             replicated_timeout: Duration::from_millis(cfg.replicated_timeout_ms),
             lease: (cfg.lease_ms > 0).then(|| Duration::from_millis(cfg.lease_ms)),
+            blocks: store.as_ref().ok().cloned(),
+            fenced_reads: Duration::from_millis(cfg.fenced_window_ms),
         };
         let shipping = strait_ship::start(
             engine.kv().clone(),
@@ -86,8 +111,17 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         if let Some(wait) = shipping.wait {
             server = server.replicated(wait);
         }
-        // a primary whose epoch another primary superseded commits nothing more
+        // a primary whose epoch another primary superseded commits nothing more, and deletes
+        // nothing on its own (an unlinked file's last close, a session's end, GC)
         fence = Some(shipping.fence.clone());
+        let (gate, handing) = (shipping.fence.clone(), handover.clone());
+        engine.gate_deletions(Arc::new(move || {
+            gate.deletions_refused().or_else(|| {
+                handing
+                    .active()
+                    .then(|| "this primary is handing over to a mirror".to_string())
+            })
+        }));
         server = server.fenced_by(Arc::new(strait_ship::handover::HandoverFence {
             inner: shipping.fence,
             handover: handover.clone(),
@@ -105,13 +139,18 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     // dead slices' blocks: a pass every gc_interval_s, and on demand (`strait gc`)
     let mut gc_handle = None;
     if !cfg.read_only {
-        match strait_fs_core::object::open(&format.data_url).await {
+        match store {
             Ok(store) => {
-                let horizon = strait_ship::gc::MirrorHorizon::new(
+                let mut horizon = strait_ship::gc::MirrorHorizon::new(
                     &cfg.replicator,
                     &replicator_creds,
                     Duration::from_millis(cfg.gc_mirror_grace_ms),
                 )?;
+                if let Some(f) = &fence {
+                    let f = f.clone();
+                    horizon =
+                        horizon.for_primary(cfg.epoch, Arc::new(move || f.deletions_refused()));
+                }
                 let gc = Arc::new(tokio::sync::Mutex::new(horizon));
                 gc_handle = Some(strait_ship::gc::Gc {
                     horizon: gc.clone(),
@@ -163,6 +202,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             shipped: shipped.clone(),
             fence,
             handover,
+            epoch: cfg.epoch,
         })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
@@ -192,10 +232,11 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
         metrics_addr = l.local_addr().ok();
         let (m, e, e2) = (metrics.clone(), engine.clone(), engine.clone());
+        let fenced = shipped.clone();
         tokio::spawn(metrics::serve(
             l,
             move || render(m.clone(), e.clone()),
-            move || health(e2.clone()),
+            move || health(e2.clone(), fenced.clone()),
             stop.clone(),
         ));
     }
@@ -254,15 +295,33 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
 
 /// `/metrics`: every metric, with the newest version read from the engine.
 async fn render(metrics: Arc<Metrics>, engine: Arc<Meta>) -> String {
-    let version = tokio::task::spawn_blocking(move || engine.kv().last_version()).await;
-    if let Ok(Ok(v)) = version {
+    let read = tokio::task::spawn_blocking(move || {
+        let kv = engine.kv();
+        Ok::<_, strait_fs_core::Error>((
+            kv.last_version()?,
+            strait_fs_core::meta::requests::applied_twice(kv.as_ref())?,
+        ))
+    })
+    .await;
+    if let Ok(Ok((v, twice))) = read {
         metrics.version.set(v.0 as i64);
+        metrics.requests_applied_twice.set(twice);
     }
     metrics.render()
 }
 
-/// `/health`: healthy when the engine answers a read.
-async fn health(engine: Arc<Meta>) -> (StatusCode, String) {
+/// `/health`: healthy when the engine answers a read and this primary is not fenced (a
+/// fenced one is no longer the file system's primary: it serves no one well).
+async fn health(
+    engine: Arc<Meta>,
+    shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
+) -> (StatusCode, String) {
+    if let Some(why) = shipped.and_then(|s| s.borrow().fenced.clone()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("fenced: {why}; this primary takes no changes (rejoin it as a mirror)\n"),
+        );
+    }
     match tokio::task::spawn_blocking(move || engine.getattr(ROOT_INO)).await {
         Ok(Ok(_)) => (StatusCode::OK, "ok\n".to_string()),
         Ok(Err(err)) => (

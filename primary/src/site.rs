@@ -23,6 +23,8 @@ pub struct PrimarySite {
     pub handover: Arc<strait_ship::handover::Handover>,
     /// The shipper's fence: the lease, in the status (None: this primary ships nothing).
     pub fence: Option<Arc<strait_ship::fence::EpochFence>>,
+    /// The epoch it ships at.
+    pub epoch: strait_fs_core::Epoch,
 }
 
 #[tonic::async_trait]
@@ -49,11 +51,20 @@ impl SiteService for PrimarySite {
                 "this primary deletes no blocks: it is read-only, or its object store could not be opened (see its log)",
             ));
         };
+        // a primary superseded, diverged or not yet compared with the log sweeps nothing:
+        // blocks its metadata does not name may be live in the history that went on
+        if let Some(why) = gc.horizon.lock().await.refused().await {
+            return Err(Status::failed_precondition(format!(
+                "this primary deletes no object now: {why}"
+            )));
+        }
+        let engine = self.engine.clone();
         let stream = strait_site::orphans::sweep_stream(
             self.engine.kv().clone(),
             gc.store.clone(),
             req.into_inner(),
             None,
+            Arc::new(move || engine.deletions_refused()),
         )?;
         Ok(Response::new(stream))
     }
@@ -145,6 +156,12 @@ impl SiteService for PrimarySite {
             mirror: None,
             lease_ms: lease.0.as_millis() as u64,
             lease_left_ms: lease.1.as_millis() as u64,
+            epoch: self.epoch.0,
+            fenced: self
+                .shipped
+                .as_ref()
+                .and_then(|s| s.borrow().fenced.clone())
+                .unwrap_or_default(),
         }))
     }
 }

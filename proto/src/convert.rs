@@ -446,6 +446,43 @@ impl TryFrom<w::PosixLock> for d::PosixLock {
     }
 }
 
+/// A held lock as a resumed session names it: (inode, lock).
+pub fn held_lock_from_wire(l: &w::HeldLock) -> Result<(d::Ino, d::HeldLock), WireError> {
+    let typ = lock_type_from_wire(l.typ)?;
+    if typ == d::LockType::Unlock {
+        return Err(WireError("a held lock of type unlock".into()));
+    }
+    if !l.flock && l.start > l.end {
+        return Err(WireError(format!(
+            "a held lock from {} to {}: the range is empty",
+            l.start, l.end
+        )));
+    }
+    Ok((
+        l.ino,
+        d::HeldLock {
+            owner: l.owner,
+            pid: l.pid,
+            typ,
+            start: l.start,
+            end: l.end,
+            flock: l.flock,
+        },
+    ))
+}
+
+pub fn held_lock_to_wire(ino: d::Ino, l: &d::HeldLock) -> w::HeldLock {
+    w::HeldLock {
+        ino,
+        owner: l.owner,
+        pid: l.pid,
+        typ: w::LockType::from(l.typ) as i32,
+        start: l.start,
+        end: l.end,
+        flock: l.flock,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -89,6 +89,20 @@ start_redis() {
     echo "$REDIS_URL"
 }
 
+# redis_durable: make the server start_redis started write every command to its append-only
+# file and fsync it before answering (`appendonly yes`, `appendfsync always`), as a primary on
+# Redis requires (docs/guarantees.md §1).
+redis_durable() {
+    local set
+    for set in "appendonly yes" "appendfsync always"; do
+        # shellcheck disable=SC2086 # two words: the setting and its value
+        [[ "$(redis-cli -h 127.0.0.1 -p "$_REDIS_PORT" config set $set)" == OK ]] || {
+            _servers_log "redis-server on port $_REDIS_PORT refused config set $set"
+            return 1
+        }
+    done
+}
+
 _redis_ping() {
     [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" == PONG ]]
 }

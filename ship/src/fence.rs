@@ -32,6 +32,9 @@ pub struct EpochFence {
     /// With a lease: how long the primary may go without a word from the replicator, and
     /// when it last had one.
     pub lease: Option<(Duration, Arc<Contact>)>,
+    /// How long a fenced primary still answers reads of its metadata (then EIO: it holds a
+    /// history that no longer goes on), as a mirror answers within its window.
+    pub fenced_reads: Duration,
 }
 
 impl EpochFence {
@@ -76,23 +79,61 @@ impl strait_site::WriteFence for EpochFence {
     fn refused(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
         // the waits for the first comparison and for a catch-up are `unsettled`'s, which the
         // service asks first; a catch-up that began since is refused here
-        Box::pin(async move {
-            let s = self.shipped.borrow();
-            s.fenced
-                .clone()
-                .or_else(|| s.catching_up.clone())
-                .or_else(|| {
-                    let (lease, contact) = self.lease.as_ref()?;
-                    let silence = contact.silence();
-                    (silence > *lease).then(|| {
-                        format!(
+        Box::pin(async move { self.refused_now() })
+    }
+
+    fn reads_refused(&self) -> Option<String> {
+        self.reads_refused_now()
+    }
+}
+
+impl EpochFence {
+    /// Why reads are refused now: fenced for longer than [`Self::fenced_reads`].
+    pub fn reads_refused_now(&self) -> Option<String> {
+        let s = self.shipped.borrow();
+        let (why, at) = (s.fenced.as_ref()?, s.fenced_at?);
+        (at.elapsed() > self.fenced_reads).then(|| {
+            format!(
+                "this primary was fenced {} s ago ({why}): its metadata is a history that no \
+                 longer goes on; read at the new primary, or rejoin this one as its mirror",
+                at.elapsed().as_secs()
+            )
+        })
+    }
+
+    /// Why mutations are refused now (fenced, catching up, the lease ran out), without
+    /// waiting for anything.
+    pub fn refused_now(&self) -> Option<String> {
+        let s = self.shipped.borrow();
+        s.fenced
+            .clone()
+            .or_else(|| s.catching_up.clone())
+            .or_else(|| {
+                let (lease, contact) = self.lease.as_ref()?;
+                let silence = contact.silence();
+                (silence > *lease).then(|| {
+                    format!(
                         "lease expired: no word from the replicator for {} ms (lease_ms {}), so \
                          another primary may have been promoted",
                         silence.as_millis(),
                         lease.as_millis()
                     )
-                    })
                 })
+            })
+    }
+
+    /// Why this primary may not delete anything on its own now (see
+    /// [`strait_fs_core::meta::DeletionGate`]): what [`Self::refused_now`] refuses, and also
+    /// before its first comparison with the replicator's log since it started (its history
+    /// may have diverged: what died only in it may be live in the history that went on).
+    pub fn deletions_refused(&self) -> Option<String> {
+        if let Some(why) = self.refused_now() {
+            return Some(format!("this primary takes no changes ({why})"));
+        }
+        (!self.shipped.borrow().checked).then(|| {
+            "this primary has not yet compared its history with the replicator's since it \
+             started"
+                .to_string()
         })
     }
 }

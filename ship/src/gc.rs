@@ -22,9 +22,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use strait_fs_core::meta::Meta;
+use strait_fs_core::meta::{DeletionGate, Meta};
 use strait_fs_core::object::DynStore;
-use strait_fs_core::{SliceId, Version};
+use strait_fs_core::{Epoch, SliceId, Version};
 use strait_proto::replicator as pb;
 use strait_replicator_client::{Credentials, LogClient};
 use strait_site::metrics::Metrics;
@@ -44,6 +44,9 @@ pub struct Pass {
     pub held: usize,
     /// The lowest applied version among the mirrors' cursors (None: no mirror registered).
     pub horizon: Option<Version>,
+    /// Why the pass deleted nothing at all: this primary may not delete now, or the mirrors'
+    /// cursors could not be read.
+    pub refused: Option<String>,
 }
 
 /// What the passes remember of the dead slices they listed: the decision of the GC horizon,
@@ -117,6 +120,12 @@ impl SteadyWall {
 /// The mirrors' horizon, remembered between passes.
 pub struct MirrorHorizon {
     client: Option<LogClient>,
+    /// The epoch this primary ships at: a pass deletes nothing unless the replicator's
+    /// leader is at it (None: no check, a primary with no replicator).
+    epoch: Option<Epoch>,
+    /// Asked before every pass (a primary's shipper: fenced, diverged, not compared yet, its
+    /// lease run out); Some(why) deletes nothing.
+    gate: Option<DeletionGate>,
     grace: Duration,
     seen: DeadSlices,
     /// Said once until it changes, so a cut-off replicator does not flood the log.
@@ -141,6 +150,8 @@ impl MirrorHorizon {
         };
         Ok(MirrorHorizon {
             client,
+            epoch: None,
+            gate: None,
             grace,
             seen: DeadSlices::default(),
             last_problem: None,
@@ -148,10 +159,40 @@ impl MirrorHorizon {
         })
     }
 
+    /// Delete only while this primary is the one the replicator's log goes on with: its
+    /// shipper's `gate` allows it, and the leader is at `epoch`.
+    pub fn for_primary(mut self, epoch: Epoch, gate: DeletionGate) -> Self {
+        self.epoch = Some(epoch);
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Why this primary may delete nothing now (its gate, or a leader at another epoch),
+    /// asked of the replicator's leader; None: it may. A sweep of orphan objects asks too.
+    pub async fn refused(&self) -> Option<String> {
+        if let Some(why) = self.gate.as_ref().and_then(|g| g()) {
+            return Some(why);
+        }
+        let (Some(client), Some(epoch)) = (&self.client, self.epoch) else {
+            return None;
+        };
+        match client.leader_status().await {
+            Ok(st) => epoch_refusal(epoch, Epoch(st.epoch)),
+            Err(s) => Some(format!(
+                "the replicator's leader cannot be asked for its epoch: {}",
+                s.message()
+            )),
+        }
+    }
+
     /// The lowest cursor of the mirrors that hold the log back: Ok(None) when there is no
     /// replicator or no mirror. Mirrors marked for re-bootstrap reference nothing the
-    /// primary must keep: they load a fresh snapshot.
+    /// primary must keep: they load a fresh snapshot. Err when this primary may delete
+    /// nothing (see [`Self::refused`]).
     async fn lowest_cursor(&self) -> Result<Option<Version>, String> {
+        if let Some(why) = self.gate.as_ref().and_then(|g| g()) {
+            return Err(why);
+        }
         let Some(client) = &self.client else {
             return Ok(None);
         };
@@ -162,6 +203,11 @@ impl MirrorHorizon {
                 s.message()
             )
         })?;
+        // the cursors count versions of the history that goes on: a primary superseded
+        // (or not yet at its epoch) compares its own versions with another history's
+        if let Some(why) = self.epoch.and_then(|e| epoch_refusal(e, Epoch(st.epoch))) {
+            return Err(why);
+        }
         Ok(st
             .cursors
             .iter()
@@ -189,9 +235,12 @@ impl MirrorHorizon {
             Err(why) => {
                 if self.last_problem.as_deref() != Some(why.as_str()) {
                     tracing::warn!("no dead block is deleted until this is fixed: {why}");
-                    self.last_problem = Some(why);
+                    self.last_problem = Some(why.clone());
                 }
-                return Ok(Pass::default());
+                return Ok(Pass {
+                    refused: Some(why),
+                    ..Pass::default()
+                });
             }
         };
         let e = engine.clone();
@@ -245,7 +294,25 @@ impl MirrorHorizon {
             purged,
             held,
             horizon,
+            refused: None,
         })
+    }
+}
+
+/// Why a primary shipping at `own` may delete nothing while the replicator's leader is at
+/// `log` (None: the same epoch).
+fn epoch_refusal(own: Epoch, log: Epoch) -> Option<String> {
+    match log.cmp(&own) {
+        std::cmp::Ordering::Equal => None,
+        std::cmp::Ordering::Greater => Some(format!(
+            "the replicator's log is at epoch {log}, this primary's is {own}: another primary \
+             was promoted, and what died only in this primary's history may be live in the one \
+             that went on"
+        )),
+        std::cmp::Ordering::Less => Some(format!(
+            "the replicator's log is at epoch {log}, below this primary's {own}: it has not \
+             taken this primary's epoch yet"
+        )),
     }
 }
 
@@ -269,6 +336,11 @@ impl Gc {
             .pass(engine, &self.store)
             .await
             .map_err(strait_site::snapshot::engine_status)?;
+        if let Some(why) = p.refused {
+            return Err(tonic::Status::failed_precondition(format!(
+                "this daemon deletes no dead block now: {why}"
+            )));
+        }
         self.metrics.slices_collected.inc_by(p.purged as u64);
         self.metrics.gc_held.set(p.held as i64);
         tracing::info!(

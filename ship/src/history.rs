@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use strait_fs_core::changelog::{read_log_raw, ChangeRecord};
 use strait_fs_core::kv::DynKv;
-use strait_fs_core::meta::{keys, now_ns, requests};
+use strait_fs_core::meta::keys;
 use strait_fs_core::{SliceId, Version};
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;
@@ -239,9 +239,10 @@ pub fn counters(kv: &DynKv) -> Result<(i64, i64), String> {
     Ok((read(keys::NEXT_INODE)?, read(keys::NEXT_SLICE)?))
 }
 
-/// Raise the id counters of `kv` to at least `floor` and past every id `records` name; note
-/// that request records were lost (a change sent again that finds none is answered EIO for
-/// a while instead of being applied a second time).
+/// Raise the id counters of `kv` to at least `floor` and past every id `records` name. (The
+/// request records of the history that went on came with the snapshot `kv` was loaded from,
+/// so a change sent again is answered from its record there; one set aside has none, and
+/// runs, once, in the history that goes on.)
 pub fn keep_ids_unused(
     kv: &DynKv,
     floor: (i64, i64),
@@ -270,5 +271,5 @@ pub fn keep_ids_unused(
                 .map_err(|e| format!("raise {name}: {e}"))?;
         }
     }
-    requests::note_lost(kv.as_ref(), now_ns()).map_err(|e| format!("note the lost requests: {e}"))
+    Ok(())
 }

@@ -77,6 +77,11 @@ pub struct Settings {
     pub replicated_timeout: Duration,
     /// See `lease_ms` in the primary's settings; None: no lease.
     pub lease: Option<Duration>,
+    /// The store this primary's mounts write blocks to, synced before shipping (see
+    /// [`shipper::ShipperConfig::blocks`]).
+    pub blocks: Option<strait_fs_core::object::DynStore>,
+    /// How long the primary still answers reads once fenced (see [`EpochFence::fenced_reads`]).
+    pub fenced_reads: Duration,
 }
 
 /// A running shipper and what the metadata service asks of it.
@@ -107,6 +112,7 @@ pub fn start(
             creds: settings.creds.clone(),
             epoch: settings.epoch,
             heartbeat: settings.heartbeat,
+            blocks: settings.blocks.clone(),
         },
         metrics,
     )?;
@@ -122,6 +128,7 @@ pub fn start(
         started: Instant::now(),
         strict,
         lease: settings.lease.map(|l| (l, shipper.contact())),
+        fenced_reads: settings.fenced_reads,
     });
     shipper.spawn(stop);
     Ok(Shipping {

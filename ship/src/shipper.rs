@@ -65,6 +65,8 @@ pub struct Shipped {
     /// histories diverged), or cannot give back (it purged them). From then on this primary
     /// commits no mutation (they answer EROFS) until it is restarted; it is never cleared.
     pub fenced: Option<String>,
+    /// When [`Self::fenced`] was set (a fenced primary answers reads for a while only).
+    pub fenced_at: Option<Instant>,
     /// Set while the primary applies versions it lost (its metadata went back: a power loss,
     /// a restore) from the replicator: mutations wait (see [`crate::catchup`]).
     pub catching_up: Option<String>,
@@ -78,6 +80,11 @@ pub struct ShipperConfig {
     pub creds: Credentials,
     pub epoch: Epoch,
     pub heartbeat: Duration,
+    /// The object store this primary's mounts write blocks to: synced before records are
+    /// appended and before the metadata's durable mark, so that no record that names a block
+    /// reaches the replicator (or survives a power loss here) while the block may not
+    /// (a no-op for stores whose puts are durable, S3). None: not synced.
+    pub blocks: Option<strait_fs_core::object::DynStore>,
 }
 
 /// When the replicator last accepted a heartbeat or an append of this primary (ms after
@@ -124,6 +131,8 @@ pub struct Shipper {
     /// Whether the versions both this primary and the replicator hold were compared since
     /// the start (see [`Shipper::resync`]).
     overlap_compared: std::sync::atomic::AtomicBool,
+    /// Syncs of [`ShipperConfig::blocks`], shared by the appends and the durable mark.
+    store_syncs: strait_fs_core::object::SyncGroup,
 }
 
 /// The span of one append (versions `first..=last`): a child of the first traced call it
@@ -249,7 +258,20 @@ impl Shipper {
             shipped: watch::channel(Shipped::default()).0,
             metrics,
             overlap_compared: std::sync::atomic::AtomicBool::new(false),
+            store_syncs: Default::default(),
         }))
+    }
+
+    /// Make every block put before now durable in the store this primary's mounts write to
+    /// (see [`ShipperConfig::blocks`]).
+    async fn sync_blocks(&self) -> Result<(), String> {
+        let Some(store) = &self.cfg.blocks else {
+            return Ok(());
+        };
+        self.store_syncs
+            .sync(store)
+            .await
+            .map_err(|e| format!("sync the object store {}: {e}", store.describe()))
     }
 
     pub fn watch(&self) -> watch::Receiver<Shipped> {
@@ -308,10 +330,23 @@ impl Shipper {
         let mut failing = false;
         loop {
             tick.tick().await;
+            // the version read before the syncs: everything up to it is durable after them,
+            // the blocks its records name first (a record kept by a power loss must not name
+            // a block the store lost)
             let kv = self.kv.clone();
-            // the version read before the sync: everything up to it is durable after it
+            let v = match blocking(move || kv.last_version()).await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("read the version for the replicator's durable mark: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = self.sync_blocks().await {
+                tracing::warn!("{e}: no durable mark this time");
+                continue;
+            }
+            let kv = self.kv.clone();
             let synced = blocking(move || {
-                let v = kv.last_version()?;
                 kv.sync()?;
                 Ok(v)
             })
@@ -367,6 +402,7 @@ impl Shipper {
             }
             tracing::error!("{why}: this primary refuses every change from now on (EROFS)");
             s.fenced = Some(why.to_string());
+            s.fenced_at = Some(Instant::now());
             true
         });
     }
@@ -604,6 +640,10 @@ impl Shipper {
             }
             if let Err(why) = check_outbox(shipped, batch[0].0) {
                 return Step::Stall(why);
+            }
+            // the blocks these records name were put before they committed: durable first
+            if let Err(why) = self.sync_blocks().await {
+                return Step::Unreachable(format!("{why} before shipping"));
             }
             let mut bytes = 0;
             let mut records = Vec::with_capacity(batch.len());

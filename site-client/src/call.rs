@@ -222,11 +222,13 @@ impl RemoteMeta {
             .iter()
             .map(|(&ino, &handles)| w::OpenInode { ino, handles })
             .collect();
+        let locks = self.locks.lock().all();
         self.session.store(0, Ordering::Relaxed);
         let req = w::OpenSessionRequest {
             info: self.info.lock().clone(),
             resume_session: old,
             open_inodes,
+            locks,
         };
         let r = self.call("resume session", true, |mut c| {
             let req = req.clone();
@@ -244,10 +246,18 @@ impl RemoteMeta {
             tracing::info!("resumed session {} with the site daemon", r.session);
         } else {
             tracing::warn!(
-                "the site daemon had closed session {old} (it timed out); continuing as session {}; \
-                 locks held before are lost",
+                "the site daemon had closed session {old} (it timed out, or its metadata was \
+                 replaced); continuing as session {}, with the locks it held taken back",
                 r.session
             );
+        }
+        if !r.lost_locks.is_empty() {
+            tracing::error!(
+                "{} locks this mount held are held by another now, and lost: {:?}",
+                r.lost_locks.len(),
+                r.lost_locks
+            );
+            self.locks.lock().forget(&r.lost_locks);
         }
         Ok(())
     }

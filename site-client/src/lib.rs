@@ -31,6 +31,7 @@
 mod block_fetch;
 mod call;
 mod connection;
+mod held_locks;
 mod meta_api;
 mod releaser;
 mod remote_meta;

@@ -161,6 +161,7 @@ impl MetaClient for RemoteMeta {
             info: info.to_string(),
             resume_session: 0,
             open_inodes: vec![],
+            locks: vec![],
         };
         let r = self.call("open session", true, |mut c| {
             let req = req.clone();
@@ -536,6 +537,7 @@ impl MetaClient for RemoteMeta {
         };
         // taking or releasing a lock the owner already holds changes nothing: safe to repeat
         self.call("flock", true, |mut c| async move { c.flock(req).await })?;
+        self.locks.lock().flock(ino, owner, typ);
         Ok(())
     }
 
@@ -579,6 +581,7 @@ impl MetaClient for RemoteMeta {
             end,
         };
         self.call("setlk", true, |mut c| async move { c.set_lk(req).await })?;
+        self.locks.lock().setlk(ino, owner, pid, typ, start, end);
         Ok(())
     }
 

@@ -57,6 +57,9 @@ pub struct RemoteMeta {
     /// Handles this mount holds open per inode, as the daemon counts them (closes still
     /// queued for the releaser included): sent back when the session is resumed.
     pub(crate) open: Mutex<HashMap<Ino, u32>>,
+    /// The locks this mount holds, as the daemon granted them: sent back when the session is
+    /// resumed.
+    pub(crate) locks: Mutex<crate::held_locks::HeldLocks>,
     /// The releaser's queue and thread, from the session's opening to its close.
     pub(crate) releaser: Mutex<Option<(SyncSender<Ino>, std::thread::JoinHandle<()>)>>,
     pub(crate) me: Weak<RemoteMeta>,
@@ -124,6 +127,7 @@ impl RemoteMeta {
             read_only: AtomicU64::new(0),
             session_timeout_ms: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
+            locks: Mutex::new(Default::default()),
             slice_ids: Mutex::new((0, 0)),
             block_fallback: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             nonce: rand::random(),

@@ -16,6 +16,7 @@
 //! - [`serve`]: the server builder both daemons use: TLS and the guard.
 
 pub mod config;
+pub mod in_flight;
 pub mod metrics;
 pub mod orphans;
 pub mod requests;
@@ -27,6 +28,7 @@ pub mod slice_ranges;
 pub mod snapshot;
 
 pub use config::SiteConfig;
+pub use in_flight::{InFlight, InFlightGuard};
 pub use metrics::Metrics;
 pub use service::{BlockSource, MetaServer, ReplicationWait, WriteFence};
 pub use signal::wait_for_signal;

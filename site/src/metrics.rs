@@ -47,6 +47,8 @@ pub struct Metrics {
     pub requests_replayed: IntCounter,
     /// Request records kept, as the last sweep counted them.
     pub request_records: IntGauge,
+    /// Changes committed under a request id another change had committed under already.
+    pub requests_applied_twice: IntGauge,
     /// Request records removed for their age.
     pub request_records_expired: IntCounter,
     /// Request records removed before their time, past the bound.
@@ -174,6 +176,12 @@ impl Metrics {
             "Request records kept for retries, as the last sweep counted them",
         ))
         .expect("valid gauge");
+        let requests_applied_twice = IntGauge::with_opts(Opts::new(
+            "strait_requests_applied_twice",
+            "Changes of this engine's history committed under a request id that another change \
+             had committed under already: a change applied twice (0 unless something is wrong)",
+        ))
+        .expect("valid gauge");
         let request_records_expired = IntCounter::with_opts(Opts::new(
             "strait_request_records_expired_total",
             "Request records removed for their age",
@@ -197,6 +205,7 @@ impl Metrics {
             Box::new(requests_retried.clone()),
             Box::new(requests_replayed.clone()),
             Box::new(request_records.clone()),
+            Box::new(requests_applied_twice.clone()),
             Box::new(request_records_expired.clone()),
             Box::new(request_records_evicted.clone()),
             Box::new(sessions.clone()),
@@ -232,6 +241,7 @@ impl Metrics {
             caught_up_versions,
             requests_replayed,
             request_records,
+            requests_applied_twice,
             request_records_expired,
             request_records_evicted,
             tls_expiry,

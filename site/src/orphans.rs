@@ -52,12 +52,17 @@ pub fn progress(
     }
 }
 
+/// Asked before each page of deletions; Some(why) stops the sweep (the site may no longer
+/// delete: a primary fenced, a mirror that stopped following).
+pub type Gate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// Sweep `store` against the metadata in `kv` as `req` asks, streaming the progress.
 pub fn sweep_stream(
     kv: DynKv,
     store: DynStore,
     req: s::SweepRequest,
     on_deleted: Option<Deleted>,
+    gate: Gate,
 ) -> Result<SweepStream, Status> {
     let Some(grace_ms) = req.grace_ms else {
         return Err(Status::invalid_argument(
@@ -70,7 +75,7 @@ pub fn sweep_stream(
     };
     let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_QUEUE_MAX);
     tokio::spawn(async move {
-        let out = run(kv, store, opts, &tx, on_deleted).await;
+        let out = run(kv, store, opts, &tx, on_deleted, gate).await;
         if let Err(s) = out {
             tracing::error!("sweep orphan objects: {}", s.message());
             let _ = tx.send(Err(s)).await;
@@ -85,6 +90,7 @@ async fn run(
     opts: SweepOptions,
     tx: &tokio::sync::mpsc::Sender<Result<s::SweepProgress, Status>>,
     on_deleted: Option<Deleted>,
+    gate: Gate,
 ) -> Result<(), Status> {
     let internal = |e: strait_fs_core::Error| Status::internal(e.to_string());
     // the age of an object counts to when the references were read, so take the time first
@@ -112,18 +118,34 @@ async fn run(
         block_size,
         read_at,
         opts,
-        &mut |st| {
-            // a reader that went away stops only the reports, not the sweep
-            if !reader_gone {
-                reader_gone = tx
-                    .try_send(Ok(progress(st, &name, &refs, opts.dry_run, false)))
-                    .is_err_and(|e| matches!(e, tokio::sync::mpsc::error::TrySendError::Closed(_)));
-            }
+        orphans::SweepCalls {
+            progress: &mut |st| {
+                // a reader that went away stops only the reports, not the sweep
+                if !reader_gone {
+                    reader_gone = tx
+                        .try_send(Ok(progress(st, &name, &refs, opts.dry_run, false)))
+                        .is_err_and(|e| {
+                            matches!(e, tokio::sync::mpsc::error::TrySendError::Closed(_))
+                        });
+                }
+            },
+            deleted: &mut |id, index| gone.push((id, index)),
+            gate: gate.as_ref(),
         },
-        &mut |id, index| gone.push((id, index)),
     )
-    .await
-    .map_err(internal)?;
+    .await;
+    // what was deleted before a failure or a stop is unmarked all the same
+    let st = match st {
+        Ok(st) => st,
+        Err(e) => {
+            if let Some(f) = on_deleted {
+                if !gone.is_empty() {
+                    let _ = tokio::task::spawn_blocking(move || f(gone)).await;
+                }
+            }
+            return Err(internal(e));
+        }
+    };
     tracing::info!(
         "swept {name}: {} objects listed, {} referenced, {} young, {} foreign; {} orphans \
          ({} bytes), {} deleted, {} failed{}",

@@ -17,6 +17,22 @@ pub struct Args {
 pub enum Action {
     /// Start a cluster, run the workload under faults, check the history.
     Run(RunArgs),
+    /// (For `run`) a lock holder: take a write lock on FILE again and again, write a token,
+    /// read it back, let go; a JSON line per hold on stdout.
+    #[command(hide = true)]
+    LockClient(LockClientArgs),
+}
+
+#[derive(clap::Args)]
+pub struct LockClientArgs {
+    #[arg(long)]
+    pub file: PathBuf,
+    #[arg(long)]
+    pub client: u32,
+    #[arg(long)]
+    pub seconds: u64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(clap::Args)]
@@ -31,8 +47,9 @@ pub struct RunArgs {
     /// partition-one-way, partition-mirror-primary, partition-replication,
     /// partition-primary-replicator, latency, bandwidth, stop-garage, kill-mount,
     /// stop-mount, kill-garage, object-store, disk-full (root: loop-mounted file systems), clock-jump (libfaketime),
-    /// power-loss (a daemon's unsynced writes are lost: the primary, the mirror or a
-    /// replicator node).
+    /// power-loss (a daemon's unsynced writes are lost: the primary, the mirror, a
+    /// replicator node, or a whole region, with its `file://` store under --store dir),
+    /// switchover, failover, gc (`strait gc` at both regions' daemons).
     #[arg(long, default_value = "all")]
     pub nemesis: String,
     /// Writing clients per region.
@@ -41,6 +58,9 @@ pub struct RunArgs {
     /// Clients per region that only read the writers' registers.
     #[arg(long, default_value_t = 2)]
     pub readers: u32,
+    /// Lock holders per region (processes of their own; checker 9).
+    #[arg(long, default_value_t = 2)]
+    pub lockers: u32,
     /// The primary's durability: local or replicated.
     #[arg(long, default_value = "replicated")]
     pub durability: String,
@@ -56,6 +76,18 @@ pub struct RunArgs {
     /// Object store per region: garage or dir.
     #[arg(long, default_value = "garage")]
     pub store: String,
+    /// One object store for both regions (region A's), as a store replicated across regions
+    /// would be.
+    #[arg(long)]
+    pub shared_store: bool,
+    /// The mirror's background block copy: eager or lazy (lazy: a block crosses only when
+    /// read, so the new primary of a failover reads from the old one's store).
+    #[arg(long, default_value = "eager")]
+    pub sync: String,
+    /// The file system's GC delay, s. Below 60 GC runs fast everywhere: a pass a second at
+    /// the primary (and at a promoted mirror), the mirrors' grace the same delay.
+    #[arg(long, default_value_t = 60)]
+    pub gc_delay_s: u64,
     /// Working directory (emptied first): the cluster, its logs, run.json, history.jsonl.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -67,6 +99,13 @@ pub struct RunArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.action {
         Action::Run(r) => run_harness(r),
+        Action::LockClient(l) => strait_chaos::locks::hold_locks(
+            &l.file,
+            l.client,
+            l.seconds,
+            l.seed,
+            &mut std::io::stdout().lock(),
+        ),
     }
 }
 
@@ -86,6 +125,7 @@ fn run_harness(a: RunArgs) -> Result<()> {
                 ("--durability", &a.durability, &["local", "replicated"][..]),
                 ("--policy", &a.policy, &["forward", "wait", "serve"][..]),
                 ("--store", &a.store, &["garage", "dir"][..]),
+                ("--sync", &a.sync, &["eager", "lazy"][..]),
             ] {
                 if !ok.contains(&v.as_str()) {
                     bail!("{flag} {v:?}: expected one of {}", ok.join(", "));
@@ -100,6 +140,9 @@ fn run_harness(a: RunArgs) -> Result<()> {
             if a.readers > 16 {
                 bail!("--readers {}: 0 to 16 per region", a.readers);
             }
+            if a.lockers > 8 {
+                bail!("--lockers {}: 0 to 8 per region", a.lockers);
+            }
             let seed = a.seed.unwrap_or_else(rand::random);
             RunConfig {
                 seed,
@@ -107,11 +150,15 @@ fn run_harness(a: RunArgs) -> Result<()> {
                 nemesis: nemesis::parse_kinds(&a.nemesis)?,
                 clients: a.clients,
                 readers: a.readers,
+                lockers: a.lockers,
                 durability: a.durability.clone(),
                 policy: a.policy.clone(),
                 window_ms: a.window_ms,
                 delay_ms: a.delay_ms,
                 garage: a.store == "garage",
+                shared_store: a.shared_store,
+                sync: a.sync.clone(),
+                gc_delay_s: a.gc_delay_s,
                 dir: a
                     .dir
                     .clone()

@@ -104,6 +104,17 @@ pub struct UpArgs {
     /// `replicated` (once a majority of the replicator holds it)
     #[arg(long, default_value = "local")]
     pub durability: String,
+    /// The file system's GC delay, in seconds (`strait format --gc-delay`; default its own,
+    /// 600): dead slices' blocks are deleted that long after their death. Given, the primary
+    /// (and a promoted mirror) also run a GC pass every second and keep a slice's blocks
+    /// for at most this long after every mirror applied its death, so that deletions across
+    /// regions can be watched in seconds.
+    #[arg(long)]
+    pub gc_delay: Option<u64>,
+    /// One object store for both regions (region A's), as a store replicated across regions
+    /// would be: the mirror copies nothing, and refuses to sweep it for orphans.
+    #[arg(long)]
+    pub shared_store: bool,
 }
 
 #[derive(clap::Args)]
@@ -213,6 +224,26 @@ fn up(a: UpArgs) -> Result<()> {
         );
     }
     let rt = super::runtime()?;
+    let mut primary_args = vec!["--durability".into(), a.durability.clone()];
+    // a promoted mirror keeps the primary's durability
+    let mut mirror_args = vec!["--promotion-durability".into(), a.durability.clone()];
+    let mut format_args = vec![];
+    if let Some(delay) = a.gc_delay {
+        let grace_ms = (delay * 1000).min(60_000).to_string();
+        format_args.extend(["--gc-delay".into(), delay.to_string()]);
+        primary_args.extend([
+            "--gc-interval-s".into(),
+            "1".into(),
+            "--gc-mirror-grace-ms".into(),
+            grace_ms.clone(),
+        ]);
+        mirror_args.extend([
+            "--promotion-gc-interval-s".into(),
+            "1".into(),
+            "--promotion-gc-mirror-grace-ms".into(),
+            grace_ms,
+        ]);
+    }
     let cfg = ClusterConfig {
         strait_bin: std::env::current_exe().context("this program's path")?,
         dir: a.dir.clone(),
@@ -225,13 +256,13 @@ fn up(a: UpArgs) -> Result<()> {
         garage: a.store == "garage",
         link_mb_s: a.link_mb_s,
         primary_proxies: false,
-        primary_args: vec!["--durability".into(), a.durability.clone()],
-        // a promoted mirror keeps the primary's durability
-        mirror_args: vec!["--promotion-durability".into(), a.durability.clone()],
+        primary_args,
+        mirror_args,
         mount_args: vec![],
-        format_args: vec![],
+        format_args,
         tls: a.tls,
         witness: a.witness,
+        shared_store: a.shared_store,
         hooks: Default::default(),
     };
     let cluster = Cluster::start(&cfg, &rt, &mut |step| println!("strait dev: {step}"))?;

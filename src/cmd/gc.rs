@@ -218,14 +218,17 @@ pub fn run(a: Args) -> Result<()> {
             grace: Duration::from_millis(opts.grace_ms),
             dry_run: opts.dry_run,
         },
-        &mut |st| {
-            if last.elapsed() >= PROGRESS_EVERY {
-                last = Instant::now();
-                let r = Report::from_stats(st, String::new(), &References::default(), &opts);
-                eprintln!("{}", r.progress_line());
-            }
+        orphans::SweepCalls {
+            progress: &mut |st| {
+                if last.elapsed() >= PROGRESS_EVERY {
+                    last = Instant::now();
+                    let r = Report::from_stats(st, String::new(), &References::default(), &opts);
+                    eprintln!("{}", r.progress_line());
+                }
+            },
+            deleted: &mut |_, _| {},
+            gate: &|| None,
         },
-        &mut |_, _| {},
     ))?;
     Report::from_stats(&st, store.describe(), &refs, &opts).print(a.json)
 }

@@ -94,6 +94,14 @@ pub struct ServeArgs {
     /// Once promoted: `local` or `replicated` durability.
     #[arg(long)]
     pub promotion_durability: Option<String>,
+    /// Once promoted: a GC pass over dead slices' blocks every this many seconds (0: only
+    /// `strait gc`).
+    #[arg(long)]
+    pub promotion_gc_interval_s: Option<u64>,
+    /// Once promoted: how long after every mirror applied a slice's death its blocks are
+    /// kept still, ms.
+    #[arg(long)]
+    pub promotion_gc_mirror_grace_ms: Option<u64>,
     /// `manual` or `auto`: promote itself once the replicator has taken nothing from the
     /// primary for --failover-after-ms.
     #[arg(long)]
@@ -245,6 +253,12 @@ impl ServeArgs {
         if let Some(v) = &self.promotion_durability {
             c.promotion.durability = v.parse()?;
         }
+        if let Some(v) = self.promotion_gc_interval_s {
+            c.promotion.gc_interval_s = v;
+        }
+        if let Some(v) = self.promotion_gc_mirror_grace_ms {
+            c.promotion.gc_mirror_grace_ms = v;
+        }
         if let Some(v) = &self.failover {
             c.promotion.failover = v.parse()?;
         }
@@ -302,11 +316,12 @@ pub fn run(a: Args) -> Result<()> {
         }
         Some(Action::Promote(p)) => {
             let started = std::time::Instant::now();
-            let got = super::runtime()?.block_on(promote(&p))?;
+            let rt = super::runtime()?;
+            let got = rt.block_on(promote(&p))?;
             println!(
                 "mirror {} is the primary at epoch {}, from version {} on ({:.2} s: a replicator \
                  leader after {} ms, epoch raised in {} ms, the rest of the log applied in {} ms, \
-                 switched in {} ms); {} blocks ({} bytes) had not been copied into its region yet",
+                 switched in {} ms)",
                 p.addr,
                 got.epoch,
                 got.from_version + 1,
@@ -315,9 +330,10 @@ pub fn run(a: Args) -> Result<()> {
                 got.bump_ms,
                 got.drain_ms,
                 got.switch_ms,
-                got.pending_blocks,
-                got.pending_bytes
             );
+            // the copy queue says nothing of a lazy mirror's blocks: the promoted daemon
+            // counts what its region's store lacks, in the background
+            println!("{}", rt.block_on(missing_after_promotion(&p))?);
             Ok(())
         }
         Some(Action::Resume(r)) => {
@@ -356,6 +372,16 @@ pub fn run(a: Args) -> Result<()> {
                     cfg.promotion.durability,
                     format!("{:?}", cfg.promotion.failover).to_lowercase(),
                 );
+                if cfg.promotion.failover == strait_mirror::config::Failover::Auto {
+                    println!(
+                        "failover auto: this mirror promotes itself once the replicator has \
+                         taken nothing from the primary for {} ms and the primary's lease (named \
+                         in its status) has run out; a primary running without a lease \
+                         (lease_ms = 0) is never failed over automatically: give it a lease \
+                         shorter than {} ms",
+                        cfg.promotion.failover_after_ms, cfg.promotion.failover_after_ms
+                    );
+                }
                 return Ok(());
             }
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -473,6 +499,9 @@ pub struct Blocks {
 pub struct Report {
     /// The primary's latest version, as the replicator last heard it (0: unknown).
     pub primary_version: u64,
+    /// Asked of a primary: why it is fenced (empty: it is not), as it says itself.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub primary_fenced: String,
     pub mirrors: Vec<Row>,
 }
 
@@ -645,6 +674,65 @@ async fn promote(p: &PromoteArgs) -> Result<s::Promotion> {
         .with_context(|| format!("{} answered without its promotion", p.addr))
 }
 
+/// How long `promote` waits for the promoted daemon's count of the blocks its region's
+/// store lacks before it says the count is still running.
+const MISSING_COUNT_WAIT: Duration = Duration::from_secs(60);
+
+/// The line that says how many blocks the files reference that the promoted mirror's store
+/// lacks, once the daemon has counted them (progress on stderr while it counts).
+async fn missing_after_promotion(p: &PromoteArgs) -> Result<String> {
+    let creds = p.client.credentials()?;
+    let started = std::time::Instant::now();
+    let mut said = std::time::Instant::now();
+    loop {
+        let state = site_status(&p.addr, &creds)
+            .await
+            .ok()
+            .and_then(|st| st.mirror);
+        if state
+            .as_ref()
+            .and_then(|m| m.blocks.as_ref())
+            .is_some_and(|b| b.store.is_empty())
+        {
+            return Ok(
+                "it has no object store of its own: every block is read from the old \
+                       primary's store, and fails with EIO while that cannot be reached"
+                    .to_string(),
+            );
+        }
+        let counted = state
+            .and_then(|m| m.promotion)
+            .filter(|pr| pr.missing_counted);
+        if let Some(pr) = counted {
+            return Ok(if pr.missing_blocks == 0 {
+                "every block the files reference is in its region's store".to_string()
+            } else {
+                format!(
+                    "{} blocks ({} bytes) of {} files are not in its region's store: they read \
+                     from the old primary's store, and fail with EIO while it cannot be reached",
+                    pr.missing_blocks, pr.missing_bytes, pr.missing_files
+                )
+            });
+        }
+        if started.elapsed() >= MISSING_COUNT_WAIT {
+            return Ok(format!(
+                "the blocks its region's store lacks are still being counted after {} s: \
+                 `strait mirror status --addr {}` shows the count when it is done",
+                MISSING_COUNT_WAIT.as_secs(),
+                p.addr
+            ));
+        }
+        if said.elapsed() >= Duration::from_secs(5) {
+            said = std::time::Instant::now();
+            eprintln!(
+                "counting the blocks its region's store lacks ({} s so far)",
+                started.elapsed().as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Gather the report from `addr` (a mirror, a primary or a replicator node).
 pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut report = Report::default();
@@ -662,6 +750,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
         }
         Ok(st) => {
             report.primary_version = st.version;
+            report.primary_fenced = st.fenced;
             replicators = st.replicator;
             is_primary = true;
         }
@@ -779,6 +868,12 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
 
 fn print_table(r: &Report) {
     println!("primary version {}", r.primary_version);
+    if !r.primary_fenced.is_empty() {
+        println!(
+            "the primary is FENCED: {} (it takes no changes; rejoin it as a mirror)",
+            r.primary_fenced
+        );
+    }
     println!(
         "{:<12} {:<14} {:>10} {:>10} {:>8} {:>8} {:>8} {:>8} {:>9}  NOTE",
         "MIRROR", "STATE", "APPLIED", "LATEST", "LAG", "LAG ms", "p50 ms", "p99 ms", "rec/s",

@@ -64,6 +64,13 @@ pub struct Args {
     /// (0: no lease).
     #[arg(long, env = "STRAIT_LEASE_MS")]
     pub lease_ms: Option<u64>,
+    /// Start on a Redis engine that may lose acknowledged writes (not `appendonly yes` with
+    /// `appendfsync always`); without it such an engine is refused.
+    #[arg(long)]
+    pub accept_redis_loss: bool,
+    /// Once fenced, how long reads are still answered, ms (then EIO).
+    #[arg(long, env = "STRAIT_FENCED_WINDOW_MS")]
+    pub fenced_window_ms: Option<u64>,
 }
 
 #[derive(clap::Subcommand)]
@@ -166,6 +173,12 @@ impl Args {
         }
         if let Some(v) = self.lease_ms {
             c.lease_ms = v;
+        }
+        if self.accept_redis_loss {
+            c.accept_redis_loss = true;
+        }
+        if let Some(v) = self.fenced_window_ms {
+            c.fenced_window_ms = v;
         }
         c.validate()?;
         Ok(c)

@@ -555,6 +555,174 @@ fn an_isolated_primary_acknowledges_nothing_after_a_promotion() {
     }
 }
 
+/// Issue 40, finding 1: a primary fenced by a promotion deletes nothing, and commits
+/// nothing, on its own. Region A (`local` durability) is cut off; files removed there are
+/// removed in A's history only; B, a lazy mirror that never copied their blocks, is promoted;
+/// after the heal A learns it was fenced. Before the fix A's GC then deleted those files'
+/// blocks from A's store (B's mirror cursor no longer held them back, and A's versions were
+/// compared with the new history's), and B, whose history keeps the files, read them as EIO.
+/// Also: the last close of a file unlinked at A commits no deletion at the fenced A, and
+/// `strait gc` against A refuses, saying why.
+#[test]
+fn a_fenced_primary_deletes_nothing_that_the_history_that_went_on_still_reads() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dev = strait_tests::dev_up::DevUp::start(
+        &work.path().join("dev"),
+        &[
+            "--witness",
+            "--durability",
+            "local",
+            "--sync",
+            "lazy",
+            "--delay-ms",
+            "5",
+            "--gc-delay",
+            "1",
+        ],
+    );
+    let topo: strait_devkit::cluster::Topology = serde_json::from_value(dev.topology()).unwrap();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let admin = dev.dir.join("tokens/admin.token");
+    let admin = admin.to_str().unwrap();
+    let body = |i: usize| -> Vec<u8> { strait_tests::random_bytes(i as u64, 300_000 + i) };
+
+    // twelve files at A, applied at B (listed there, never read: B copies nothing)
+    std::fs::create_dir(ma.join("d")).unwrap();
+    for i in 0..12 {
+        write_synced(ma.join(format!("d/f{i}")), body(i)).unwrap();
+    }
+    let held = std::fs::File::open(ma.join("d/f11")).unwrap();
+    let start = Instant::now();
+    while std::fs::read_dir(mb.join("d")).map_or(0, |d| d.count()) < 12 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never listed the 12 files"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A cut off: four removed there (acknowledged in A's history only), one of them while a
+    // handle on it stays open at A
+    assert!(dev.fault("isolate=a").contains("isolated region A"));
+    for i in [0, 1, 2, 11] {
+        std::fs::remove_file(ma.join(format!("d/f{i}"))).unwrap();
+    }
+    let (ok, out) = strait(&[
+        "mirror",
+        "promote",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin,
+    ]);
+    assert!(ok, "promote B: {out}");
+    eprintln!("{}", out.trim());
+    assert_eq!(dev.fault("heal"), "healed");
+
+    // A learns it was fenced (within a heartbeat of the heal: until then it goes on taking
+    // changes in `local` durability with no lease, in its own history)
+    let start = Instant::now();
+    loop {
+        match write_synced(ma.join("after-heal"), "x") {
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => break,
+            Ok(()) | Err(_) => {}
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "A was never fenced"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let version_a = |what: &str| {
+        let (ok, out) = strait(&[
+            "mirror",
+            "status",
+            "--addr",
+            &topo.primary,
+            "--token-file",
+            admin,
+            "--json",
+        ]);
+        assert!(ok, "status of A ({what}): {out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["primary_version"].as_u64().unwrap()
+    };
+    let fenced_at = version_a("fenced");
+    // the last handle on an unlinked file closes at the fenced A: nothing is committed
+    drop(held);
+    // several GC passes (every second, a 1 s delay and grace) at both primaries
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(
+        version_a("after the close"),
+        fenced_at,
+        "the fenced primary A committed a change of its own"
+    );
+
+    // the history that went on (B's) still has the four files, whose blocks only A's store
+    // holds: each reads whole at B
+    for i in [0, 1, 2, 11] {
+        let got = std::fs::read(mb.join(format!("d/f{i}")));
+        match got {
+            Ok(data) => assert!(data == body(i), "d/f{i} read other bytes at B"),
+            Err(e) => panic!("d/f{i} at B (the new primary, whose history keeps it): {e}"),
+        }
+    }
+    // (finding 10) the fenced A says so: /health is 503, its status names why; and past its
+    // window (5 s) it answers no read of its metadata, a history that no longer goes on
+    let (code, body) = strait_tests::http_get(&topo.primary_metrics, "/health");
+    assert!(
+        code == 503 && body.contains("fenced"),
+        "/health of the fenced A: {code} {body}"
+    );
+    let (ok, out) = strait(&[
+        "mirror",
+        "status",
+        "--addr",
+        &topo.primary,
+        "--token-file",
+        admin,
+    ]);
+    assert!(
+        ok && out.contains("the primary is FENCED"),
+        "status of A: {out}"
+    );
+    match std::fs::read(ma.join("d/f5")) {
+        Err(e) => assert_eq!(
+            e.raw_os_error(),
+            Some(libc::EIO),
+            "read at the fenced A: {e}"
+        ),
+        Ok(_) => panic!("the fenced A answered a read 8 s after it was fenced"),
+    }
+    // and `strait gc` against the fenced A deletes nothing, saying why
+    let (ok, out) = strait(&[
+        "gc",
+        &format!("strait://{}", topo.primary),
+        "--token-file",
+        admin,
+    ]);
+    assert!(
+        !ok && out.contains("deletes no dead block now"),
+        "gc at the fenced A: {out}"
+    );
+    // nor does its orphan sweep run: B's newer blocks, in a store the two share, are no
+    // slice's in A's metadata
+    let (ok, out) = strait(&[
+        "gc",
+        &format!("strait://{}", topo.primary),
+        "--token-file",
+        admin,
+        "--dry-run",
+    ]);
+    assert!(
+        !ok && out.contains("deletes no object now"),
+        "sweep at the fenced A: {out}"
+    );
+}
+
 /// Data that never reached region B: with lazy copying, blocks written at A are only in A's
 /// store. A is lost with its store (its Garage killed too), B is promoted: the promotion
 /// counts those blocks and their files, and a read of them at B fails with EIO, never zeros.
@@ -603,6 +771,12 @@ fn blocks_only_the_lost_region_held_read_as_eio_and_are_counted() {
         admin.to_str().unwrap(),
     ]);
     assert!(ok, "promote: {out}");
+    // the command waits for the count, and prints it (before, it printed the copy queue's
+    // size, 0 under `lazy`, though nothing had been copied)
+    assert!(
+        out.contains("4 blocks (9437208 bytes) of 2 files are not in its region's store"),
+        "promote names what region B lacks: {out}"
+    );
 
     // the count, once done, in `mirror status`
     let mount_token = dir.join("tokens/mount.token");
@@ -1711,6 +1885,420 @@ fn a_mount_at_the_old_primary_reads_blocks_only_the_new_primary_holds() {
         Duration::from_secs(20),
         "B's mount after the way back",
     );
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}
+
+/// `strait mirror status --json` of the mirror in `dir`'s cluster: its row.
+fn mirror_row(dir: &Path, topo: &strait_devkit::cluster::Topology) -> serde_json::Value {
+    let token = dir.join("tokens/admin.token");
+    let (ok, out) = strait(&[
+        "mirror",
+        "status",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "mirror status: {out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["mirrors"][0].clone()
+}
+
+/// Two regions, started in `dir` with `hooks` and `shape` laid over `dev up`'s defaults.
+fn two_regions(
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    sync: &str,
+    hooks: strait_devkit::cluster::FaultHooks,
+) -> (Cluster, ClusterMounts) {
+    let cfg = ClusterConfig {
+        delay_ms: 5,
+        sync: sync.into(),
+        hooks,
+        ..ClusterConfig::new(strait_tests::strait_bin(), dir.to_path_buf())
+    };
+    strait_tests::dev_up::start_cluster(&cfg, rt)
+}
+
+/// Issue 40, finding 3: a mirror marked a copied block present (and dropped it from its copy
+/// queue) before the block was durable in its store. Region B's store sits under the
+/// power-loss layer; B copies region A's files (eager); the power of B fails (the mirror is
+/// SIGKILLed, and its store loses every byte not synced); region A's store is lost too. Every
+/// block B's marks say it holds must be there: before the fix its store had synced nothing,
+/// its queue was empty and its marks said every block was there, and B read the files as EIO.
+#[test]
+fn a_block_a_mirror_marks_present_survives_a_power_loss_of_its_store() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let layer = strait_chaos::lazyfs::LazyFs::mount(
+        &work.path().join("b-store-backing"),
+        &work.path().join("b-store"),
+    )
+    .unwrap();
+    let hooks = strait_devkit::cluster::FaultHooks {
+        store_dirs: [None, Some(layer.point().to_path_buf())],
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut cluster, _mounts) = two_regions(&dir, &rt, "eager", hooks);
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let body = |i: u64| strait_tests::random_bytes(i, (1 << 20) + i as usize * 1000);
+    for i in 0..8 {
+        write_synced(ma.join(format!("f{i}")), body(i)).unwrap();
+    }
+    // B has applied them and copied every block
+    let start = Instant::now();
+    loop {
+        let row = mirror_row(&dir, &topo);
+        let b = &row["blocks"];
+        if b["pending_blocks"] == 0 && b["copied_blocks"].as_u64().unwrap_or(0) >= 8 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "B did not copy: {row}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // B's power fails; A's store is lost
+    cluster.signal("mirror", libc::SIGKILL).unwrap();
+    let start = Instant::now();
+    while !cluster.exited("mirror").unwrap() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the mirror did not die"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lost = layer.power_loss().unwrap();
+    eprintln!("power loss of B's store: {lost:?}");
+    let a_store = dir.join("region-a/data");
+    std::fs::rename(&a_store, dir.join("region-a/data.lost")).unwrap();
+    cluster
+        .restart("mirror", Some(Duration::from_secs(60)))
+        .unwrap();
+
+    // every file reads whole at B, from B's store alone
+    for i in 0..8 {
+        let got = std::fs::read(mb.join(format!("f{i}")));
+        match got {
+            Ok(data) => assert!(data == body(i), "f{i} read other bytes at B"),
+            Err(e) => panic!(
+                "f{i} at B, whose mirror had copied it and marked it present: {e} ({lost:?})"
+            ),
+        }
+    }
+    let row = mirror_row(&dir, &topo);
+    assert_eq!(row["blocks"]["pending_blocks"], 0, "{row}");
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}
+
+/// Issue 40, finding 4: the primary shipped a record naming blocks that were still only in
+/// its `file://` store's page cache. Region A's metadata and store sit under the power-loss
+/// layer; files are written at A and closed (not fsynced); B (lazy, so it copies nothing)
+/// applies them; the power of A's primary and mount fails. Restarted, A catches up from the
+/// log, which holds the records: each file the history names must read whole at A and at B.
+/// Before the fix every block was lost with the store's unsynced bytes while its record
+/// survived in the log, and the files read as EIO in both regions.
+#[test]
+fn no_record_reaches_the_log_before_the_blocks_it_names_are_durable() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let store = strait_chaos::lazyfs::LazyFs::mount(
+        &work.path().join("a-store-backing"),
+        &work.path().join("a-store"),
+    )
+    .unwrap();
+    let meta = strait_chaos::lazyfs::LazyFs::mount(
+        &work.path().join("a-meta-backing"),
+        &work.path().join("a-meta"),
+    )
+    .unwrap();
+    let hooks = strait_devkit::cluster::FaultHooks {
+        store_dirs: [Some(store.point().to_path_buf()), None],
+        meta_dirs: [Some(meta.point().join("meta")), None],
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut cluster, _mounts) = two_regions(&dir, &rt, "lazy", hooks);
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let body = |i: u64| strait_tests::random_bytes(100 + i, 300_000 + i as usize * 1000);
+    for i in 0..8 {
+        // closed, not fsynced: committed at close, and shipped
+        std::fs::write(ma.join(format!("f{i}")), body(i)).unwrap();
+    }
+    // B has applied every one (listed with its size): their records are in the log
+    let start = Instant::now();
+    loop {
+        let sized = (0..8)
+            .filter(|&i| {
+                std::fs::metadata(mb.join(format!("f{i}")))
+                    .is_ok_and(|m| m.len() == body(i).len() as u64)
+            })
+            .count();
+        if sized == 8 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "B applied {sized} of 8"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A's power fails: its primary and its mount die, the unsynced bytes go
+    cluster.signal("primary", libc::SIGKILL).unwrap();
+    cluster.signal_mount(0, libc::SIGKILL).unwrap();
+    let start = Instant::now();
+    while !cluster.exited("primary").unwrap() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the primary did not die"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let lost = (store.power_loss().unwrap(), meta.power_loss().unwrap());
+    eprintln!("power loss of A's store and metadata: {lost:?}");
+    cluster
+        .restart("primary", Some(Duration::from_secs(60)))
+        .unwrap();
+
+    // the history names the files (the log had them): each reads whole at B (whose mirror
+    // copied nothing, so from A's store)
+    for i in 0..8 {
+        let got = std::fs::read(mb.join(format!("f{i}")));
+        match got {
+            Ok(data) => assert!(data == body(i), "f{i} read other bytes at B"),
+            Err(e) => panic!("f{i} at B, named by the log: {e} ({lost:?})"),
+        }
+    }
+    for e in cluster.unmount() {
+        eprintln!("unmount: {e:#}");
+    }
+}
+
+/// Issue 40, finding 7: `failover = "auto"` promoted a mirror once the replicator had heard
+/// nothing from the primary for `failover_after_ms`, without asking whether the primary's
+/// lease had run out. With no lease (`lease_ms = 0`, the default) and `local` durability, a
+/// primary cut off from the replicator goes on acknowledging changes: B promoted itself and
+/// both regions took changes. Now B waits, and says why.
+#[test]
+fn automatic_failover_waits_for_a_lease_a_primary_without_one_is_not_failed_over() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (_cluster, _mounts) = three_regions(
+        &dir,
+        &rt,
+        Regions {
+            delay_ms: 5,
+            policy: "serve",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "local"],
+            mirror_args: &["--failover", "auto", "--failover-after-ms", "2000"],
+            format_args: &[],
+            tls: false,
+        },
+    );
+    let topo: strait_devkit::cluster::Topology =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("dev.json")).unwrap()).unwrap();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    write_synced(ma.join("before"), "x").unwrap();
+    // in the log, and applied at B
+    let start = Instant::now();
+    while !mb.join("before").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never applied the write"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let fault = |what: &str| {
+        let (ok, out) = strait(&["dev", "fault", "--dir", dir.to_str().unwrap(), what]);
+        assert!(ok, "dev fault {what}: {out}");
+    };
+    // A cut off from B and C (the replicator's majority): it still acknowledges changes
+    fault("isolate=a");
+    // B and C elect a leader that hears nothing from A; well past failover_after_ms, B says
+    // why it waits, and never promotes itself
+    let start = Instant::now();
+    loop {
+        let row = mirror_row(&dir, &topo);
+        assert_ne!(
+            row["state"], "promoted",
+            "B promoted itself while A, with no lease, still acknowledges changes: {row}"
+        );
+        let log = std::fs::read_to_string(dir.join("region-b/mirror.log")).unwrap_or_default();
+        if log.contains("automatic failover waits") && log.contains("lease is not known") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never said why it waits: {}",
+            log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    write_synced(ma.join("during"), "acknowledged by A while cut off").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let row = mirror_row(&dir, &topo);
+    assert_ne!(row["state"], "promoted", "B promoted itself: {row}");
+    fault("heal");
+}
+
+/// Whether another process can take a write lock on `path` now (`fcntl` F_SETLK, not
+/// waiting): Ok(true) taken (and let go at once), Ok(false) refused, Err: something else.
+fn other_process_locks(path: &Path) -> Result<bool, String> {
+    let script = "import fcntl, sys\n\
+f = open(sys.argv[1], 'r+b')\n\
+try:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError as e:\n    \
+if e.errno in (11, 13):\n        sys.exit(3)\n    print(e, file=sys.stderr)\n    sys.exit(4)\n\
+sys.exit(0)\n";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .map_err(|e| format!("run python3: {e}"))?;
+    match out.status.code() {
+        Some(0) => Ok(true),
+        Some(3) => Ok(false),
+        _ => Err(format!(
+            "python3 failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
+}
+
+/// Issue 40, finding 11: a POSIX lock held through region A's mount while A's primary is
+/// superseded and rejoins. Region A is cut off and takes a change of its own (`local`
+/// durability), B is promoted, the link heals, and A's primary rejoins as B's mirror at its
+/// own address: its history diverged, so `rejoin` sets its changes aside and loads B's
+/// metadata into a new engine, which has none of the old one's locks. A's mount, alive all
+/// along, goes on through the new daemon; before the fix its resumed session named its
+/// handles only, and another process took the lock that was still held. Now it names its
+/// locks too, and the daemon on the new engine grants no new lock until they are back.
+#[test]
+fn a_lock_held_while_the_primary_is_set_aside_and_rejoins_stays_held() {
+    if !strait_tests::require_fuse() || !strait_tests::require_program("python3") {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("dev");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut cluster, _mounts) = three_regions(
+        &dir,
+        &rt,
+        Regions {
+            delay_ms: 5,
+            policy: "forward",
+            sync: "eager",
+            garage: false,
+            primary_args: &["--durability", "local"],
+            mirror_args: &[],
+            format_args: &[],
+            tls: false,
+        },
+    );
+    let topo = cluster.topology().clone();
+    let (ma, mb) = (topo.mount_a.clone().unwrap(), topo.mount_b.clone().unwrap());
+    let path = ma.join("locked");
+    write_synced(&path, "a file locked across the switchover").unwrap();
+    let start = Instant::now();
+    while !mb.join("locked").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never applied the file"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // this process holds a write lock on the whole file, through A's mount
+    use std::os::fd::AsRawFd;
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let lock = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: a valid descriptor and a valid flock structure
+    let rc = unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETLK, &lock) };
+    assert_eq!(rc, 0, "take the lock: {}", std::io::Error::last_os_error());
+    assert_eq!(other_process_locks(&path), Ok(false), "the lock is held");
+
+    // A cut off takes a change of its own; B is promoted; the link heals
+    let fault = |what: &str| {
+        let (ok, out) = strait(&["dev", "fault", "--dir", dir.to_str().unwrap(), what]);
+        assert!(ok, "dev fault {what}: {out}");
+    };
+    fault("isolate=a");
+    write_synced(ma.join("only-at-a"), "diverges").unwrap();
+    let admin = dir.join("tokens/admin.token");
+    let (ok, out) = strait(&[
+        "mirror",
+        "promote",
+        "--addr",
+        &topo.mirror,
+        "--token-file",
+        admin.to_str().unwrap(),
+    ]);
+    assert!(ok, "promote B: {out}");
+    fault("heal");
+    // A's primary stops; its engine rejoins (its change set aside: a new engine) and is
+    // served as B's mirror at A's address; A's mount goes on through it
+    cluster.signal("primary", libc::SIGKILL).unwrap();
+    let said = cluster.region_a_rejoins().unwrap();
+    eprintln!("{said}");
+    // another process asks for the lock during the grace period and after it
+    let start = Instant::now();
+    while start.elapsed() < strait_fs_core::meta::LOCK_GRACE + Duration::from_secs(5) {
+        match other_process_locks(&path) {
+            Ok(false) => {}
+            Ok(true) => panic!(
+                "another process took the lock {:.1} s after the switchover, while it is held",
+                start.elapsed().as_secs_f64()
+            ),
+            Err(e) => eprintln!("lock attempt: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    // let go: then it is free
+    drop(held);
+    let start = Instant::now();
+    loop {
+        if other_process_locks(&path) == Ok(true) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the lock was never free after its holder let go"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     for e in cluster.unmount() {
         eprintln!("unmount: {e:#}");
     }

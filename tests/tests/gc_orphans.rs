@@ -95,8 +95,11 @@ async fn a_sweep_deletes_orphans_older_than_the_grace_and_keeps_the_rest() {
                 BS,
                 read_at,
                 SweepOptions { grace, dry_run },
-                &mut |_| {},
-                &mut |_, _| {},
+                orphans::SweepCalls {
+                    progress: &mut |_| {},
+                    deleted: &mut |_, _| {},
+                    gate: &|| None,
+                },
             )
             .await
             .unwrap()
@@ -215,4 +218,123 @@ fn strait_gc_removes_an_orphan_past_its_grace_and_keeps_every_referenced_block()
     let m = fs.mount(&[]);
     assert!(std::fs::read(m.path("big")).unwrap() == big);
     m.unmount();
+}
+
+/// The block objects (`chunks/...`) under the directory store `dir`.
+fn block_files(dir: &std::path::Path) -> usize {
+    fn walk(d: &std::path::Path, n: &mut usize) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, n);
+            } else if !e.file_name().to_string_lossy().starts_with('.') {
+                *n += 1;
+            }
+        }
+    }
+    let mut n = 0;
+    walk(&dir.join("chunks"), &mut n);
+    n
+}
+
+/// Issue 40, finding 2: a mirror swept its store against its own metadata whatever its
+/// state. With one store for both regions (`dev up --shared-store`, as docs/operations.md
+/// advises for no data loss), a paused mirror's sweep deleted the blocks of a file the
+/// primary had committed since, as orphans, and that file read as EIO. Now a mirror sweeps
+/// only while it follows within its window, unpaused, and never a store a primary uses too
+/// (it finds its marker object through the primary's store).
+#[test]
+fn a_mirror_never_sweeps_a_store_it_shares_nor_while_it_is_behind() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dev = strait_tests::dev_up::DevUp::start(
+        &work.path().join("dev"),
+        &["--delay-ms", "5", "--shared-store"],
+    );
+    let topo = dev.topology();
+    let mirror = topo["mirror"].as_str().unwrap().to_string();
+    let ma = std::path::PathBuf::from(topo["mount_a"].as_str().unwrap());
+    let store = dev.dir.join("region-a/data");
+    let admin = dev.dir.join("tokens/admin.token");
+    let admin = admin.to_str().unwrap();
+    let strait = |args: &[&str]| {
+        let out = std::process::Command::new(strait_tests::strait_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let sweep_at_b = || {
+        strait(&[
+            "gc",
+            &format!("strait://{mirror}"),
+            "--token-file",
+            admin,
+            "--orphan-grace",
+            "0",
+        ])
+    };
+
+    // B paused: a file committed at A since is in the shared store, not in B's metadata
+    let (ok, out) = strait(&[
+        "mirror",
+        "pause",
+        "--addr",
+        &mirror,
+        "--token-file",
+        admin,
+        "--seconds",
+        "120",
+    ]);
+    assert!(ok, "pause: {out}");
+    let body = strait_tests::random_bytes(40, 1 << 20);
+    {
+        let mut f = std::fs::File::create(ma.join("new")).unwrap();
+        f.write_all(&body).unwrap();
+        f.sync_all().unwrap();
+    }
+    let before = block_files(&store);
+    assert!(before > 0, "the file's blocks are in the store");
+    let (ok, out) = sweep_at_b();
+    assert!(
+        !ok && out.contains("paused"),
+        "a paused mirror's sweep: {out}"
+    );
+    assert_eq!(
+        block_files(&store),
+        before,
+        "the paused mirror deleted blocks"
+    );
+
+    // following again, it still refuses: the store is the primary's too
+    let (ok, out) = strait(&["mirror", "resume", "--addr", &mirror, "--token-file", admin]);
+    assert!(ok, "resume: {out}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (ok, out) = sweep_at_b();
+    assert!(
+        !ok && out.contains("also the primary's"),
+        "a sweep of a shared store at the mirror: {out}"
+    );
+    assert_eq!(block_files(&store), before);
+    assert!(std::fs::read(ma.join("new")).unwrap() == body);
+    // the primary sweeps it (nothing of the file goes)
+    let (ok, out) = strait(&[
+        "gc",
+        &format!("strait://{}", topo["primary"].as_str().unwrap()),
+        "--token-file",
+        admin,
+        "--orphan-grace",
+        "0",
+    ]);
+    assert!(ok, "gc at the primary: {out}");
+    assert!(std::fs::read(ma.join("new")).unwrap() == body);
 }

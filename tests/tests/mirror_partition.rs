@@ -201,3 +201,202 @@ fn a_change_whose_answer_was_lost_on_the_way_back_succeeds_at_the_mirrors_mount(
     let a = primary.mount(&[]);
     assert!(a.path("d").is_dir());
 }
+
+/// `strait` with `args`: whether it succeeded, and what it printed.
+fn strait(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(strait_tests::strait_bin())
+        .args(args)
+        .output()
+        .expect("run strait");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// An extended attribute of `path`, or the errno.
+fn xattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the strings are NUL-terminated, and the buffer's length is given
+    let got = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    buf.truncate(got as usize);
+    Ok(buf)
+}
+
+/// access(2) of `path` for `mode`: Ok, or the errno.
+fn access(path: &std::path::Path, mode: i32) -> Result<(), i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: the string is NUL-terminated
+    if unsafe { libc::access(p.as_ptr(), mode) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+/// Issue 40, finding 9: a mirror outside its window (its applier paused, so only replication
+/// is cut) under `forward` answers every call as the primary would, for entries created,
+/// changed and removed at the primary since: `open` and `read` (a file created at A was
+/// listed and stat'ed at B but failed to open with ESTALE, since the handle was opened in the
+/// mirror's metadata, which lacks it; the permission was checked against the mode the mirror
+/// had), `readdir`, `readlink`, `getxattr` and `access`.
+#[test]
+fn a_stale_mirror_forwards_every_call_as_the_primary_answers_it() {
+    if !strait_tests::require_fuse() {
+        return; // not under CI=true (said on stderr)
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dev = strait_tests::dev_up::DevUp::start(
+        &work.path().join("dev"),
+        &[
+            "--delay-ms",
+            "5",
+            "--window-ms",
+            "2000",
+            "--policy",
+            "forward",
+        ],
+    );
+    let topo = dev.topology();
+    let mirror = topo["mirror"].as_str().unwrap().to_string();
+    let ma = std::path::PathBuf::from(topo["mount_a"].as_str().unwrap()).join("d");
+    let mb = std::path::PathBuf::from(topo["mount_b"].as_str().unwrap()).join("d");
+    let admin = dev.dir.join("tokens/admin.token");
+    let admin = admin.to_str().unwrap();
+    let set_mode = |name: &str, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(ma.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let set_xattr = |name: &str, value: &str| {
+        let out = std::process::Command::new("setfattr")
+            .args(["-n", "user.k", "-v", value])
+            .arg(ma.join(name))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "setfattr: {out:?}");
+    };
+
+    // the state both regions know (B lists it; no file is read at B)
+    std::fs::create_dir(&ma).unwrap();
+    std::fs::write(ma.join("changed"), "old contents\n").unwrap();
+    std::fs::write(ma.join("secret"), "readable by all, at first\n").unwrap();
+    std::fs::write(ma.join("tool"), "#!/bin/sh\n").unwrap();
+    std::fs::write(ma.join("gone"), "removed at A\n").unwrap();
+    set_mode("secret", 0o644);
+    set_mode("tool", 0o644);
+    set_xattr("changed", "old");
+    std::os::unix::fs::symlink("old-target", ma.join("link")).unwrap();
+    let start = Instant::now();
+    while std::fs::read_dir(&mb).map_or(0, |d| d.count()) < 5 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never listed d"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // only replication stops at B: its applier pauses, past its 2 s window
+    let (ok, out) = strait(&[
+        "mirror",
+        "pause",
+        "--addr",
+        &mirror,
+        "--token-file",
+        admin,
+        "--seconds",
+        "120",
+    ]);
+    assert!(ok, "pause B: {out}");
+    std::fs::write(ma.join("new"), "made at A while B lags").unwrap();
+    std::fs::write(ma.join("changed"), "new contents, longer than before\n").unwrap();
+    set_mode("secret", 0o600);
+    set_mode("tool", 0o755);
+    set_xattr("changed", "new");
+    std::fs::remove_file(ma.join("gone")).unwrap();
+    std::fs::remove_file(ma.join("link")).unwrap();
+    std::os::unix::fs::symlink("new-target", ma.join("link")).unwrap();
+    std::os::unix::fs::symlink("made-at-a", ma.join("newlink")).unwrap();
+    // B's lag passes its window (the changes above are not applied there)
+    let token = std::fs::read_to_string(admin).unwrap();
+    let start = Instant::now();
+    loop {
+        let row = strait_tests::site::mirror_row(&mirror, token.trim());
+        // past its window (its state says stale, or disconnected once the paused
+        // subscription has been silent a while: what decides is the lag)
+        if row["lag_ms"].as_u64().unwrap_or(0) > 2_500 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "B never went stale: {row}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // at B, every answer is the primary's
+    assert_eq!(
+        std::fs::read_to_string(mb.join("new")).map_err(|e| e.to_string()),
+        Ok("made at A while B lags".to_string()),
+        "open and read of a file created at A"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mb.join("changed")).map_err(|e| e.to_string()),
+        Ok("new contents, longer than before\n".to_string()),
+        "a file rewritten at A"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&mb)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["changed", "link", "new", "newlink", "secret", "tool"]
+    );
+    assert_eq!(
+        std::fs::read_link(mb.join("link")).unwrap(),
+        std::path::Path::new("new-target")
+    );
+    assert_eq!(
+        std::fs::read_link(mb.join("newlink")).unwrap(),
+        std::path::Path::new("made-at-a")
+    );
+    assert_eq!(xattr(&mb.join("changed"), "user.k"), Ok(b"new".to_vec()));
+    assert_eq!(
+        access(&mb.join("tool"), libc::X_OK),
+        Ok(()),
+        "a mode made executable at A"
+    );
+    assert_eq!(access(&mb.join("gone"), libc::F_OK), Err(libc::ENOENT));
+    // another user may no longer read what A made private: the primary's mode decides
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new("cat")
+        .arg(mb.join("secret"))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "nobody read a file A made 0600: {out:?}"
+    );
+
+    let (ok, out) = strait(&["mirror", "resume", "--addr", &mirror, "--token-file", admin]);
+    assert!(ok, "resume B: {out}");
+}

@@ -62,6 +62,7 @@ fn lose_region_a(dir: &Path, witness: bool, wait: Duration) -> AfterLoss {
         format_args: vec![],
         tls: false,
         witness,
+        shared_store: false,
         hooks: Default::default(),
     };
     let mut cluster = Cluster::start(&cfg, &rt, &mut |_| {}).expect("start the regions");

@@ -57,6 +57,31 @@ fn a_file_system_on_rediss_is_formatted_served_and_mounted() {
 
     // with it: format, a primary on it, a mount through the primary
     let fs = TestFs::new(url.clone(), data_url, vec![], &[]);
+    // (issue 40, finding 8) a server that acknowledges writes before they are on disk is
+    // refused, in one line that says what to change, and nothing is served
+    let (code, err) = strait_tests::mount::strait_fails(&[
+        "primary",
+        "--meta-url",
+        &fs.meta_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "",
+        "--token",
+        "a-token-of-sixteen-characters",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("appendonly no, appendfsync everysec")
+            && err.contains("appendfsync always")
+            && err.contains("--accept-redis-loss"),
+        "{err}"
+    );
+    // made durable, it is served
+    for set in [["appendonly", "yes"], ["appendfsync", "always"]] {
+        let ok = redis.command(&["CONFIG", "SET", set[0], set[1]]).unwrap();
+        assert_eq!(ok, "+OK", "CONFIG SET {set:?}");
+    }
     let primary = Primary::start(&fs.meta_url, &[], &[]);
     let m = primary.mount(&[]);
     std::fs::write(m.path("over-tls"), b"metadata in redis over TLS").unwrap();

@@ -50,6 +50,10 @@ pub struct ClusterConfig {
     /// majority of the replicator's three voters, and losing all of region A leaves nodes 2 and
     /// 3, a majority holding every committed record. Without it nodes 1 and 2 are in region A.
     pub witness: bool,
+    /// One object store for both regions: region A's (its directory, or its Garage's
+    /// bucket) is region B's too, as docs/operations.md allows (a store replicated across
+    /// regions). The mirror then copies nothing across, and its orphan sweep must refuse.
+    pub shared_store: bool,
     /// Where the chaos harness's faults reach in: proxies in front of the object stores,
     /// data directories on file systems of its own, daemons' environments. Default: none.
     pub hooks: FaultHooks,
@@ -78,6 +82,7 @@ impl ClusterConfig {
             format_args: vec![],
             tls: false,
             witness: false,
+            shared_store: false,
             hooks: FaultHooks::default(),
         }
     }
@@ -106,6 +111,10 @@ pub struct FaultHooks {
     /// `region-x/meta`: somewhere outside [`ClusterConfig::dir`], as a small file system of
     /// its own that a fault can fill.
     pub meta_dirs: [Option<PathBuf>; 2],
+    /// Each region's object store directory instead of `region-x/data` (ignored with
+    /// Garage): somewhere outside [`ClusterConfig::dir`], under a layer of its own (the
+    /// power-loss layer).
+    pub store_dirs: [Option<PathBuf>; 2],
     /// Each region's mount's disk cache directory instead of `region-x/cache`.
     pub cache_dirs: [Option<PathBuf>; 2],
     /// Where each region's Garage keeps its metadata and data instead of `region-x/garage`

@@ -368,6 +368,11 @@ impl Cluster {
     }
 
     /// What DIR/dev.json says: addresses, token, object stores, mount points.
+    /// The `strait` program the cluster runs.
+    pub fn strait_bin(&self) -> &std::path::Path {
+        &self.strait_bin
+    }
+
     pub fn topology(&self) -> &Topology {
         &self.topology
     }

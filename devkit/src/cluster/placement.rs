@@ -176,13 +176,18 @@ impl Loopback {
     }
 
     /// Region `i`'s (0: A, 1: B) object store, as its own clients reach it.
+    /// With [`ClusterConfig::shared_store`] both regions use region A's.
     pub(super) fn data_url(&self, i: usize) -> String {
+        let i = if self.cfg.shared_store { 0 } else { i };
         match self.garage_urls.get(i) {
             Some((url, _)) => url.clone(),
-            None => {
-                let h = &HOSTS[i];
-                format!("file://{}", self.host_dir(h).join("data").display())
-            }
+            None => match self.cfg.hooks.store_dirs.get(i).cloned().flatten() {
+                Some(d) => format!("file://{}", d.display()),
+                None => {
+                    let h = &HOSTS[i];
+                    format!("file://{}", self.host_dir(h).join("data").display())
+                }
+            },
         }
     }
 

@@ -253,6 +253,16 @@ impl Cluster {
             s("--sync"),
             setting(&mirror_args, "--sync")?,
         ];
+        // once promoted again (the way back), it collects garbage as B's mirror would
+        let mut args = args;
+        for flag in [
+            "--promotion-gc-interval-s",
+            "--promotion-gc-mirror-grace-ms",
+        ] {
+            if let Ok(v) = setting(&mirror_args, flag) {
+                args.extend([s(flag), v]);
+            }
+        }
         self.replace("primary", args, Some(SERVE_WITHIN))
             .context("start region A's engine as a mirror of B")
     }

@@ -269,6 +269,17 @@ pub fn open_read_only(url: &str) -> Result<DynKv> {
 }
 
 /// Open a metadata engine from its URL (`rocksdb:///path`, `redis://host:port/db`, `memory://`).
+/// Why the engine at `url` may lose a commit it acknowledged when its server crashes or the
+/// power fails (None: it does not, as far as it can tell). Only a Redis server can: its
+/// `appendfsync` decides (RocksDB's commits are synced by the code that needs them).
+pub fn durability_problem(url: &str) -> Result<Option<String>> {
+    match crate::url::MetaUrl::parse(url)? {
+        #[cfg(feature = "redis")]
+        crate::url::MetaUrl::Redis(u) => redis::RedisKv::open(&u)?.durability_problem(),
+        _ => Ok(None),
+    }
+}
+
 pub fn open(url: &str) -> Result<DynKv> {
     let parsed = crate::url::MetaUrl::parse(url)?;
     match parsed {

@@ -65,6 +65,14 @@ pub fn locked(sid: u64, ino: Ino) -> Vec<u8> {
     k.extend_from_slice(&ino.to_be_bytes());
     k
 }
+/// `Y 0 "grace"` -> the time (ns, little-endian) from which the locks of this engine may be
+/// missing (its metadata replaced, or its daemon restarted): for [`crate::meta::LOCK_GRACE`]
+/// after it, only the mounts that held locks take them again (no session has id 0).
+pub fn lock_grace() -> Vec<u8> {
+    let mut k = group(LOCKED, 0);
+    k.extend_from_slice(b"grace");
+    k
+}
 pub fn setting(name: &str) -> Vec<u8> {
     let mut k = group(SETTING, 0);
     k.extend_from_slice(name.as_bytes());
@@ -120,3 +128,6 @@ pub const REQUEST_COUNT: &str = "count";
 /// The commit time (an i64, ns) of the newest change whose request record may be gone
 /// while the change is not (see `meta::requests`).
 pub const REQUESTS_LOST: &str = "lost";
+/// How many changes were committed under a request id that another change of this history
+/// had committed under already (a counter): a change applied twice (see `meta::requests`).
+pub const REQUESTS_TWICE: &str = "applied_twice";

@@ -8,7 +8,7 @@ mod committed;
 pub mod conformance;
 mod engine;
 pub mod keys;
-mod locks;
+pub mod locks;
 pub mod perm;
 pub mod requests;
 pub mod types;
@@ -16,5 +16,7 @@ pub mod types;
 mod client;
 pub use client::MetaClient;
 pub use committed::Committed;
-pub use engine::{Meta, MetaOptions};
+pub use engine::{
+    lock_grace_from_now, mark_locks_lost, DeletionGate, Meta, MetaOptions, LOCK_GRACE,
+};
 pub use types::*;

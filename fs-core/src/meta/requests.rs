@@ -134,6 +134,14 @@ impl Lookup {
     }
 }
 
+/// How many changes of the history in `kv` were committed under a request id another change
+/// had committed under already ([`keys::REQUESTS_TWICE`]): 0 unless a change was applied twice.
+pub fn applied_twice(kv: &dyn KvEngine) -> Result<i64> {
+    kv::read(kv, |t| {
+        decode_counter(t.get(&keys::requests_state(keys::REQUESTS_TWICE))?)
+    })
+}
+
 /// Note that the request records of changes committed up to `at_ns` may be gone while the
 /// changes are not: a primary whose metadata went back applied versions from the replicator
 /// again (records are not in the log). For [`KEEP`] after `at_ns`, a retry that finds no
@@ -153,6 +161,19 @@ pub(crate) fn put_record(
     version: Option<Version>,
 ) -> Result<()> {
     let key = keys::request(id);
+    // a record of this id already: the history holds a second change under it, which a
+    // retry answered from its record never makes (counted: the chaos harness's checker 10)
+    if let Some(old) = t.get(&key)? {
+        let first = RequestRecord::decode(&old).map(|r| r.version).ok();
+        if version.is_none() || first != version {
+            t.add(&keys::requests_state(keys::REQUESTS_TWICE), 1);
+            tracing::error!(
+                "a change under request {} committed again (first as version {}): applied twice",
+                String::from_utf8_lossy(id),
+                first.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+            );
+        }
+    }
     let mut value = RequestRecord::encode_unversioned(ts_ns, outcome)?;
     match version {
         None => t.put_versioned(&key, &value),

@@ -238,6 +238,19 @@ pub struct PosixLock {
     pub end: u64,
 }
 
+/// A lock a mount holds, as it names it when it takes it again at its session's resumption
+/// (see [`crate::meta::LOCK_GRACE`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    pub owner: u64,
+    pub pid: u32,
+    pub typ: LockType,
+    pub start: u64,
+    pub end: u64,
+    /// flock(2) rather than a POSIX byte-range lock (`pid`, `start` and `end` unused).
+    pub flock: bool,
+}
+
 pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

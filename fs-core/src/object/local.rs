@@ -255,7 +255,8 @@ impl ObjectStore for LocalStore {
             blocking(move || {
                 let dir = std::fs::File::open(&root)
                     .map_err(|e| map_io(format!("open {}", root.display()), e))?;
-                // syncfs flushes every object written so far on this file system
+                // syncfs flushes every object written so far on this file system, by any
+                // process (a daemon syncs what its region's mounts wrote)
                 let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
                 if rc != 0 {
                     return Err(map_io(
@@ -263,6 +264,11 @@ impl ObjectStore for LocalStore {
                         std::io::Error::last_os_error(),
                     ));
                 }
+                // and the root directory itself: cheap after the syncfs, and the one sync a
+                // file system in user space sees (FUSE passes no syncfs on, but for
+                // virtiofs), which the chaos harness's power-loss layer takes for the syncfs
+                dir.sync_all()
+                    .map_err(|e| map_io(format!("sync {}", root.display()), e))?;
                 Ok(())
             })
             .await

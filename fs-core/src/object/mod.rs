@@ -18,6 +18,7 @@ pub mod local;
 pub mod memory;
 #[cfg(feature = "s3")]
 pub mod s3;
+mod sync_group;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +27,7 @@ use std::time::{Duration, SystemTime};
 
 use backon::{ExponentialBuilder, Retryable};
 pub use bytes::Bytes;
+pub use sync_group::SyncGroup;
 
 /// Whether retrying an object store call can help.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -52,6 +52,10 @@ pub fn gc_once_with(
     now: i64,
     allow: &mut dyn FnMut(SliceId) -> bool,
 ) -> Result<usize> {
+    if let Some(why) = meta.deletions_refused() {
+        tracing::info!("GC deletes nothing: {why}");
+        return Ok(0);
+    }
     let delay_ns = meta.settings().trash_delay_s as i64 * 1_000_000_000;
     let dead = meta.dead_slices(now.saturating_sub(delay_ns), GC_SLICES_PER_PASS_MAX)?;
     let bs = meta.settings().block_size;
@@ -59,6 +63,10 @@ pub fn gc_once_with(
     for (id, d) in dead {
         if !allow(id) {
             continue;
+        }
+        // asked again before each slice: the gate may close during a pass
+        if meta.deletions_refused().is_some() {
+            break;
         }
         let mut ok = true;
         for index in 0..block_count(d.size, bs) {
@@ -77,6 +85,11 @@ pub fn gc_once_with(
     }
     let n = purged.len();
     if n > 0 {
+        if let Some(why) = meta.deletions_refused() {
+            // their blocks are gone; they stay listed, and a later pass purges them
+            tracing::info!("the blocks of {n} dead slices were deleted; not purged now: {why}");
+            return Ok(0);
+        }
         meta.purge_slices(purged)?;
     }
     Ok(n)

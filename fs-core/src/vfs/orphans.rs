@@ -207,18 +207,33 @@ pub struct SweepStats {
     pub failed: u64,
 }
 
+/// What a sweep tells its caller, and asks it.
+pub struct SweepCalls<'a> {
+    /// After each listed page.
+    pub progress: &'a mut (dyn FnMut(&SweepStats) + Send),
+    /// With each orphan deleted.
+    pub deleted: &'a mut (dyn FnMut(SliceId, u32) + Send),
+    /// Before each page's deletions: Some(why) stops the sweep (the site may no longer
+    /// delete: a primary fenced, a mirror that stopped following).
+    pub gate: &'a (dyn Fn() -> Option<String> + Send + Sync),
+}
+
 /// Sweep `store` against `refs`, read at `read_at`: list every block object, delete the
-/// orphans (unless a dry run), calling `progress` after each listed page and `deleted` with
-/// each orphan deleted. The references must have been read before the listing starts.
+/// orphans (unless a dry run), telling `calls` as it goes. The references must have been
+/// read before the listing starts.
 pub async fn sweep(
     store: &DynStore,
     refs: &References,
     block_size: u32,
     read_at: SystemTime,
     opts: SweepOptions,
-    progress: &mut (dyn FnMut(&SweepStats) + Send),
-    deleted: &mut (dyn FnMut(SliceId, u32) + Send),
+    calls: SweepCalls<'_>,
 ) -> Result<SweepStats> {
+    let SweepCalls {
+        progress,
+        deleted,
+        gate,
+    } = calls;
     let cutoff = read_at
         .checked_sub(opts.grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -251,7 +266,15 @@ pub async fn sweep(
                 }
             }
         }
-        if !opts.dry_run {
+        if !opts.dry_run && !doomed.is_empty() {
+            // asked before every page's deletions: the site may stop being allowed to delete
+            // during a long sweep (a primary fenced, a mirror halted)
+            if let Some(why) = gate() {
+                return Err(crate::error::Error::Meta(format!(
+                    "the sweep stopped after deleting {} objects: {why}",
+                    st.deleted
+                )));
+            }
             delete_all(store, doomed, &mut st, deleted).await;
         }
         progress(&st);

@@ -171,7 +171,8 @@ impl Blocks {
             return true;
         }
         if let Ok(d) = local.get(key).await {
-            if verify(key, &d, len, crc).is_ok() {
+            // (durable first: it may have been written since the last sync)
+            if verify(key, &d, len, crc).is_ok() && self.sync_group.sync(local).await.is_ok() {
                 self.mark(id, index, true).await;
                 return true;
             }
@@ -179,7 +180,8 @@ impl Blocks {
         false
     }
 
-    /// Write a block read from the primary's store to this region's, mark it, and count it as
+    /// Write a block read from the primary's store to this region's, make it durable, mark it,
+    /// and count it as
     /// copied when `crossed` (this copy brought it across the link; not when a reader's fetch
     /// did, which counted it).
     pub(super) async fn keep(
@@ -197,6 +199,13 @@ impl Blocks {
         })
         .await
         .map_err(|e| format!("write block {key} to this region's store: {e}"))?;
+        // durable before it is marked present (and its queue entry goes): a power loss must
+        // not leave a mark, or an empty queue, for a block the store lost. Concurrent copies
+        // share one sync.
+        self.sync_group
+            .sync(local)
+            .await
+            .map_err(|e| format!("sync this region's store after writing block {key}: {e}"))?;
         if crossed {
             self.counters.copied_blocks.fetch_add(1, Ordering::Relaxed);
             self.counters

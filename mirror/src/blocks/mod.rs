@@ -28,6 +28,9 @@
 //!   given a corrupt block (the mount checks again).
 //! - A copy already in the local store (read through, written here, copied before a
 //!   restart) is not copied again: blocks are immutable, so its presence is enough.
+//! - A copied block is made durable (the store's `sync`, one for many concurrent copies)
+//!   before it is marked present and leaves the queue: after a power loss the marks and the
+//!   queue never count a block the store lost.
 //!
 //! # Layout
 //! Key encoding in `keys.rs`; the sync policy in `policy.rs`; the marks of the blocks this
@@ -93,6 +96,10 @@ async fn kv_call<T: Send + 'static>(
 fn corrupt(what: String) -> strait_fs_core::Error {
     strait_fs_core::Error::corrupt(what)
 }
+
+/// Where a mirror writes the marker that tells whether its store is also a primary's
+/// ([`Blocks::shared_with_a_primary`]); not a block key, so no sweep ever deletes it.
+pub const MARKER_PREFIX: &str = "strait-markers/";
 
 /// Counters kept in memory (the queue's size is in the engine).
 #[derive(Default)]
@@ -163,6 +170,9 @@ pub struct Blocks {
     rates: Mutex<VecDeque<(Instant, u64, u64)>>,
     /// The last warm-up (`strait warmup`), running or done.
     warmup: Mutex<Option<Arc<Mutex<Warmup>>>>,
+    /// Syncs of this region's store, shared by the copies that wait for one before their
+    /// blocks are marked present.
+    sync_group: strait_fs_core::object::SyncGroup,
 }
 
 /// An object store call with bounded retries of transient failures.
@@ -219,6 +229,7 @@ impl Blocks {
             last_error: Mutex::new(String::new()),
             rates: Mutex::new(VecDeque::new()),
             warmup: Mutex::new(None),
+            sync_group: Default::default(),
         }))
     }
 
@@ -297,6 +308,39 @@ impl Blocks {
         l.retain(|(u, _)| u != url);
         l.insert(0, (url.to_string(), store));
         Ok(true)
+    }
+
+    /// Whether this region's store is also a primary's (the same bucket or directory, under
+    /// another URL perhaps): a marker with a value of its own is written to this region's
+    /// store under [`MARKER_PREFIX`] and read back through each primary's store. Some(url)
+    /// names the primary's store that showed it; Err when a primary's store could not say.
+    pub async fn shared_with_a_primary(&self, mirror_id: &str) -> Result<Option<String>, String> {
+        let Some(local) = &self.local else {
+            return Ok(None);
+        };
+        let key = format!("{MARKER_PREFIX}{mirror_id}");
+        let value = format!(
+            "mirror {mirror_id}, pid {}, at {} ns",
+            std::process::id(),
+            strait_fs_core::meta::now_ns()
+        );
+        retry(&format!("write the marker {key}"), || {
+            local.put(&key, bytes::Bytes::from(value.clone()))
+        })
+        .await
+        .map_err(|e| format!("write the marker {key} to this region's store: {e}"))?;
+        for (url, store) in self.primary_stores().await? {
+            match retry(&format!("read the marker {key}"), || store.get(&key)).await {
+                Ok(b) if b.as_ref() == value.as_bytes() => return Ok(Some(url)),
+                Ok(_) | Err(ObjectError::NotFound(_)) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "look for this region's marker {key} in the primary's store {url}: {e}"
+                    ))
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The URL of the current primary's store, when known.

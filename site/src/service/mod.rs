@@ -53,7 +53,35 @@ pub trait WriteFence: Send + Sync + 'static {
     fn unsettled(&self) -> Pin<Box<dyn Future<Output = Option<String>> + Send + '_>> {
         Box::pin(async { None })
     }
+
+    /// The calls past this fence that may still commit, counted for a planned hand-over
+    /// (see [`crate::in_flight`]); None: not counted. A call enters before it asks the fence
+    /// and leaves once its engine call returned.
+    fn in_flight(&self) -> Option<Arc<crate::InFlight>> {
+        None
+    }
+
+    /// Why reads of the metadata are refused now (None: they are answered): a primary fenced
+    /// for a while holds a history that no longer goes on.
+    fn reads_refused(&self) -> Option<String> {
+        None
+    }
 }
+
+/// The calls that read the file system's metadata (a fenced primary refuses them after a
+/// while: [`WriteFence::reads_refused`]).
+const METADATA_READS: [&str; 10] = [
+    "lookup",
+    "getattr",
+    "access",
+    "readlink",
+    "readdir",
+    "statfs",
+    "open",
+    "read_chunk",
+    "getxattr",
+    "listxattr",
+];
 
 /// `replicated` durability: a mutation is answered only once the replicator holds its version.
 pub trait ReplicationWait: Send + Sync + 'static {
@@ -67,6 +95,8 @@ pub trait ReplicationWait: Send + Sync + 'static {
 
 /// Most slice ids one call may take.
 pub const ALLOC_SLICE_IDS_MAX: u32 = 100_000;
+/// Most locks a resumed session may name.
+pub const HELD_LOCKS_MAX: usize = 100_000;
 /// Longest free-text session description kept.
 const SESSION_INFO_LEN_MAX: usize = 1024;
 
@@ -234,6 +264,14 @@ impl MetaServer {
         &self.engine
     }
 
+    /// A call enters the fence's count of calls in flight (when it counts them).
+    fn enter(&self) -> Option<crate::InFlightGuard> {
+        self.fence
+            .as_ref()
+            .and_then(|f| f.in_flight())
+            .map(|i| i.enter())
+    }
+
     /// Session `sid` holds `count` slice ids from `first`, given elsewhere (a promoted
     /// mirror takes over the ranges the old primary gave its mounts through it), so its
     /// writes under them are taken here.
@@ -331,6 +369,9 @@ macro_rules! mutation {
     (@run $change:expr, $replay:expr, $self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
         let span = rpc_span($op, $req.metadata());
         async {
+            // counted from before the fence is asked until the engine call returned (the
+            // guard moves into the call), so a hand-over waits for it (`crate::in_flight`)
+            let in_flight = $self.enter();
             if $change {
                 $self.check_fence($op).await?;
             } else {
@@ -351,9 +392,15 @@ macro_rules! mutation {
                         Some(_) => $m.for_request(&id),
                         None => $m,
                     };
-                    $self.once(id, retry, $op, recorded, move || $body).await?
+                    $self.once(id, retry, $op, recorded, move || {
+                        let _in_flight = in_flight;
+                        $body
+                    }).await?
                 }
-                None => $self.blocking_v($op, move || $body).await?,
+                None => $self.blocking_v($op, move || {
+                    let _in_flight = in_flight;
+                    $body
+                }).await?,
             };
             let mut resp = Response::new(out);
             if let Some(version) = version {
@@ -373,6 +420,9 @@ macro_rules! mutation {
 /// once the read is done: at least that of any state the read saw.
 macro_rules! rpc {
     ($self:ident, $req:ident, $op:literal, |$m:ident, $r:ident| $body:expr) => {{
+        if METADATA_READS.contains(&$op) {
+            $self.check_reads($op)?;
+        }
         let stamp = $req.metadata().get(READ_VERSION_HEADER).is_some();
         let resp: Result<Response<_>, Status> =
             mutation!(@unrecorded $self, $req, $op, |$m, $r| unversioned(move || $body)());
@@ -408,7 +458,19 @@ impl MetaService for MetaServer {
         info.push_str(&format!(" (from {peer})"));
         let wanted = r.resume_session;
         let handles: Vec<(Ino, u32)> = r.open_inodes.iter().map(|o| (o.ino, o.handles)).collect();
-        let (sid, view, resumed) = self
+        if r.locks.len() > HELD_LOCKS_MAX {
+            return Err(Status::invalid_argument(format!(
+                "the session names {} held locks; at most {HELD_LOCKS_MAX}",
+                r.locks.len()
+            )));
+        }
+        let held = r
+            .locks
+            .iter()
+            .map(strait_proto::held_lock_from_wire)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Status::invalid_argument(format!("a held lock: {}", e.0)))?;
+        let (sid, view, resumed, lost) = self
             .blocking("open_session", move || {
                 // a session the engine still lists is taken up again; any other is new
                 let listed = wanted != 0 && engine.sessions()?.iter().any(|s| s.0 == wanted);
@@ -422,7 +484,17 @@ impl MetaService for MetaServer {
                     (sid, view)
                 };
                 view.restore_open_handles(&handles);
-                Ok((sid, view, listed))
+                // the locks it holds, taken again (its daemon's may be gone: a rejoin, a
+                // bootstrap, a power loss); one another holds now is lost
+                let mut lost = vec![];
+                for (ino, lock) in &held {
+                    match view.reclaim_lock(*ino, lock) {
+                        Ok(()) => {}
+                        Err(Error::Sys(libc::EAGAIN)) => lost.push((*ino, lock.clone())),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok((sid, view, listed, lost))
             })
             .instrument(span)
             .await?;
@@ -441,6 +513,21 @@ impl MetaService for MetaServer {
         } else {
             tracing::info!("session {sid} opened by {peer}");
         }
+        if !r.locks.is_empty() {
+            tracing::info!(
+                "session {sid} took back {} of the {} locks it held{}",
+                r.locks.len() - lost.len(),
+                r.locks.len(),
+                if lost.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; {} are held by another now, and lost: {lost:?}",
+                        lost.len()
+                    )
+                }
+            );
+        }
         let mut format: w::Format = self.engine.settings().into();
         if let Some((url, _)) = &self.blocks {
             format.data_url = url.clone();
@@ -452,6 +539,10 @@ impl MetaService for MetaServer {
             session_timeout_ms: self.session_timeout_ms,
             resumed,
             block_fallback: self.blocks.is_some(),
+            lost_locks: lost
+                .iter()
+                .map(|(ino, l)| strait_proto::held_lock_to_wire(*ino, l))
+                .collect(),
         }))
     }
 
@@ -674,6 +765,7 @@ impl MetaService for MetaServer {
 
     async fn alloc_slice_ids(&self, req: Request<w::AllocRequest>) -> Reply<w::AllocReply> {
         // no ids from a counter a catch-up is about to raise, nor from a fenced primary
+        let _in_flight = self.enter();
         self.check_fence("alloc_slice_ids").await?;
         let ranges = self.slice_ranges.clone();
         rpc!(self, req, "alloc_slice_ids", |m, r| {

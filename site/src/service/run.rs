@@ -53,6 +53,20 @@ impl MetaServer {
         Err(s)
     }
 
+    /// EIO, with the fence's reason, once reads of the metadata are refused (a primary fenced
+    /// for a while: [`super::WriteFence::reads_refused`]).
+    pub(super) fn check_reads(&self, op: &str) -> Result<(), Status> {
+        let Some(why) = self.fence.as_ref().and_then(|f| f.reads_refused()) else {
+            return Ok(());
+        };
+        self.metrics.observe(op, "EIO", std::time::Duration::ZERO);
+        let mut s = Status::failed_precondition(format!("{op}: {why}"));
+        if let Ok(v) = libc::EIO.to_string().parse() {
+            s.metadata_mut().insert(strait_proto::ERRNO_HEADER, v);
+        }
+        Err(s)
+    }
+
     /// UNAVAILABLE (the client sends the call again) while the fence says the state may still
     /// lack acknowledged changes ([`super::WriteFence::unsettled`]).
     pub(super) async fn check_settled(&self, op: &str) -> Result<(), Status> {

@@ -271,6 +271,9 @@ async fn load_beside(
         );
     }
     core::keep_ids_unused(&new_kv, floor, lost).map_err(|e| anyhow!(e))?;
+    // the old engine's locks are not in the snapshot: the daemon started on the new one
+    // lets the mounts that held them take them back first
+    strait_fs_core::meta::mark_locks_lost(new_kv.as_ref())?;
     new_kv.sync()?;
     Ok((loaded, now.last))
 }

@@ -211,6 +211,56 @@ impl RedisKv {
         Ok(kv)
     }
 
+    /// Why a commit this server acknowledged may not survive its crash or a power loss
+    /// (None: `appendonly yes` with `appendfsync always`, so each write is on disk before its
+    /// answer). A server that does not let `CONFIG GET` be asked (a managed Redis) cannot be
+    /// shown durable, and says so.
+    pub fn durability_problem(&self) -> Result<Option<String>> {
+        let mut lease = self.lease()?;
+        let mut get = |name: &str| -> Result<Option<String>> {
+            let mut pipe = redis::pipe();
+            pipe.cmd("CONFIG").arg("GET").arg(name);
+            match lease.query_ok(&format!("CONFIG GET {name}"), &pipe) {
+                Ok(mut v) => {
+                    let pair = v.pop().unwrap_or(Value::Nil);
+                    let word = |v: Value| match v {
+                        Value::BulkString(b) => String::from_utf8(b).ok(),
+                        Value::SimpleString(s) => Some(s),
+                        _ => None,
+                    };
+                    let words: Vec<String> = match pair {
+                        Value::Array(items) => items.into_iter().filter_map(word).collect(),
+                        Value::Map(items) => items
+                            .into_iter()
+                            .flat_map(|(k, v)| [k, v])
+                            .filter_map(word)
+                            .collect(),
+                        _ => vec![],
+                    };
+                    Ok(words.get(1).cloned())
+                }
+                Err(_) => Ok(None),
+            }
+        };
+        let appendonly = get("appendonly")?;
+        let appendfsync = get("appendfsync")?;
+        Ok(match (appendonly.as_deref(), appendfsync.as_deref()) {
+            (Some("yes"), Some("always")) => None,
+            (None, _) | (_, None) => Some(format!(
+                "redis server {} does not answer CONFIG GET appendonly/appendfsync, so its \
+                 durability cannot be checked",
+                self.server
+            )),
+            (Some(a), Some(f)) => Some(format!(
+                "redis server {} runs with appendonly {a}, appendfsync {f}: a write it \
+                 acknowledged is on disk only later (or never), so its crash or a power loss \
+                 takes back acknowledged changes and the slice-id counter (ids handed out \
+                 twice); run it with `appendonly yes` and `appendfsync always`",
+                self.server
+            )),
+        })
+    }
+
     fn err(&self, action: &str, e: impl std::fmt::Display) -> Error {
         Error::Meta(format!("{action} (redis server {}): {e}", self.server))
     }

@@ -12,6 +12,8 @@ mod sessions;
 mod setattr;
 mod xattr;
 
+pub use locking::{lock_grace_from_now, mark_locks_lost, LOCK_GRACE};
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +49,13 @@ pub struct MetaOptions {
 /// table, so a file unlinked at one mount stays alive while another mount holds it open.
 type OpenTable = Arc<Mutex<HashMap<Ino, HashMap<u64, u32>>>>;
 
+/// Asked before a deletion a daemon commits on its own, for no client's change: the last
+/// close of an unlinked file, the end of a session that kept one open, a GC pass. Some(why)
+/// refuses it (a primary that was fenced, whose histories diverged, that has not compared its
+/// history with the replicator's yet, or whose lease ran out: what it commits may be in no
+/// history that goes on, and the blocks it would free may be live in one).
+pub type DeletionGate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 pub struct Meta {
     kv: DynKv,
     format: Format,
@@ -69,6 +78,8 @@ pub struct Meta {
     /// In a view for one call made under a request id ([`Meta::for_request`]): the id, whose
     /// record each change commits with.
     request: Option<Vec<u8>>,
+    /// Shared by every view: see [`DeletionGate`] ([`Meta::gate_deletions`]).
+    deletion_gate: Arc<parking_lot::RwLock<Option<DeletionGate>>>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -213,6 +224,7 @@ impl Meta {
             open_files: Arc::new(Mutex::new(HashMap::new())),
             deleting: Arc::new(Mutex::new(HashSet::new())),
             request: None,
+            deletion_gate: Arc::new(parking_lot::RwLock::new(None)),
         }))
     }
 
@@ -231,6 +243,7 @@ impl Meta {
             open_files: self.open_files.clone(),
             deleting: self.deleting.clone(),
             request: None,
+            deletion_gate: self.deletion_gate.clone(),
         })
     }
 
@@ -274,6 +287,18 @@ impl Meta {
     pub fn allow_writes(&self) {
         self.read_only.store(false, Ordering::Release);
     }
+    /// Ask `gate` before every deletion this engine (and every view of it) would commit on
+    /// its own: an unlinked file's last close, a session's end, a GC pass.
+    pub fn gate_deletions(&self, gate: DeletionGate) {
+        *self.deletion_gate.write() = Some(gate);
+    }
+
+    /// Why deletions this engine would commit on its own are refused now (None: allowed).
+    pub fn deletions_refused(&self) -> Option<String> {
+        let gate = self.deletion_gate.read().clone();
+        gate.and_then(|g| g())
+    }
+
     /// Whether this read-only engine's mutations are made elsewhere (see [`MetaOptions`]).
     pub fn writes_elsewhere(&self) -> bool {
         self.writes_elsewhere

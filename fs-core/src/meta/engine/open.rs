@@ -182,7 +182,16 @@ impl Meta {
         // unlinked stays so, only its deletion can change it
         let unlinked =
             kv::read(self.kv.as_ref(), |t| get_attr(t, ino))?.is_some_and(|a| a.nlink == 0);
-        if !unlinked || !self.claim_deletion(ino) {
+        if !unlinked {
+            return Ok(None);
+        }
+        // kept, unlinked, while deletions are refused: a later close or session end, or a
+        // restart's, deletes it once they are allowed again
+        if let Some(why) = self.deletions_refused() {
+            tracing::info!("unlinked inode {ino} is kept: {why}");
+            return Ok(None);
+        }
+        if !self.claim_deletion(ino) {
             return Ok(None);
         }
         let done = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {

@@ -30,6 +30,7 @@ impl Meta {
             open_files: self.open_files.clone(),
             deleting: self.deleting.clone(),
             request: Some(id.as_bytes().to_vec()),
+            deletion_gate: self.deletion_gate.clone(),
         })
     }
 
@@ -421,6 +422,105 @@ mod tests {
         assert_eq!(
             m.request_lookup("gone", now_ns(), true).expect("lookup"),
             Lookup::Unknown
+        );
+    }
+
+    /// Load a snapshot of `from` into a new memory engine.
+    fn loaded_from(from: &DynKv) -> DynKv {
+        let replica: DynKv = Arc::new(MemoryKv::new());
+        let mut loader = crate::snapshot::Loader::new(replica.as_ref()).expect("loader");
+        let c = crate::snapshot::collect(from.as_ref(), &mut |_| Ok(()), &mut |b| loader.batch(&b))
+            .expect("snapshot");
+        loader.finish(c.version, c.pairs).expect("load");
+        replica
+    }
+
+    /// Issue 40, finding 5: an engine loaded from a snapshot (a mirror's bootstrap, an old
+    /// primary's rejoin) had no request record of the changes before it, and nothing said so:
+    /// promoted, it ran a change sent again a second time. Snapshots carry the records now,
+    /// with the same digest as before.
+    #[test]
+    fn an_engine_loaded_from_a_snapshot_answers_a_retry_from_its_record() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        let m = engine(kv.clone());
+        let root = Ctx::root();
+        m.for_request("r-1")
+            .mkdir_versioned(&root, ROOT_INO, b"d", 0o755, 0)
+            .expect("mkdir");
+        let replica = loaded_from(&kv);
+        assert_eq!(
+            Meta::digest(&replica).expect("digest"),
+            Meta::digest(&kv).expect("digest")
+        );
+        let r = Meta::open(replica.clone(), MetaOptions::default()).expect("open");
+        match r.request_lookup("r-1", now_ns(), true).expect("lookup") {
+            Lookup::Committed(rec) => assert_eq!(rec.version, kv.last_version().unwrap()),
+            other => panic!("the loaded engine answered a retry of r-1 with {other:?}"),
+        }
+        // a first attempt of another id runs
+        assert_eq!(
+            r.request_lookup("r-2", now_ns(), false).expect("lookup"),
+            Lookup::NotCommitted
+        );
+        // the records are kept and expire there as at the source
+        let swept = r
+            .sweep_requests(i64::MAX, u64::MAX, 100)
+            .expect("sweep everything");
+        assert_eq!(swept.expired, 1);
+    }
+
+    /// A snapshot without the records (an older primary's) notes them lost: a retry that
+    /// finds none is "not known" for a while, not run a second time.
+    #[test]
+    fn an_engine_loaded_from_a_snapshot_without_records_notes_them_lost() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        let m = engine(kv.clone());
+        m.for_request("r-1")
+            .mkdir_versioned(&Ctx::root(), ROOT_INO, b"d", 0o755, 0)
+            .expect("mkdir");
+        // the tree alone, as an older primary streamed it
+        let mut pairs = vec![];
+        let version = kv::read(kv.as_ref(), |t| {
+            crate::snapshot::walk(t, &mut |k, v| {
+                pairs.push((k, v));
+                Ok(())
+            })?;
+            crate::snapshot::version_in(t)
+        })
+        .expect("walk");
+        let replica: DynKv = Arc::new(MemoryKv::new());
+        let mut loader = crate::snapshot::Loader::new(replica.as_ref()).expect("loader");
+        loader.batch(&pairs).expect("batch");
+        loader.finish(version, pairs.len() as u64).expect("load");
+        let r = Meta::open(replica, MetaOptions::default()).expect("open");
+        assert_eq!(
+            r.request_lookup("r-1", now_ns(), true).expect("lookup"),
+            Lookup::Unknown
+        );
+    }
+
+    /// A second change committed under one request id (which the daemon never makes: a
+    /// retry is answered from the first's record) is counted: the chaos harness's checker 10
+    /// reads the count.
+    #[test]
+    fn a_second_change_under_one_request_id_is_counted() {
+        let kv: DynKv = Arc::new(MemoryKv::new());
+        let m = engine(kv.clone());
+        let root = Ctx::root();
+        let twice = || crate::meta::requests::applied_twice(kv.as_ref()).expect("count");
+        m.for_request("r-1")
+            .mkdir_versioned(&root, ROOT_INO, b"d", 0o755, 0)
+            .expect("mkdir");
+        assert_eq!(twice(), 0);
+        m.for_request("r-1")
+            .mkdir_versioned(&root, ROOT_INO, b"e", 0o755, 0)
+            .expect("mkdir again");
+        assert_eq!(twice(), 1);
+        // a replica applying the log counts the same, and carries the count in snapshots
+        let replica = loaded_from(&kv);
+        assert_eq!(
+            crate::meta::requests::applied_twice(replica.as_ref()).expect("count"),
+            1
         );
     }
 }
