@@ -12,6 +12,9 @@
 //! sync of its file. An fsync of the layer's root directory counts as a sync of every file:
 //! it stands for the `syncfs(2)` that FUSE does not pass on (see `fsyncdir`).
 //!
+//! Hard links pass through (a `file://` store's put that must not replace an object links a
+//! temporary file to its key).
+//!
 //! What it does not model: names. Creating, renaming and removing files and directories is
 //! kept at once, as if the directory were synced after each (a real file system may lose a
 //! rename not followed by an `fsync` of its directory; RocksDB syncs the directory where it
@@ -305,7 +308,8 @@ impl Layer {
     }
 
     /// A name is gone from the directory: if it was the file's last, nothing of it is put
-    /// back.
+    /// back. (A file with other names keeps the one remembered: a link remembers the new name,
+    /// see `link`.)
     fn forget_if_last(&self, m: &std::fs::Metadata, path: &Path) {
         if m.is_dir() || m.nlink() <= 1 {
             let ino = self.ino_of(path, m);
@@ -515,6 +519,24 @@ impl Filesystem for Layer {
             self.moved(&from, &to);
         }
         reply.ok();
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let from = tri!(reply, self.path(ino.0));
+        let to = tri!(reply, self.child(newparent.0, newname));
+        tri!(reply, std::fs::hard_link(&from, &to));
+        let m = tri!(reply, std::fs::symlink_metadata(&to));
+        // the file is known by its newest name: a `file://` store links a temporary file to
+        // its key and removes the temporary name
+        self.inner.lock().paths.insert(ino.0, to);
+        reply.entry(&TTL, &self.attr(ino.0, &m), Generation(0));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -844,5 +866,33 @@ mod tests {
             std::fs::read(dir.path().join("backing/wal")).unwrap(),
             b"synced."
         );
+    }
+
+    /// A `file://` store's put and its sync through the layer: a file linked to its key and
+    /// its temporary name removed reads under the key; an fsync of the root directory (the
+    /// store's sync, after its syncfs) keeps every file; what was written after it is lost.
+    #[test]
+    fn a_hard_link_passes_through_and_a_sync_of_the_root_keeps_everything() {
+        if !can_mount() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fs = LazyFs::mount(&dir.path().join("backing"), &dir.path().join("point")).unwrap();
+        let (tmp, key) = (fs.point().join(".tmp"), fs.point().join("block"));
+        std::fs::write(&tmp, b"block bytes").unwrap();
+        std::fs::hard_link(&tmp, &key).unwrap();
+        std::fs::remove_file(&tmp).unwrap();
+        assert_eq!(std::fs::read(&key).unwrap(), b"block bytes");
+        std::fs::write(fs.point().join("other"), b"also written").unwrap();
+        File::open(fs.point()).unwrap().sync_all().unwrap();
+        std::fs::write(fs.point().join("late"), b"after the sync").unwrap();
+        let lost = fs.power_loss().unwrap();
+        assert_eq!(lost.files, 1, "{lost:?}");
+        assert_eq!(std::fs::read(&key).unwrap(), b"block bytes");
+        assert_eq!(
+            std::fs::read(fs.point().join("other")).unwrap(),
+            b"also written"
+        );
+        assert_eq!(std::fs::read(fs.point().join("late")).unwrap(), b"");
     }
 }

@@ -103,11 +103,14 @@ pub fn hold_locks(
         seq += 1;
         let token = format!("holder {client:>4} hold {seq:>12}\n");
         let mut note = String::new();
-        let mut ok = f.write_all_at(token.as_bytes(), 0).is_ok();
+        // written and committed (a write buffered at the mount reports a failed commit only
+        // at fsync or close: then the hold proves nothing)
+        let mut ok = f.write_all_at(token.as_bytes(), 0).is_ok() && f.sync_data().is_ok();
         std::thread::sleep(Duration::from_millis(rng.random_range(20..300)));
         let mut back = vec![0u8; token.len()];
         let read = f.read_exact_at(&mut back, 0);
         let changed = match read {
+            // another's token, or the dots the file began with: someone else wrote it since
             Ok(()) => ok && back != token.as_bytes(),
             Err(e) => {
                 ok = false;
