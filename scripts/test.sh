@@ -187,7 +187,7 @@ chaos_short() {
     chaos_one 23 failover,switchover || rc=1
     chaos_one 31 all || rc=1
     chaos_one 41 failover,switchover,gc --shared-store --sync lazy --gc-delay-s 5 || rc=1
-    chaos_one 42 power-loss,gc --store dir --gc-delay-s 5 || rc=1
+    chaos_one 68 power-loss,gc --store dir --gc-delay-s 5 || rc=1
     return "$rc"
 }
 
