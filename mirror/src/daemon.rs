@@ -169,18 +169,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         }
     };
     let format = engine.settings().clone();
-    // mounts that held locks here before a restart (or before a rejoin replaced the
-    // metadata) take them back before new ones are granted
-    let e = engine.clone();
-    if tokio::task::spawn_blocking(move || e.lock_grace_at_start())
-        .await
-        .context("start the lock grace period")??
-    {
-        tracing::info!(
-            "no new lock for {:?}: the mounts that held locks take them back first",
-            strait_fs_core::meta::LOCK_GRACE
-        );
-    }
+    strait_site::sessions::lock_grace_at_start(&engine).await?;
     let mut server = MetaServer::new(
         engine.clone(),
         cfg.site.session_timeout_ms,

@@ -65,18 +65,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     .await
     .context("open the metadata engine")??;
     let format = engine.settings().clone();
-    // mounts that held locks here before a restart (or before a rejoin replaced the
-    // metadata) take them back before new ones are granted
-    let e = engine.clone();
-    if tokio::task::spawn_blocking(move || e.lock_grace_at_start())
-        .await
-        .context("start the lock grace period")??
-    {
-        tracing::info!(
-            "no new lock for {:?}: the mounts that held locks take them back first",
-            strait_fs_core::meta::LOCK_GRACE
-        );
-    }
+    strait_site::sessions::lock_grace_at_start(&engine).await?;
     // the store its mounts write to: synced before shipping, and GC's
     let store = strait_fs_core::object::open(&format.data_url).await;
     let metrics = Metrics::new();

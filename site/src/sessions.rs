@@ -47,6 +47,24 @@ impl Heard {
     }
 }
 
+/// At a site daemon's start: the mounts that held locks in `engine` before (a restart, a
+/// rejoin that replaced the metadata) take them back before any new lock is granted
+/// ([`strait_fs_core::meta::LOCK_GRACE`]).
+pub async fn lock_grace_at_start(engine: &Arc<strait_fs_core::meta::Meta>) -> anyhow::Result<()> {
+    let e = engine.clone();
+    let began = tokio::task::spawn_blocking(move || e.lock_grace_at_start())
+        .await
+        .map_err(|e| anyhow::anyhow!("start the lock grace period: {e}"))?
+        .map_err(|e| anyhow::anyhow!("start the lock grace period: {e}"))?;
+    if began {
+        tracing::info!(
+            "no new lock for {:?}: the mounts that held locks take them back first",
+            strait_fs_core::meta::LOCK_GRACE
+        );
+    }
+    Ok(())
+}
+
 /// Every quarter of `timeout` (at least every 100 ms), close the sessions this daemon has not
 /// heard from for more than `timeout`: their locks are released and the unlinked files they
 /// kept open are deleted. Runs until `stop` fires.

@@ -84,6 +84,21 @@ pub fn strait_bin() -> PathBuf {
     exe.join("strait")
 }
 
+/// Run `strait ARGS` to its end: whether it succeeded, and what it printed (stdout, then
+/// stderr).
+pub fn strait(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(strait_bin())
+        .args(args)
+        .output()
+        .expect("run strait");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// Start `strait ARGS` with `env`, tied to this process, its output going to the log at
 /// `log` (appended to with `append`); the log is opened in the thread that starts children
 /// ([`strait_devkit::process::spawn_tied_with`]).

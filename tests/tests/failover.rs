@@ -38,18 +38,7 @@ fn files(d: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn strait(args: &[&str]) -> (bool, String) {
-    let out = Command::new(strait_tests::strait_bin())
-        .args(args)
-        .output()
-        .expect("run strait");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
+use strait_tests::strait;
 
 /// How the three regions of a test run.
 struct Regions {

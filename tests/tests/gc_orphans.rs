@@ -259,20 +259,7 @@ fn a_mirror_never_sweeps_a_store_it_shares_nor_while_it_is_behind() {
     let store = dev.dir.join("region-a/data");
     let admin = dev.dir.join("tokens/admin.token");
     let admin = admin.to_str().unwrap();
-    let strait = |args: &[&str]| {
-        let out = std::process::Command::new(strait_tests::strait_bin())
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let strait = strait_tests::strait;
     let sweep_at_b = || {
         strait(&[
             "gc",

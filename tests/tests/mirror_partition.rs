@@ -202,19 +202,7 @@ fn a_change_whose_answer_was_lost_on_the_way_back_succeeds_at_the_mirrors_mount(
     assert!(a.path("d").is_dir());
 }
 
-/// `strait` with `args`: whether it succeeded, and what it printed.
-fn strait(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(strait_tests::strait_bin())
-        .args(args)
-        .output()
-        .expect("run strait");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
+use strait_tests::strait;
 
 /// An extended attribute of `path`, or the errno.
 fn xattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
