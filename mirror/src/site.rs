@@ -440,10 +440,12 @@ fn sweep_refused(mirror: &Mirror) -> Option<String> {
     if mirror.promoted() {
         return None;
     }
-    let lag = mirror.lag();
-    let cfg = &mirror.cfg;
-    let state = crate::state::state_name(mirror.phase(), &lag, cfg.window_ms, cfg.silence_ms);
-    if state != "following" {
+    // what reads ask of it too: following the log, its lag known and within the window (its
+    // state may say `disconnected` for a quiet subscription all the same)
+    if !mirror.fresh() {
+        let lag = mirror.lag();
+        let cfg = &mirror.cfg;
+        let state = crate::state::state_name(mirror.phase(), &lag, cfg.window_ms, cfg.silence_ms);
         return Some(format!(
             "the mirror is {state} (lag {} ms, window {} ms): its metadata may be behind the \
              blocks in its store, so it sweeps only while it follows within its window",
