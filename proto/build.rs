@@ -1,10 +1,12 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // protoc comes from the vendored crate, so a fresh machine needs no system package
-    std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     tonic_prost_build::configure()
         // a block's bytes go from the object store to the wire without a copy
         .bytes(".strait.meta.v1.FetchBlockReply.data")
-        .compile_protos(
+        .compile_with_config(
+            config,
             &[
                 "proto/meta.proto",
                 "proto/site.proto",

@@ -29,7 +29,7 @@ SRC=$DEMO/src
 BIG_FILE_MIB=${STRAIT_DEMO_BIG_MIB:-80}
 
 if [[ $EUID -ne 0 ]]; then
-    echo "demo.sh: run as root (sudo ./scripts/demo.sh): it installs packages and mounts FUSE" >&2
+    echo "demo.sh: run as root: it installs packages and mounts FUSE" >&2
     exit 1
 fi
 

@@ -35,7 +35,7 @@ export PATH
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 
 if [[ $EUID -ne 0 ]]; then
-    echo "test.sh: run as root (sudo ./scripts/test.sh): it installs packages and mounts FUSE" >&2
+    echo "test.sh: run as root: it installs packages and mounts FUSE" >&2
     exit 1
 fi
 

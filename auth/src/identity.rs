@@ -51,7 +51,7 @@ mod tests {
 
     #[test]
     fn expiries_reads_each_certificate_and_refuses_a_damaged_one() {
-        let now = std::time::UNIX_EPOCH.elapsed().unwrap().as_secs() as i64;
+        let now = strait_ids::clock::now_s() as i64;
         let a = crate::certs::new_ca("a", 30).unwrap().cert;
         let b = crate::certs::new_ca("b", 400).unwrap().cert;
         let got = expiries(format!("{a}{b}").as_bytes()).unwrap();

@@ -209,9 +209,12 @@ pub fn run(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Report> {
     let s3_made: Arc<Made> = Default::default();
     if chosen("object-store") && cfg.garage {
         let (made, handle) = (s3_made.clone(), rt.handle().clone());
+        // each region's proxy draws from a stream of its own, given by the run's seed
+        let proxy_seed = cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         hooks.s3_front = Some(S3Front(Arc::new(move |region, garage| {
             let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            let p = Arc::new(handle.block_on(S3Proxy::start(listen, garage))?);
+            let seed = proxy_seed ^ (region as u64 + 1);
+            let p = Arc::new(handle.block_on(S3Proxy::start(listen, garage, seed))?);
             let addr = p.addr();
             made.lock().push((region, p));
             Ok(addr)
@@ -321,6 +324,7 @@ pub fn run(cfg: &RunConfig, say: &mut dyn FnMut(&str)) -> Result<Report> {
         // losing region A leaves a quorum only with a node in a third region
         witness: chosen("failover"),
         shared_store: cfg.shared_store,
+        env: vec![],
         hooks,
     };
     say("starting the cluster (2 regions, 3 replicator nodes, proxies on every link)");

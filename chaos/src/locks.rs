@@ -14,7 +14,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -33,13 +33,6 @@ pub struct Hold {
     /// The token read back was another's: someone wrote the file while this one held it.
     pub changed: bool,
     pub note: String,
-}
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// F_SETLK of the whole file: Ok(true) taken, Ok(false) held by another (or refused for
@@ -99,7 +92,7 @@ pub fn hold_locks(
                 continue;
             }
         }
-        let acquired_ms = wall_ms();
+        let acquired_ms = strait_ids::clock::now_ms();
         seq += 1;
         let token = format!("holder {client:>4} hold {seq:>12}\n");
         let mut note = String::new();
@@ -121,7 +114,7 @@ pub fn hold_locks(
         if changed {
             note = format!("read back {:?}", String::from_utf8_lossy(&back));
         }
-        let released_ms = wall_ms();
+        let released_ms = strait_ids::clock::now_ms();
         if let Err(e) = set_lock(&f, libc::F_UNLCK) {
             ok = false;
             note = format!("let go: {e}");

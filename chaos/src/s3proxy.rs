@@ -38,7 +38,8 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -120,6 +121,9 @@ struct Shared {
     upstream: SocketAddr,
     faults: Mutex<S3Faults>,
     stats: S3Stats,
+    /// Which requests a fault spoils and how: drawn from the run's seed, in the order the
+    /// requests arrive.
+    rng: Mutex<StdRng>,
 }
 
 impl Drop for S3Proxy {
@@ -129,8 +133,9 @@ impl Drop for S3Proxy {
 }
 
 impl S3Proxy {
-    /// Listen on `listen` (port 0: any) and forward to the S3 server at `upstream`.
-    pub async fn start(listen: SocketAddr, upstream: SocketAddr) -> Result<S3Proxy> {
+    /// Listen on `listen` (port 0: any) and forward to the S3 server at `upstream`; `seed`
+    /// decides which requests a fault spoils and how.
+    pub async fn start(listen: SocketAddr, upstream: SocketAddr, seed: u64) -> Result<S3Proxy> {
         let l = TcpListener::bind(listen)
             .await
             .with_context(|| format!("listen on {listen} for the S3 fault proxy"))?;
@@ -139,6 +144,7 @@ impl S3Proxy {
             upstream,
             faults: Mutex::new(S3Faults::default()),
             stats: S3Stats::default(),
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
         });
         let s = shared.clone();
         let accept = tokio::spawn(async move {
@@ -234,10 +240,15 @@ async fn handle(
     let stats = &shared.stats;
     stats.requests.fetch_add(1, Ordering::Relaxed);
     let faults = *shared.faults.lock();
-    let (mode, early) = {
-        let mut rng = rand::rng();
+    let (mode, early, slow_ms, cut) = {
+        let mut rng = shared.rng.lock();
         let hit = faults.mode.is_some() && rng.random_range(0..100) < faults.percent;
-        (faults.mode.filter(|_| hit), rng.random_bool(0.5))
+        (
+            faults.mode.filter(|_| hit),
+            rng.random_bool(0.5),
+            rng.random_range(SLOW_MS_MIN..=SLOW_MS_MAX),
+            rng.random::<f64>(),
+        )
     };
     match mode {
         Some(S3Mode::SlowDown) => {
@@ -261,12 +272,11 @@ async fn handle(
         }
         Some(S3Mode::Slow) => {
             stats.delayed.fetch_add(1, Ordering::Relaxed);
-            let ms = rand::rng().random_range(SLOW_MS_MIN..=SLOW_MS_MAX);
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            tokio::time::sleep(Duration::from_millis(slow_ms)).await;
             Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed()))
         }
         Some(S3Mode::Truncate) if is_get && resp.status() == StatusCode::OK => {
-            truncate(resp, early, stats).await
+            truncate(resp, early, cut, stats).await
         }
         _ => Ok(resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed())),
     }
@@ -317,9 +327,11 @@ fn slow_down(resource: &str) -> Response<Body> {
 }
 
 /// A `GET`'s body cut: mid-stream (`mid_stream`), or short with a matching length.
+/// Cut a GET's body to a fraction `cut` (in [0, 1)) of its length.
 async fn truncate(
     resp: Response<Incoming>,
     mid_stream: bool,
+    cut: f64,
     stats: &S3Stats,
 ) -> Result<Response<Body>, BoxError> {
     use http_body::Body as _;
@@ -338,7 +350,7 @@ async fn truncate(
     if whole.is_empty() {
         return Ok(Response::from_parts(parts, full(whole)));
     }
-    let keep = rand::rng().random_range(0..whole.len());
+    let keep = ((whole.len() as f64 * cut) as usize).min(whole.len() - 1);
     let head = whole.slice(..keep);
     if mid_stream {
         stats.cut.fetch_add(1, Ordering::Relaxed);
@@ -451,7 +463,7 @@ mod tests {
     #[tokio::test]
     async fn with_no_fault_every_request_passes_untouched() {
         let (up, hits) = origin(BLOCK).await;
-        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up)
+        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up, 7)
             .await
             .unwrap();
         for _ in 0..20 {
@@ -465,7 +477,7 @@ mod tests {
     #[tokio::test]
     async fn slow_down_answers_503_with_an_s3_error_and_never_forwards() {
         let (up, hits) = origin(BLOCK).await;
-        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up)
+        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up, 7)
             .await
             .unwrap();
         p.set(S3Faults {
@@ -490,7 +502,7 @@ mod tests {
     #[tokio::test]
     async fn reset_breaks_the_connection_before_or_after_the_server_saw_the_request() {
         let (up, hits) = origin(BLOCK).await;
-        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up)
+        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up, 7)
             .await
             .unwrap();
         p.set(S3Faults {
@@ -518,7 +530,7 @@ mod tests {
     #[tokio::test]
     async fn truncate_cuts_a_get_mid_stream_or_short_with_a_matching_length() {
         let (up, _) = origin(BLOCK).await;
-        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up)
+        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up, 7)
             .await
             .unwrap();
         p.set(S3Faults {
@@ -553,7 +565,7 @@ mod tests {
     #[tokio::test]
     async fn slow_holds_the_answer_back_for_seconds() {
         let (up, _) = origin(BLOCK).await;
-        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up)
+        let p = S3Proxy::start("127.0.0.1:0".parse().unwrap(), up, 7)
             .await
             .unwrap();
         p.set(S3Faults {

@@ -7,7 +7,7 @@
 //! on the bucket. Every step waits for a condition, never for a fixed time.
 //!
 //! `strait dev up --store garage` runs one per region; the tests and benchmarks run one per
-//! test (through `strait_tests::garage`, which adds a temporary directory).
+//! test (through ``tests/support/garage.rs``, which adds a temporary directory).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};

@@ -1,5 +1,5 @@
 //! A throwaway `redis-server` on 127.0.0.1 for one test: no persistence, its own directory,
-//! killed when dropped (the tests reach it through `strait_tests::redis_server`, which skips
+//! killed when dropped (the tests reach it through ``tests/support/redis_server.rs``, which skips
 //! or fails when the program is missing).
 
 use std::io::{Read, Write};

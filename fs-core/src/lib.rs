@@ -22,4 +22,4 @@ pub mod vfs;
 
 pub use error::{Error, Result};
 /// The numbers shared with the other crates, defined once in `strait-ids`.
-pub use strait_ids::{Epoch, SliceId, Version};
+pub use strait_ids::{clock, Epoch, SliceId, Version};

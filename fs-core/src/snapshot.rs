@@ -251,7 +251,7 @@ impl<'a> Loader<'a> {
                 // a snapshot without the request records (an older primary's): a change sent
                 // again that finds no record may have committed before it; for a while such a
                 // retry is answered "not known" rather than run a second time
-                crate::meta::requests::raise_lost(t, crate::meta::now_ns())?;
+                crate::meta::requests::raise_lost(t, crate::clock::now_ns())?;
             }
             Ok(())
         })?;
@@ -515,7 +515,7 @@ mod tests {
             pos: 0,
             crcs: vec![7],
         };
-        m.write_slice(f, 0, slice.clone(), crate::meta::now_ns())
+        m.write_slice(f, 0, slice.clone(), crate::clock::now_ns())
             .unwrap();
         let later = read_log(kv.as_ref(), header.version, usize::MAX).unwrap();
         let recs: Vec<_> = later.iter().map(|(_, r)| r.clone()).collect();

@@ -3,7 +3,8 @@
 //! primary's [`Epoch`]. All three are a `u64` inside.
 //!
 //! This crate is the bottom of the stack: fs-core re-exports these types, and the replicator
-//! and its client, which build no fs-core, use them from here.
+//! and its client, which build no fs-core, use them from here. It also holds the one reading
+//! of the wall clock, [`clock`].
 //!
 //! # To ensure correctness
 //! - Each type is `#[serde(transparent)]`: it encodes exactly as the bare `u64` it wraps
@@ -14,6 +15,8 @@
 //!   read, with `.0` and the constructor.
 //! - Arithmetic is the `u64`'s: an overflow panics in debug builds and wraps in release, as
 //!   before. Versions and slice ids are kept far from the limit by their counters.
+
+pub mod clock;
 
 use serde::{Deserialize, Serialize};
 

@@ -608,7 +608,7 @@ async fn apply_records(
         let owned = batch.to_vec();
         let from = next;
         let blocks = mirror.blocks.clone();
-        let started = std::time::SystemTime::now();
+        let started = strait_fs_core::clock::now();
         let r = tokio::task::spawn_blocking(move || {
             let hook = |t: &mut dyn strait_fs_core::kv::KvTxn, v: Version, r: &ChangeRecord| {
                 blocks.hook(t, v, r)
@@ -642,7 +642,7 @@ async fn apply_records(
         mirror.on_applied(v, &applied_ts, pending);
         mirror
             .applies
-            .note(from, v, started, std::time::SystemTime::now());
+            .note(from, v, started, strait_fs_core::clock::now());
         if let Some(why) = bad {
             return Err(Stop::Halt(why));
         }

@@ -379,7 +379,7 @@ impl Promoter {
         let mut p = s::Promotion {
             epoch: epoch.0,
             from_version: from.0,
-            at_ms: strait_site::now_ms(),
+            at_ms: strait_fs_core::clock::now_ms(),
             elect_ms,
             bump_ms,
             drain_ms,

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use strait_fs_core::clock::now_ms;
 use strait_fs_core::Version;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
-use strait_site::now_ms;
 use strait_site::snapshot::{digest_now, snapshot_stream, SnapshotStream};
 use tonic::{Request, Response, Status};
 

@@ -103,13 +103,6 @@ pub struct Mirror {
     pub applies: crate::follower::traced::Applies,
 }
 
-pub fn wall_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 impl Mirror {
     pub fn new(
         cfg: MirrorConfig,
@@ -262,7 +255,7 @@ impl Mirror {
     /// Records up to `applied` are applied; `ts_ns` are the commit times of those just applied;
     /// `next` is the oldest record still pending (version, commit ms).
     pub fn on_applied(&self, applied: Version, ts_ns: &[i64], next: Option<(Version, u64)>) {
-        let now_us = wall_us();
+        let now_us = strait_fs_core::clock::now_us();
         let now_ms = now_us / 1000;
         {
             let mut i = self.inner.lock();
@@ -391,7 +384,7 @@ impl Mirror {
     pub fn tick(&self) {
         let lag = self.lag();
         let now_mono = self.mono_ms();
-        let now_wall = strait_site::now_ms();
+        let now_wall = strait_fs_core::clock::now_ms();
         {
             let mut i = self.inner.lock();
             i.history.push(now_wall, lag);

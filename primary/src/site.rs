@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
+use strait_fs_core::clock::now_ms;
 use strait_fs_core::meta::Meta;
 use strait_fs_core::Version;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
-use strait_site::now_ms;
 use strait_site::snapshot::{digest_now, engine_status, snapshot_stream, SnapshotStream};
 use tonic::{Request, Response, Status};
 

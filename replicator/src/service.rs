@@ -271,10 +271,7 @@ impl pb::replicator_server::Replicator for ReplicatorService {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
         let r = req.into_inner();
-        let own = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let own = strait_ids::clock::now_ms();
         check_heartbeat_clock(r.primary_clock_ms, own).map_err(Status::invalid_argument)?;
         self.write(Command::Heartbeat {
             epoch: Epoch(r.epoch),

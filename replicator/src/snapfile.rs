@@ -110,10 +110,7 @@ impl AsyncSeek for SnapFile {
 /// A name no other file of this process's snapshot directories has: `prefix`-`tag`-time-n.
 pub fn unique_name(prefix: &str, tag: u64) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = strait_ids::clock::now_ns();
     format!(
         "{prefix}-{tag}-{nanos}-{}",
         N.fetch_add(1, Ordering::Relaxed)

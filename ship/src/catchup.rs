@@ -20,8 +20,9 @@
 use std::time::Duration;
 
 use strait_fs_core::changelog::{self, read_log_raw, ChangeRecord};
+use strait_fs_core::clock::now_ns;
 use strait_fs_core::kv::DynKv;
-use strait_fs_core::meta::{keys, now_ns, requests};
+use strait_fs_core::meta::{keys, requests};
 use strait_fs_core::{SliceId, Version};
 use strait_proto::limits::REPLICATOR_MESSAGE_BYTES_MAX;
 use strait_proto::replicator as pb;

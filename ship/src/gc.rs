@@ -252,7 +252,7 @@ impl MirrorHorizon {
         let mirrors = self.client.is_some() && horizon.is_some();
         let wall = self
             .clock
-            .now(strait_fs_core::meta::now_ns(), Instant::now());
+            .now(strait_fs_core::clock::now_ns(), Instant::now());
         let r = tokio::task::spawn_blocking(move || {
             let now = Instant::now();
             let mut bound: Option<Version> = None;

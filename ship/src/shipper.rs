@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use strait_fs_core::changelog::{read_log_raw, trim_log};
 use strait_fs_core::kv::DynKv;
@@ -159,13 +159,6 @@ fn ship_span(
         span.add_link(cx.span().span_context().clone());
     }
     span
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 async fn blocking<T: Send + 'static>(
@@ -741,7 +734,7 @@ impl Shipper {
                 .client
                 .heartbeat(pb::HeartbeatRequest {
                     epoch: self.cfg.epoch.0,
-                    primary_clock_ms: now_ms(),
+                    primary_clock_ms: strait_fs_core::clock::now_ms(),
                     latest_version: latest.0,
                 })
                 .await;

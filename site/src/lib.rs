@@ -37,14 +37,6 @@ pub use signal::wait_for_signal;
 /// in `strait_proto::limits`.
 pub use strait_proto::limits::META_MESSAGE_BYTES_MAX as MESSAGE_BYTES_MAX;
 
-/// Milliseconds since the Unix epoch on this machine's wall clock (0 if it is set before 1970).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// The stream of `SiteService.Warmup` (a mirror's; a primary has none to serve).
 pub type WarmupStream = std::pin::Pin<
     Box<

@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use strait_fs_core::kv::DynKv;
 use strait_fs_core::meta::Meta;
@@ -94,7 +94,7 @@ async fn run(
 ) -> Result<(), Status> {
     let internal = |e: strait_fs_core::Error| Status::internal(e.to_string());
     // the age of an object counts to when the references were read, so take the time first
-    let read_at = SystemTime::now();
+    let read_at = strait_fs_core::clock::now();
     let (refs, block_size) = tokio::task::spawn_blocking(move || {
         let bs = Meta::load_format(kv.as_ref())?.block_size;
         Ok::<_, strait_fs_core::Error>((References::read(kv.as_ref())?, bs))

@@ -263,6 +263,7 @@ fn up(a: UpArgs) -> Result<()> {
         tls: a.tls,
         witness: a.witness,
         shared_store: a.shared_store,
+        env: vec![],
         hooks: Default::default(),
     };
     let cluster = Cluster::start(&cfg, &rt, &mut |step| println!("strait dev: {step}"))?;

@@ -1,8 +1,9 @@
 //! `strait format`: create a file system.
 
 use anyhow::{bail, Context, Result};
+use strait_fs_core::clock::now_ns;
 use strait_fs_core::layout::{BLOCK_SIZE_MAX, BLOCK_SIZE_MIN};
-use strait_fs_core::meta::{now_ns, Format, Meta};
+use strait_fs_core::meta::{Format, Meta};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -3,7 +3,7 @@
 //! opens, or by asking a site daemon (a primary keeps what its mirrors still need; a mirror
 //! sweeps its region's store against its own metadata).
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -200,7 +200,7 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     // an object's age counts to when the references were read: take the time first
-    let read_at = SystemTime::now();
+    let read_at = strait_fs_core::clock::now();
     let refs = References::read(kv.as_ref())?;
     eprintln!(
         "{} slices referenced at version {}; listing {}",

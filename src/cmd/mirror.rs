@@ -942,7 +942,7 @@ fn print_table(r: &Report) {
                 m.mirror,
                 p.epoch,
                 p.from_version + 1,
-                strait_site::now_ms().saturating_sub(p.at_ms) as f64 / 1e3,
+                strait_fs_core::clock::now_ms().saturating_sub(p.at_ms) as f64 / 1e3,
                 p.took_ms,
             );
         }

@@ -1,7 +1,8 @@
 //! `strait status`: settings, usage, sessions and change-log position of a file system.
 
 use anyhow::Result;
-use strait_fs_core::meta::{now_ns, Meta, MetaOptions};
+use strait_fs_core::clock::now_ns;
+use strait_fs_core::meta::{Meta, MetaOptions};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -54,6 +54,9 @@ pub struct ClusterConfig {
     /// bucket) is region B's too, as docs/operations.md allows (a store replicated across
     /// regions). The mirror then copies nothing across, and its orphan sweep must refuse.
     pub shared_store: bool,
+    /// More environment for every process the cluster starts: its daemons, replicator nodes
+    /// and mounts (a test's `STRAIT_OTLP_ENDPOINT`), without changing the caller's own.
+    pub env: Vec<(String, String)>,
     /// Where the chaos harness's faults reach in: proxies in front of the object stores,
     /// data directories on file systems of its own, daemons' environments. Default: none.
     pub hooks: FaultHooks,
@@ -83,6 +86,7 @@ impl ClusterConfig {
             tls: false,
             witness: false,
             shared_store: false,
+            env: vec![],
             hooks: FaultHooks::default(),
         }
     }

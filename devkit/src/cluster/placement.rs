@@ -434,13 +434,14 @@ impl Placement for Loopback {
     }
 
     fn service_env(&self, name: &str) -> Vec<(String, String)> {
-        self.cfg
+        let own = self
+            .cfg
             .hooks
             .daemon_env
             .iter()
             .filter(|(n, _)| n == name)
-            .flat_map(|(_, e)| e.iter().cloned())
-            .collect()
+            .flat_map(|(_, e)| e.iter().cloned());
+        self.cfg.env.iter().cloned().chain(own).collect()
     }
 }
 

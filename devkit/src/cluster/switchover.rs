@@ -110,10 +110,10 @@ impl Cluster {
         let admin = self.token_file("admin");
         let replicator_token =
             std::fs::read_to_string(&admin).with_context(|| format!("read {admin}"))?;
-        let list = self.dir.join(region).join(format!(
-            "rejoin-{}.txt",
-            std::time::UNIX_EPOCH.elapsed()?.as_millis()
-        ));
+        let list = self
+            .dir
+            .join(region)
+            .join(format!("rejoin-{}.txt", strait_ids::clock::now_ms()));
         let out = self.run(&[
             "primary",
             "rejoin",

@@ -8,7 +8,7 @@
 //! proxy in each host ([`network`]). Every operator command it runs is kept
 //! ([`Deployment::commands`]) in the guide's words, so a test can hold the guide to them.
 //!
-//! `strait dev netns` runs it until Ctrl-C; `tests/tests/netns.rs` checks it.
+//! `strait dev netns` runs it until Ctrl-C; `tests/deploy/netns.rs` checks it.
 
 pub mod network;
 

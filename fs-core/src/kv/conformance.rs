@@ -1,6 +1,6 @@
 //! The one test body every [`KvEngine`] backend passes (as openraft's `Suite::test_all` and
 //! TiKV's `engine_traits_tests`): memory and RocksDB in their unit tests, Redis against a
-//! real server in `tests/tests/kv_conformance.rs`.
+//! real server in `tests/backends/kv_conformance.rs`.
 //!
 //! Each case gets an engine from `make` and wipes it first, so `make` may hand out the same
 //! store every time. A failing case panics with the case's name printed just before.

@@ -2,6 +2,7 @@
 //! every KV backend (memory and RocksDB in unit tests, Redis in the integration tests).
 //! Each case takes a fresh, formatted engine from `make`.
 
+use crate::clock::now_ns;
 use std::sync::Arc;
 
 use super::types::*;

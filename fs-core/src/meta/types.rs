@@ -250,10 +250,3 @@ pub struct HeldLock {
     /// flock(2) rather than a POSIX byte-range lock (`pid`, `start` and `end` unused).
     pub flock: bool,
 }
-
-pub fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}

@@ -504,7 +504,7 @@ mod tests {
                         out.push(ObjectInfo {
                             key,
                             size,
-                            modified: Some(std::time::SystemTime::now()),
+                            modified: Some(crate::clock::now()),
                         });
                     }
                 }

@@ -22,7 +22,7 @@ impl ObjectStore for MemoryStore {
         Box::pin(async move {
             self.objects
                 .write()
-                .insert(key.to_string(), (data, SystemTime::now()));
+                .insert(key.to_string(), (data, crate::clock::now()));
             Ok(())
         })
     }
@@ -31,7 +31,7 @@ impl ObjectStore for MemoryStore {
             match self.objects.write().entry(key.to_string()) {
                 std::collections::btree_map::Entry::Occupied(_) => Ok(PutIfAbsent::Exists),
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert((data, SystemTime::now()));
+                    v.insert((data, crate::clock::now()));
                     Ok(PutIfAbsent::Created)
                 }
             }

@@ -2,9 +2,10 @@
 //! `strait gc`, and in a site daemon (whose mounts leave it to the daemon).
 
 use super::retry_store;
+use crate::clock::now_ns;
 use crate::error::Result;
 use crate::layout::{block_count, block_key, block_len};
-use crate::meta::{now_ns, Meta};
+use crate::meta::Meta;
 use crate::object::DynStore;
 use crate::SliceId;
 

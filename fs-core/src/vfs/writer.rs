@@ -9,9 +9,10 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use super::Shared;
+use crate::clock::now_ns;
 use crate::error::{Error, Result};
 use crate::layout::{block_count, block_key, block_len, CHUNK_SIZE};
-use crate::meta::{now_ns, Ino, SliceRef};
+use crate::meta::{Ino, SliceRef};
 use crate::SliceId;
 
 /// Smallest buffer allocated for a slice's unfinished block.

@@ -322,7 +322,7 @@ impl Blocks {
         let value = format!(
             "mirror {mirror_id}, pid {}, at {} ns",
             std::process::id(),
-            strait_fs_core::meta::now_ns()
+            strait_fs_core::clock::now_ns()
         );
         retry(&format!("write the marker {key}"), || {
             local.put(&key, bytes::Bytes::from(value.clone()))

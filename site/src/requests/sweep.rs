@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use strait_fs_core::clock::now_ns;
 use strait_fs_core::meta::requests::{Swept, KEEP, RECORDS_MAX, SWEEP_BATCH_MAX};
-use strait_fs_core::meta::{now_ns, Meta};
+use strait_fs_core::meta::Meta;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;

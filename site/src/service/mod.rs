@@ -233,7 +233,7 @@ impl MetaServer {
             blocks: None,
             requests: Arc::new(Requests::default()),
             fence: None,
-            started_ns: strait_fs_core::meta::now_ns(),
+            started_ns: strait_fs_core::clock::now_ns(),
             slice_ranges: Arc::new(parking_lot::Mutex::new(SliceRanges::default())),
             heard: Arc::new(Heard::default()),
             session_slots: Slots::new("sessions", SESSIONS_MAX, SESSIONS_PER_PEER_MAX),

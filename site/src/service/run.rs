@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use strait_fs_core::clock::now_ns;
 use strait_fs_core::error::Error;
 use strait_fs_core::meta::requests::{Lookup, Outcome, RECORDS_MAX};
-use strait_fs_core::meta::{now_ns, Committed, Meta};
+use strait_fs_core::meta::{Committed, Meta};
 use strait_fs_core::Version;
 use strait_proto::{to_status, VERSION_HEADER};
 use tonic::{Response, Status};

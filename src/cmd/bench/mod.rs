@@ -10,9 +10,10 @@
 //!   latency and throughput, then [`floor`]: `strait replicator floor`, the disk's floor for
 //!   that latency.
 //!
-//! `bench_mirror_data` (the mirror's data path across a capped link) stays a program of the
-//! `tests` crate: it builds its regions with the test harness (`strait_tests`), which this
-//! binary does not link.
+//! `cargo bench --bench mirror_data` (the mirror's data path across a capped link) and
+//! `cargo bench --bench compaction` (what random writes cost the stores and the link) are
+//! programs in `benches/`: they build their regions with the test harness (`tests/support/`),
+//! which this binary does not link.
 
 pub mod cache;
 pub mod floor;

@@ -194,7 +194,7 @@ async fn set_aside(a: &SetAsideArgs, dir: &Path, mode: Mode) -> Result<()> {
 
     let kept = beside(
         dir,
-        &format!("set-aside-{}", std::time::UNIX_EPOCH.elapsed()?.as_secs()),
+        &format!("set-aside-{}", strait_fs_core::clock::now_s()),
     )?;
     std::fs::rename(dir, &kept)
         .with_context(|| format!("move {} to {}", dir.display(), kept.display()))?;
@@ -298,7 +298,7 @@ fn write_list(
          (as `strait changelog` prints it)\n",
         mode.name(),
         a.meta_url,
-        std::time::UNIX_EPOCH.elapsed()?.as_secs(),
+        strait_fs_core::clock::now_s(),
         leader.addr,
         leader.earliest,
         leader.last,

@@ -318,10 +318,9 @@ impl RedisKv {
     }
 
     fn backoff(attempt: usize) {
-        use rand::Rng;
         let shift = attempt.min(16) as u32;
         let max_us = (TXN_BACKOFF_US_BASE << shift).min(TXN_BACKOFF_US_MAX);
-        let us = rand::rng().random_range(0..=max_us);
+        let us = rand::random_range(0..=max_us);
         std::thread::sleep(Duration::from_micros(us));
     }
 

@@ -2,6 +2,7 @@
 
 use super::{check_name, is_dot, need_attr, need_dir_attr, touch_dir, Meta};
 use crate::changelog::{get_dentry, Change, Name};
+use crate::clock::now_ns;
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::meta::perm::{access, MAY_EXEC, MAY_WRITE};

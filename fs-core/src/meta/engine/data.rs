@@ -2,6 +2,7 @@
 
 use super::{check_slice, need_attr, Meta};
 use crate::changelog::{decode, get_chunk, Change, DeadSlice};
+use crate::clock::now_ns;
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::layout::CHUNK_SIZE;

@@ -48,7 +48,7 @@ pub fn mark_locks_lost(kv: &dyn kv::KvEngine) -> Result<()> {
 /// [`Meta::begin_lock_grace`] on the engine `kv` (a mirror whose metadata a new bootstrap
 /// just replaced, with its locks).
 pub fn lock_grace_from_now(kv: &dyn kv::KvEngine) -> Result<()> {
-    let now = crate::meta::now_ns();
+    let now = crate::clock::now_ns();
     kv::txn(kv, |t| {
         t.put(&keys::lock_grace(), &now.to_le_bytes());
         Ok(())
@@ -101,7 +101,7 @@ impl Meta {
 
     fn flock_as(&self, ino: Ino, owner: u64, typ: LockType, reclaim: bool) -> Result<()> {
         let sid = self.session_id();
-        let now = crate::meta::now_ns();
+        let now = crate::clock::now_ns();
         kv::txn(self.kv.as_ref(), |t| {
             if typ != LockType::Unlock && !reclaim {
                 if let Some(why) = in_grace(t, now)? {
@@ -175,7 +175,7 @@ impl Meta {
             return sys(libc::EINVAL);
         }
         let sid = self.session_id();
-        let now = crate::meta::now_ns();
+        let now = crate::clock::now_ns();
         kv::txn(self.kv.as_ref(), |t| {
             if typ != LockType::Unlock && !reclaim {
                 if let Some(why) = in_grace(t, now)? {

@@ -14,6 +14,7 @@ mod xattr;
 
 pub use locking::{lock_grace_from_now, mark_locks_lost, LOCK_GRACE};
 
+use crate::clock::now_ns;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 
 use super::Meta;
 use crate::changelog::{commit, get_attr, get_chunk, Change};
+use crate::clock::now_ns;
 use crate::error::{sys, Result};
 use crate::kv;
 use crate::meta::perm::{access, MAY_READ, MAY_WRITE};

@@ -1,5 +1,6 @@
 //! Removing entries: unlink, rmdir and rename (which may replace or exchange an entry).
 
+use crate::clock::now_ns;
 use std::cell::RefCell;
 
 use super::{

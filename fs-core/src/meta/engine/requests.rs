@@ -140,6 +140,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::clock::now_ns;
     use crate::kv::memory::MemoryKv;
     use crate::kv::{DynKv, KvEngine};
     use crate::meta::conformance::test_format;

@@ -1,5 +1,6 @@
 //! Sessions: registering mounts, their heartbeats, and closing them (with what they held).
 
+use crate::clock::now_ns;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 

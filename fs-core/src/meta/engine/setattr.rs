@@ -2,6 +2,7 @@
 
 use super::{need_attr, Meta};
 use crate::changelog::Change;
+use crate::clock::now_ns;
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::layout::CHUNK_SIZE;

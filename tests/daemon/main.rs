@@ -1,0 +1,16 @@
+//! Integration tests: the site daemon that serves mounts (`strait primary`): shared mounts, hostile and malformed calls, traces, request ids and slice ids.
+//!
+//! One test binary per topic (cargo builds the `strait` binary they run first, and
+//! `support::strait_bin` is its path). Tests of a binary share its process: none may change
+//! the process's environment or working directory.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod daemon;
+mod daemon_hostile;
+mod daemon_tracing;
+mod request_ids;
+mod site_hostile;
+mod slice_ids;
+mod slice_ids_restart;
