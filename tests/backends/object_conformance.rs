@@ -159,13 +159,11 @@ fn s3_credentials_come_from_the_aws_environment() {
         return;
     };
     let isolated = tempfile::tempdir().unwrap();
+    // the test's name as the harness knows it: its module path within the test binary
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let child = format!("{module}::child_opens_the_data_url_with_aws_env");
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_opens_the_data_url_with_aws_env",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", &child, "--ignored", "--nocapture"])
         .envs(garage.env())
         .env("STRAIT_TEST_DATA_URL", garage.data_url())
         // Nothing but the variables above may provide credentials.
