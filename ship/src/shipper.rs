@@ -195,6 +195,43 @@ fn check_epoch(own: Epoch, replicator: Epoch) -> EpochCheck {
     }
 }
 
+/// Whether `status` tells where the replicator's log ends; if not, why to ask again. Its
+/// `last_version` is that of the node's state machine, which is the log's end only at the
+/// leader, and only once the leader has applied its whole log:
+/// - a follower's log may lag the leader's (during an election, the call can reach a node that
+///   is not the leader yet, or no more);
+/// - a leader's state machine may lag its log: right after it took the lead, and after a
+///   restart, which openraft answers by making a node whose vote was committed the leader
+///   again at once, its state machine as last synced (soak seed 701: replicator node 3 came
+///   back from a power loss as the leader, applied up to index 59,468 of 59,470, and its
+///   status said the log ended at version 67,217 while 67,218 was in its log).
+///
+/// Believed, either would look like versions lost between the log's end and the outbox: a
+/// stall with every change answered EIO meanwhile.
+fn settled_leader(status: &pb::StatusReply) -> Result<(), String> {
+    if status.leader != Some(status.id) {
+        return Err(format!(
+            "replicator node {} answered the status but is not the leader (leader: {})",
+            status.id,
+            status.leader.map_or("none known".into(), |l| l.to_string())
+        ));
+    }
+    if status.applied_index != status.last_log_index {
+        return Err(format!(
+            "the replicator's leader (node {}) has applied its log up to index {} of {}: \
+             asking again once it has applied the rest",
+            status.id,
+            status
+                .applied_index
+                .map_or("none".into(), |i| i.to_string()),
+            status
+                .last_log_index
+                .map_or("none".into(), |i| i.to_string())
+        ));
+    }
+    Ok(())
+}
+
 /// Where shipping resumes: after `replicated`, the replicator's last version, when the
 /// replicator continues this primary's log (which ends at `local`); otherwise why it cannot.
 /// A follower's status may lag the leader: resuming from an older version makes an append
@@ -482,16 +519,7 @@ impl Shipper {
             .leader_status()
             .await
             .map_err(|s| Step::Unreachable(format!("replicator status: {}", s.message())))?;
-        // a follower's log may lag the leader's (during an election, the call can reach a node
-        // that is not the leader yet, or no more): its end would look like versions lost
-        // between it and the outbox, a stall with every change answered EIO meanwhile
-        if status.leader != Some(status.id) {
-            return Err(Step::Unreachable(format!(
-                "replicator node {} answered the status but is not the leader (leader: {})",
-                status.id,
-                status.leader.map_or("none known".into(), |l| l.to_string())
-            )));
-        }
+        settled_leader(&status).map_err(Step::Unreachable)?;
         match check_epoch(self.cfg.epoch, Epoch(status.epoch)) {
             EpochCheck::Same => {}
             EpochCheck::Fenced(why) => {
@@ -788,6 +816,34 @@ mod tests {
     #[test]
     fn the_same_epoch_ships() {
         assert_eq!(check_epoch(Epoch(3), Epoch(3)), EpochCheck::Same);
+    }
+
+    /// A status from which the shipper may take the log's end, and the ones it must ask again.
+    #[test]
+    fn only_a_leader_that_applied_its_whole_log_tells_where_the_log_ends() {
+        let status = |id: u64, leader: Option<u64>, applied: Option<u64>, last: Option<u64>| {
+            pb::StatusReply {
+                id,
+                leader,
+                applied_index: applied,
+                last_log_index: last,
+                last_version: 67_217,
+                ..Default::default()
+            }
+        };
+        assert_eq!(
+            settled_leader(&status(3, Some(3), Some(59_470), Some(59_470))),
+            Ok(())
+        );
+        assert_eq!(settled_leader(&status(3, Some(3), None, None)), Ok(()));
+        // a follower
+        let why = settled_leader(&status(2, Some(3), Some(59_470), Some(59_470))).unwrap_err();
+        assert!(why.contains("not the leader (leader: 3)"), "{why}");
+        // soak seed 701: the leader back from a power loss, two entries not applied yet
+        let why = settled_leader(&status(3, Some(3), Some(59_468), Some(59_470))).unwrap_err();
+        assert!(why.contains("up to index 59468 of 59470"), "{why}");
+        let why = settled_leader(&status(3, Some(3), None, Some(2))).unwrap_err();
+        assert!(why.contains("up to index none of 2"), "{why}");
     }
 
     #[test]
