@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::daemon::Primary;
 use crate::support::mount::TestFs;
-use crate::support::wait_until;
+use crate::support::{later, wait_until};
 use sha2::{Digest, Sha256};
 
 fn set_lock(f: &std::fs::File, typ: i32, wait: bool) -> std::io::Result<()> {
@@ -182,7 +182,7 @@ fn an_unlinked_file_lives_until_its_last_close_at_any_mount() {
             if count_files(&fs.data_dir()) <= baseline {
                 return Ok(());
             }
-            Err(daemon.log_text())
+            Err(later(|| daemon.log_text()))
         },
     );
     a.unmount();
@@ -246,7 +246,7 @@ fn a_killed_mount_frees_its_locks_and_unlinked_files_after_the_session_timeout()
         Duration::from_secs(20),
         || match set_lock(&contender, libc::F_WRLCK, false) {
             Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Err(daemon.log_text()),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Err(later(|| daemon.log_text())),
             Err(e) => panic!("take the freed lock: {e}"),
         },
     );
@@ -263,7 +263,7 @@ fn a_killed_mount_frees_its_locks_and_unlinked_files_after_the_session_timeout()
             if count_files(&fs.data_dir()) <= baseline {
                 return Ok(());
             }
-            Err(daemon.log_text())
+            Err(later(|| daemon.log_text()))
         },
     );
     drop(held);

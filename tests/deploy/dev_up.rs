@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::dev_up::DevUp;
 use crate::support::site::mirror_row;
-use crate::support::wait_until;
+use crate::support::{later, wait_until};
 
 /// Block files a Garage holds (its data directory holds one file per stored block part).
 fn garage_data_files(dir: &Path) -> usize {
@@ -75,10 +75,17 @@ fn dev_up_on_garage_gives_each_region_its_own_store_and_b_reads_its_copies_while
     // written at A, read at B: every block comes across the link on first read
     let data = crate::support::random_bytes(1, 9 << 20);
     std::fs::write(ma.join("f"), &data).unwrap();
+    let d = &dev;
     let got = wait_until("f at B", Duration::from_secs(30), || {
         match std::fs::read(mb.join("f")) {
             Ok(b) if b.len() == data.len() => Ok(b),
-            other => Err(format!("{other:?}\n{}", dev.log_text())),
+            other => {
+                let seen = match other {
+                    Ok(b) => format!("{} bytes", b.len()),
+                    Err(e) => e.to_string(),
+                };
+                Err(later(move || format!("{seen}\n{}", d.log_text())))
+            }
         }
     });
     assert!(got == data, "B read A's bytes");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::daemon::Primary;
 use crate::support::replicator::RegionA;
-use crate::support::wait_until;
+use crate::support::{later, wait_until};
 use parking_lot::Mutex;
 use strait_fs_core::changelog::{Change, ChangeRecord};
 use strait_proto::meta as w;
@@ -271,7 +271,7 @@ fn storm(durability: &str) -> Outcome {
                     return Ok(l);
                 }
             }
-            Err(primary.log_text())
+            Err(later(|| primary.log_text()))
         },
     );
     let log = rt.block_on(cluster.read_log(0, Duration::from_secs(60)));
@@ -1162,6 +1162,7 @@ fn a_primary_whose_metadata_went_back_answers_no_read_before_it_caught_up() {
     for n in region.cluster.nodes.values_mut() {
         n.spawn();
     }
+    let p = &primary;
     let have = wait_until(
         "the primary did not catch up",
         Duration::from_secs(60),
@@ -1169,7 +1170,7 @@ fn a_primary_whose_metadata_went_back_answers_no_read_before_it_caught_up() {
             Ok(names) => Ok(names),
             Err(s) => {
                 assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
-                Err(format!("{s:?}\n{}", primary.log_text()))
+                Err(later(move || format!("{s:?}\n{}", p.log_text())))
             }
         },
     );

@@ -17,7 +17,7 @@ pub mod replicator;
 pub mod site;
 pub mod wait;
 
-pub use wait::wait_until;
+pub use wait::{later, wait_until};
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -12,7 +12,7 @@ use tonic::{Request, Status};
 
 use super::daemon::Primary;
 use super::strait_bin;
-use super::wait_until;
+use super::{later, wait_until};
 
 pub struct Site {
     pub c: MetaServiceClient<Channel>,
@@ -212,7 +212,7 @@ pub fn wait_applied(mirror: &Primary, version: u64, within: Duration) -> serde_j
             if row["applied_version"].as_u64().unwrap_or(0) >= version {
                 return Ok(row);
             }
-            Err(format!("{row}\n{}", mirror.log_text()))
+            Err(later(move || format!("{row}\n{}", mirror.log_text())))
         },
     )
 }
@@ -235,7 +235,7 @@ pub fn wait_synced(mirror: &Primary, within: Duration) -> serde_json::Value {
         if row["blocks"]["pending_blocks"].as_u64() == Some(0) {
             return Ok(row);
         }
-        Err(format!("{row}\n{}", mirror.log_text()))
+        Err(later(move || format!("{row}\n{}", mirror.log_text())))
     })
 }
 

@@ -1,17 +1,21 @@
 //! One way for a test to wait for something: [`wait_until`].
 
+use std::convert::Infallible;
+use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 /// What a check of [`wait_until`] answers: ready with a value, or not yet (and, when it can
-/// say, what it saw instead, for the message if the wait runs out).
+/// say, what it saw instead: formatted only for the message if the wait runs out).
 pub trait Check {
     type Value;
-    fn ready(self) -> Result<Self::Value, Option<String>>;
+    type Seen: Display;
+    fn ready(self) -> Result<Self::Value, Option<Self::Seen>>;
 }
 
 impl Check for bool {
     type Value = ();
-    fn ready(self) -> Result<(), Option<String>> {
+    type Seen = Infallible;
+    fn ready(self) -> Result<(), Option<Infallible>> {
         if self {
             Ok(())
         } else {
@@ -22,15 +26,32 @@ impl Check for bool {
 
 impl<T> Check for Option<T> {
     type Value = T;
-    fn ready(self) -> Result<T, Option<String>> {
+    type Seen = Infallible;
+    fn ready(self) -> Result<T, Option<Infallible>> {
         self.ok_or(None)
     }
 }
 
-impl<T, E: std::fmt::Display> Check for Result<T, E> {
+impl<T, E: Display> Check for Result<T, E> {
     type Value = T;
-    fn ready(self) -> Result<T, Option<String>> {
-        self.map_err(|e| Some(e.to_string()))
+    type Seen = E;
+    fn ready(self) -> Result<T, Option<E>> {
+        self.map_err(Some)
+    }
+}
+
+/// What a check saw, built only if it is shown: a daemon's log, say, read once when the wait
+/// runs out rather than at every poll.
+pub struct Later<F>(F);
+
+/// [`Later`] of `f`.
+pub fn later<F: Fn() -> String>(f: F) -> Later<F> {
+    Later(f)
+}
+
+impl<F: Fn() -> String> Display for Later<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&(self.0)())
     }
 }
 
