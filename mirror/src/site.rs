@@ -207,6 +207,7 @@ impl SiteService for MirrorSite {
             self.mirror.kv.clone(),
             store,
             req.into_inner(),
+            Some(Arc::new(crate::blocks::add_queued_deletions)),
             Some(Arc::new(move |gone: Vec<_>| blocks.unmark_all(&gone))),
             gate,
         )?;

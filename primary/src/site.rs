@@ -64,6 +64,7 @@ impl SiteService for PrimarySite {
             gc.store.clone(),
             req.into_inner(),
             None,
+            None,
             Arc::new(move || engine.deletions_refused()),
         )?;
         Ok(Response::new(stream))

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use strait_fs_core::kv::DynKv;
+use strait_fs_core::kv::{DynKv, KvEngine};
 use strait_fs_core::meta::Meta;
 use strait_fs_core::object::DynStore;
 use strait_fs_core::vfs::orphans::{self, References, SweepOptions, SweepStats};
@@ -52,6 +52,13 @@ pub fn progress(
     }
 }
 
+/// Adds to the references read from the metadata the slices whose blocks the site keeps for
+/// another reason, read after them: a mirror's slices the primary purged, whose copies its
+/// deleter is removing (a sweep that took them for orphans would count, or delete, what is
+/// already on its way out).
+pub type AlsoReferenced =
+    Arc<dyn Fn(&dyn KvEngine, &mut References) -> strait_fs_core::Result<()> + Send + Sync>;
+
 /// Asked before each page of deletions; Some(why) stops the sweep (the site may no longer
 /// delete: a primary fenced, a mirror that stopped following).
 pub type Gate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
@@ -61,6 +68,7 @@ pub fn sweep_stream(
     kv: DynKv,
     store: DynStore,
     req: s::SweepRequest,
+    also: Option<AlsoReferenced>,
     on_deleted: Option<Deleted>,
     gate: Gate,
 ) -> Result<SweepStream, Status> {
@@ -75,7 +83,7 @@ pub fn sweep_stream(
     };
     let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_QUEUE_MAX);
     tokio::spawn(async move {
-        let out = run(kv, store, opts, &tx, on_deleted, gate).await;
+        let out = run(kv, store, opts, &tx, also, on_deleted, gate).await;
         if let Err(s) = out {
             tracing::error!("sweep orphan objects: {}", s.message());
             let _ = tx.send(Err(s)).await;
@@ -89,6 +97,7 @@ async fn run(
     store: DynStore,
     opts: SweepOptions,
     tx: &tokio::sync::mpsc::Sender<Result<s::SweepProgress, Status>>,
+    also: Option<AlsoReferenced>,
     on_deleted: Option<Deleted>,
     gate: Gate,
 ) -> Result<(), Status> {
@@ -97,7 +106,12 @@ async fn run(
     let read_at = strait_fs_core::clock::now();
     let (refs, block_size) = tokio::task::spawn_blocking(move || {
         let bs = Meta::load_format(kv.as_ref())?.block_size;
-        Ok::<_, strait_fs_core::Error>((References::read(kv.as_ref())?, bs))
+        let mut refs = References::read(kv.as_ref())?;
+        // after the walk: a slice the metadata dropped since is in what this adds
+        if let Some(also) = &also {
+            also(kv.as_ref(), &mut refs)?;
+        }
+        Ok::<_, strait_fs_core::Error>((refs, bs))
     })
     .await
     .map_err(|e| Status::internal(format!("the reference walk failed: {e}")))?

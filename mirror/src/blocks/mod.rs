@@ -48,6 +48,7 @@ mod synced;
 mod upload;
 mod warmup;
 
+pub use deleter::add_queued_deletions;
 pub use policy::Rules;
 pub use synced::Missing;
 pub use warmup::{WarmBlock, Warmup, WarmupError, WARMUP_BLOCKS_MAX, WARMUP_CONCURRENCY};
