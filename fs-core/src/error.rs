@@ -1,6 +1,6 @@
 //! The error type of fs-core. Every error maps to an errno at the FUSE boundary.
 
-use crate::object::ObjectError;
+use crate::object::error::ObjectError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -22,7 +22,7 @@ use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::changelog::{decode_dentry, get_attr};
+use crate::changelog::state::{decode_dentry, get_attr};
 use crate::error::{Error, Result};
 use crate::kv::{self, decode_counter, KvEngine, KvPairs, KvTxn, LAST_VERSION_KEY};
 use crate::meta::keys;

@@ -38,7 +38,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::types::{Attr, Ino};
-use crate::changelog::{decode, Change};
+use crate::changelog::record::{decode, encode, Change};
 use crate::error::Result;
 use crate::kv::{self, decode_counter, KvEngine, KvTxn};
 use crate::meta::keys;
@@ -47,7 +47,7 @@ use crate::Version;
 /// How long a request record is kept.
 pub const KEEP: Duration = Duration::from_secs(300);
 /// The longest request id.
-pub const ID_LEN_MAX: usize = 64;
+pub const ID_LEN_MAX: usize = crate::changelog::record::REQUEST_ID_LEN_MAX;
 /// Most request records kept; past that the oldest are removed first.
 pub const RECORDS_MAX: u64 = 1 << 20;
 /// Most records one sweep transaction reads and removes.
@@ -93,7 +93,7 @@ pub struct RequestRecord {
 impl RequestRecord {
     /// What the transaction writes: the version is appended at commit.
     pub(crate) fn encode_unversioned(ts_ns: i64, outcome: &Outcome) -> Result<Vec<u8>> {
-        crate::changelog::encode(&(ts_ns, outcome))
+        encode(&(ts_ns, outcome))
     }
 
     pub(crate) fn decode(stored: &[u8]) -> Result<RequestRecord> {

@@ -14,11 +14,14 @@
 //! - Integrity (CRC32) is checked above this trait, by the block layer, which knows the CRCs.
 
 pub mod conformance;
+pub mod error;
 pub mod local;
 pub mod memory;
 #[cfg(feature = "s3")]
 pub mod s3;
 mod sync_group;
+
+pub use error::ObjectError;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,29 +31,6 @@ use std::time::{Duration, SystemTime};
 use backon::{ExponentialBuilder, Retryable};
 pub use bytes::Bytes;
 pub use sync_group::SyncGroup;
-
-/// Whether retrying an object store call can help.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ObjectError {
-    #[error("object {0} not found")]
-    NotFound(String),
-    #[error("timed out: {0}")]
-    Timeout(String),
-    #[error("cancelled")]
-    Cancelled,
-    /// A transient failure (connection reset, 5xx, throttling): retrying may help.
-    #[error("transient: {0}")]
-    Transient(String),
-    /// A failure retrying will not fix (access denied, bad configuration, disk full).
-    #[error("{0}")]
-    Fatal(String),
-}
-
-impl ObjectError {
-    pub fn is_permanent(&self) -> bool {
-        matches!(self, ObjectError::NotFound(_) | ObjectError::Fatal(_))
-    }
-}
 
 pub type ObjResult<T> = Result<T, ObjectError>;
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = ObjResult<T>> + Send + 'a>>;

@@ -1,0 +1,381 @@
+//! The metadata state machine: [`apply`] one record to the state in a transaction, with the
+//! key-value helpers it shares with the engine and the snapshot walk.
+
+use super::record::{decode, encode, Change, ChangeRecord, DeadSlice, Unlinked};
+use crate::error::{Error, Result};
+use crate::kv::KvTxn;
+use crate::meta::keys;
+use crate::meta::types::{Attr, FileKind, Ino, SliceRef};
+use crate::SliceId;
+
+fn invalid(msg: String) -> Error {
+    Error::Corrupt(format!("invalid change record: {msg}"))
+}
+
+pub(crate) fn get_attr(t: &mut dyn KvTxn, ino: Ino) -> Result<Option<Attr>> {
+    match t.get(&keys::attr(ino))? {
+        Some(b) => Ok(Some(decode(&b)?)),
+        None => Ok(None),
+    }
+}
+
+fn put_attr(t: &mut dyn KvTxn, ino: Ino, attr: &Attr) -> Result<()> {
+    // Space accounting follows every attribute change, computed from the replica's own state.
+    let old = get_attr(t, ino)?.map(|a| a.space()).unwrap_or(0);
+    let delta = attr.space() - old;
+    if delta != 0 {
+        t.add(&keys::counter(keys::USED_SPACE), delta);
+    }
+    t.put(&keys::attr(ino), &encode(attr)?);
+    Ok(())
+}
+
+fn need_dir(t: &mut dyn KvTxn, ino: Ino) -> Result<()> {
+    match get_attr(t, ino)? {
+        Some(a) if a.is_dir() => Ok(()),
+        Some(_) => Err(invalid(format!("inode {ino} is not a directory"))),
+        None => Err(invalid(format!("directory {ino} does not exist"))),
+    }
+}
+
+fn need_inode(t: &mut dyn KvTxn, ino: Ino) -> Result<Attr> {
+    get_attr(t, ino)?.ok_or_else(|| invalid(format!("inode {ino} does not exist")))
+}
+
+fn dentry_value(ino: Ino, kind: FileKind) -> Vec<u8> {
+    let mut v = ino.to_be_bytes().to_vec();
+    v.push(kind.code());
+    v
+}
+
+pub(crate) fn decode_dentry(v: &[u8]) -> Result<(Ino, FileKind)> {
+    let ino = keys::u64_at(v, 0).ok_or_else(|| Error::corrupt("dentry value too short"))?;
+    let kind = v
+        .get(8)
+        .and_then(|c| FileKind::from_code(*c))
+        .ok_or_else(|| Error::corrupt("dentry kind"))?;
+    Ok((ino, kind))
+}
+
+pub(crate) fn get_dentry(
+    t: &mut dyn KvTxn,
+    parent: Ino,
+    name: &[u8],
+) -> Result<Option<(Ino, FileKind)>> {
+    match t.get(&keys::dentry(parent, name))? {
+        Some(v) => Ok(Some(decode_dentry(&v)?)),
+        None => Ok(None),
+    }
+}
+
+/// The slice list of chunk `idx` of `ino` (empty when it has none).
+pub fn get_chunk(t: &mut dyn KvTxn, ino: Ino, idx: u32) -> Result<Vec<SliceRef>> {
+    match t.get(&keys::chunk(ino, idx))? {
+        Some(b) => decode(&b),
+        None => Ok(vec![]),
+    }
+}
+
+/// Mark every real slice in `slices` dead as of `ts_ns`.
+fn free_slices(t: &mut dyn KvTxn, slices: &[SliceRef], ts_ns: i64) -> Result<()> {
+    for s in slices.iter().filter(|s| !s.id.is_hole()) {
+        let key = keys::deadslice(s.id);
+        if t.get(&key)?.is_none() {
+            t.put(
+                &key,
+                &encode(&DeadSlice {
+                    size: s.size,
+                    freed_ns: ts_ns,
+                })?,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// All chunks of `ino` with index ≥ `from`, as (index, slices).
+fn chunks_from(t: &mut dyn KvTxn, ino: Ino, from: u32) -> Result<Vec<(u32, Vec<SliceRef>)>> {
+    let prefix = keys::group(keys::CHUNK, ino);
+    let start = keys::chunk(ino, from);
+    let mut out = vec![];
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = t.scan(&prefix, after.as_deref(), 1000)?;
+        let n = page.len();
+        for (k, v) in page {
+            if k.as_slice() >= start.as_slice() {
+                let idx = k
+                    .get(9..13)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_be_bytes)
+                    .ok_or_else(|| Error::corrupt("chunk key"))?;
+                out.push((idx, decode(&v)?));
+            }
+            after = Some(k);
+        }
+        if n < 1000 {
+            return Ok(out);
+        }
+    }
+}
+
+/// Delete an inode and everything hanging off it; its slices become dead.
+fn delete_inode(t: &mut dyn KvTxn, ino: Ino, ts_ns: i64) -> Result<()> {
+    let Some(attr) = get_attr(t, ino)? else {
+        return Ok(());
+    };
+    for (idx, slices) in chunks_from(t, ino, 0)? {
+        free_slices(t, &slices, ts_ns)?;
+        t.delete(&keys::chunk(ino, idx));
+    }
+    let xprefix = keys::group(keys::XATTR, ino);
+    for (k, _) in t.scan(&xprefix, None, usize::MAX)? {
+        t.delete(&k);
+    }
+    if attr.kind == FileKind::Symlink {
+        t.delete(&keys::symlink(ino));
+    }
+    t.delete(&keys::delfile(ino));
+    t.delete(&keys::flock(ino));
+    t.delete(&keys::plock(ino));
+    t.add(&keys::counter(keys::USED_SPACE), -attr.space());
+    t.add(&keys::counter(keys::TOTAL_INODES), -1);
+    t.delete(&keys::attr(ino));
+    Ok(())
+}
+
+fn settle_unlinked(
+    t: &mut dyn KvTxn,
+    ino: Ino,
+    attr: &Attr,
+    how: Unlinked,
+    ts_ns: i64,
+) -> Result<()> {
+    match how {
+        Unlinked::Linked => put_attr(t, ino, attr),
+        Unlinked::Delete => delete_inode(t, ino, ts_ns),
+        Unlinked::Sustain { sid } => {
+            put_attr(t, ino, attr)?;
+            t.put(&keys::delfile(ino), &sid.to_be_bytes());
+            Ok(())
+        }
+    }
+}
+
+/// Apply one change to the state in `t`. The same code runs at the primary (right after it
+/// computed the change) and at every replica (when it replays the log).
+pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
+    let ts = rec.ts_ns;
+    match &rec.change {
+        Change::Format { format, root } => {
+            t.put(&keys::setting(keys::FORMAT), &encode(format)?);
+            if get_attr(t, crate::meta::ROOT_INO)?.is_none() {
+                t.add(&keys::counter(keys::TOTAL_INODES), 1);
+            }
+            put_attr(t, crate::meta::ROOT_INO, root)?;
+        }
+        Change::SetAttr { ino, attr } => {
+            need_inode(t, *ino)?;
+            put_attr(t, *ino, attr)?;
+        }
+        Change::Truncate {
+            ino,
+            attr,
+            first_dropped_chunk,
+            hole,
+        } => {
+            let old = need_inode(t, *ino)?;
+            if old.kind != FileKind::File {
+                return Err(invalid(format!("truncate of non-file inode {ino}")));
+            }
+            for (idx, slices) in chunks_from(t, *ino, *first_dropped_chunk)? {
+                free_slices(t, &slices, ts)?;
+                t.delete(&keys::chunk(*ino, idx));
+            }
+            if let Some((idx, s)) = hole {
+                let mut list = get_chunk(t, *ino, *idx)?;
+                list.push(s.clone());
+                t.put(&keys::chunk(*ino, *idx), &encode(&list)?);
+            }
+            put_attr(t, *ino, attr)?;
+        }
+        Change::Create {
+            parent,
+            name,
+            ino,
+            attr,
+            parent_attr,
+            target,
+        } => {
+            need_dir(t, *parent)?;
+            if get_dentry(t, *parent, name)?.is_some() {
+                return Err(invalid(format!("create over existing entry in {parent}")));
+            }
+            if get_attr(t, *ino)?.is_some() {
+                return Err(invalid(format!("create of existing inode {ino}")));
+            }
+            t.put(&keys::dentry(*parent, name), &dentry_value(*ino, attr.kind));
+            t.add(&keys::counter(keys::TOTAL_INODES), 1);
+            put_attr(t, *ino, attr)?;
+            put_attr(t, *parent, parent_attr)?;
+            if let Some(target) = target {
+                t.put(&keys::symlink(*ino), target);
+            }
+        }
+        Change::Link {
+            parent,
+            name,
+            ino,
+            attr,
+            parent_attr,
+        } => {
+            need_dir(t, *parent)?;
+            need_inode(t, *ino)?;
+            if get_dentry(t, *parent, name)?.is_some() {
+                return Err(invalid(format!("link over existing entry in {parent}")));
+            }
+            t.put(&keys::dentry(*parent, name), &dentry_value(*ino, attr.kind));
+            put_attr(t, *ino, attr)?;
+            put_attr(t, *parent, parent_attr)?;
+        }
+        Change::Unlink {
+            parent,
+            name,
+            ino,
+            parent_attr,
+            attr,
+            unlinked,
+        } => {
+            match get_dentry(t, *parent, name)? {
+                Some((i, _)) if i == *ino => {}
+                _ => return Err(invalid(format!("unlink of missing entry in {parent}"))),
+            }
+            t.delete(&keys::dentry(*parent, name));
+            put_attr(t, *parent, parent_attr)?;
+            settle_unlinked(t, *ino, attr, *unlinked, ts)?;
+        }
+        Change::Rmdir {
+            parent,
+            name,
+            ino,
+            parent_attr,
+        } => {
+            match get_dentry(t, *parent, name)? {
+                Some((i, FileKind::Dir)) if i == *ino => {}
+                _ => return Err(invalid(format!("rmdir of missing directory in {parent}"))),
+            }
+            t.delete(&keys::dentry(*parent, name));
+            put_attr(t, *parent, parent_attr)?;
+            delete_inode(t, *ino, ts)?;
+        }
+        Change::Rename {
+            src_parent,
+            src_name,
+            dst_parent,
+            dst_name,
+            ino,
+            attr,
+            src_parent_attr,
+            dst_parent_attr,
+            replaced,
+        } => {
+            match get_dentry(t, *src_parent, src_name)? {
+                Some((i, _)) if i == *ino => {}
+                _ => return Err(invalid(format!("rename of missing entry in {src_parent}"))),
+            }
+            need_dir(t, *dst_parent)?;
+            t.delete(&keys::dentry(*src_parent, src_name));
+            t.put(
+                &keys::dentry(*dst_parent, dst_name),
+                &dentry_value(*ino, attr.kind),
+            );
+            put_attr(t, *ino, attr)?;
+            if let Some(r) = replaced {
+                if r.exchange {
+                    t.put(
+                        &keys::dentry(*src_parent, src_name),
+                        &dentry_value(r.ino, r.attr.kind),
+                    );
+                    put_attr(t, r.ino, &r.attr)?;
+                } else if r.attr.is_dir() {
+                    delete_inode(t, r.ino, ts)?;
+                } else {
+                    settle_unlinked(t, r.ino, &r.attr, r.unlinked, ts)?;
+                }
+            }
+            put_attr(t, *src_parent, src_parent_attr)?;
+            if dst_parent != src_parent {
+                put_attr(t, *dst_parent, dst_parent_attr)?;
+            }
+        }
+        Change::SetXattr {
+            ino,
+            name,
+            value,
+            attr,
+        } => {
+            need_inode(t, *ino)?;
+            t.put(&keys::xattr(*ino, name), value);
+            put_attr(t, *ino, attr)?;
+        }
+        Change::RemoveXattr { ino, name, attr } => {
+            need_inode(t, *ino)?;
+            t.delete(&keys::xattr(*ino, name));
+            put_attr(t, *ino, attr)?;
+        }
+        Change::WriteSlice {
+            ino,
+            chunk,
+            slice,
+            attr,
+        } => {
+            let old = need_inode(t, *ino)?;
+            if old.kind != FileKind::File {
+                return Err(invalid(format!("write to non-file inode {ino}")));
+            }
+            let mut list = get_chunk(t, *ino, *chunk)?;
+            list.push(slice.clone());
+            t.put(&keys::chunk(*ino, *chunk), &encode(&list)?);
+            put_attr(t, *ino, attr)?;
+        }
+        Change::Compact {
+            ino,
+            chunk,
+            replaced,
+            slices,
+        } => {
+            need_inode(t, *ino)?;
+            let list = get_chunk(t, *ino, *chunk)?;
+            let n = *replaced as usize;
+            if n > list.len() {
+                return Err(invalid(format!(
+                    "compaction of {n} slices in a chunk of {}",
+                    list.len()
+                )));
+            }
+            let keep_ids: std::collections::HashSet<SliceId> = list[n..]
+                .iter()
+                .chain(slices.iter())
+                .map(|s| s.id)
+                .collect();
+            let dead: Vec<SliceRef> = list[..n]
+                .iter()
+                .filter(|s| !keep_ids.contains(&s.id))
+                .cloned()
+                .collect();
+            free_slices(t, &dead, ts)?;
+            let mut new_list = slices.clone();
+            new_list.extend_from_slice(&list[n..]);
+            t.put(&keys::chunk(*ino, *chunk), &encode(&new_list)?);
+        }
+        Change::DeleteInode { ino } => {
+            delete_inode(t, *ino, ts)?;
+        }
+        Change::PurgeSlices { ids } => {
+            for id in ids {
+                t.delete(&keys::deadslice(*id));
+            }
+        }
+    }
+    Ok(())
+}
