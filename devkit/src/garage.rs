@@ -65,15 +65,7 @@ pub struct Garage {
     place: Place,
 }
 
-/// A host of [`crate::netns`] to run a Garage on, at the usual ports (S3 3900, RPC 3901,
-/// admin 3903), with its own bucket name.
-#[derive(Debug, Clone)]
-pub struct OnHost {
-    /// The host's network namespace.
-    pub netns: String,
-    pub ip: Ipv4Addr,
-    pub bucket: String,
-}
+pub use crate::netns::OnHost;
 
 #[derive(Debug, Clone)]
 struct Place {

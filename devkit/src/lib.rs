@@ -24,6 +24,7 @@
 pub mod cluster;
 pub mod garage;
 pub mod install;
+pub mod mounts;
 pub mod netns;
 pub mod pki;
 pub mod ports;

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
 use strait_fs_core::Version;
 use strait_proto::site::site_service_server::SiteServiceServer;
+use strait_site::metrics::StatusCode;
 use strait_site::sessions::expire_sessions;
 use strait_site::{wait_for_signal, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
@@ -15,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{MirrorConfig, Writes};
 use crate::follower::{self, Primary};
 use crate::forward::ForwardSession;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::promote::{Following, Promoter};
 use crate::router::Router;
 use crate::site::MirrorSite;
@@ -280,8 +281,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         let (m, m2) = (mirror.clone(), mirror.clone());
         tokio::spawn(strait_site::metrics::serve(
             l,
-            move || metrics::render(m.clone()),
-            move || metrics::health(m2.clone()),
+            move || render(m.clone()),
+            move || health(m2.clone()),
             stop.clone(),
         ));
     }
@@ -341,4 +342,42 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .context("sync task")??;
     tracing::info!("stopped at version {}", mirror.applied());
     Ok(())
+}
+
+/// `/metrics`: every metric, the gauges brought up to date first.
+async fn render(mirror: Arc<Mirror>) -> String {
+    mirror.tick_gauges();
+    let kv = mirror.kv.clone();
+    let twice = tokio::task::spawn_blocking(move || {
+        strait_fs_core::meta::requests::applied_twice(kv.as_ref())
+    })
+    .await;
+    if let Ok(Ok(n)) = twice {
+        mirror.metrics.base.requests_applied_twice.set(n);
+    }
+    mirror.metrics.base.render()
+}
+
+/// `/health`: 200 while following inside the window, and once promoted (it serves as the
+/// primary).
+async fn health(mirror: Arc<Mirror>) -> (StatusCode, String) {
+    if let Some(why) = mirror.fenced() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("fenced: {why}; this promoted mirror takes no changes (rejoin it)\n"),
+        );
+    }
+    let st = mirror.status();
+    let code = if st.state == "following" || st.state == "promoted" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        format!(
+            "{} applied {} lag {} ms {}\n",
+            st.state, st.applied_version, st.lag_ms, st.error
+        ),
+    )
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts};
-use strait_site::metrics::StatusCode;
 
 pub struct Metrics {
     /// The site daemon's metrics; its `strait_primary_version` gauge holds the newest version
@@ -228,42 +227,4 @@ impl Metrics {
         }
         Arc::new(m)
     }
-}
-
-/// `/metrics`: every metric, the gauges brought up to date first.
-pub async fn render(mirror: Arc<crate::state::Mirror>) -> String {
-    mirror.tick_gauges();
-    let kv = mirror.kv.clone();
-    let twice = tokio::task::spawn_blocking(move || {
-        strait_fs_core::meta::requests::applied_twice(kv.as_ref())
-    })
-    .await;
-    if let Ok(Ok(n)) = twice {
-        mirror.metrics.base.requests_applied_twice.set(n);
-    }
-    mirror.metrics.base.render()
-}
-
-/// `/health`: 200 while following inside the window, and once promoted (it serves as the
-/// primary).
-pub async fn health(mirror: Arc<crate::state::Mirror>) -> (StatusCode, String) {
-    if let Some(why) = mirror.fenced() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("fenced: {why}; this promoted mirror takes no changes (rejoin it)\n"),
-        );
-    }
-    let st = mirror.status();
-    let code = if st.state == "following" || st.state == "promoted" {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        code,
-        format!(
-            "{} applied {} lag {} ms {}\n",
-            st.state, st.applied_version, st.lag_ms, st.error
-        ),
-    )
 }

@@ -48,25 +48,6 @@ const WARMUP_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 pub use strait_site::WarmupStream;
 
-/// A warm-up's figures as the wire carries them.
-pub fn warmup_wire(w: &crate::blocks::Warmup) -> s::WarmupProgress {
-    s::WarmupProgress {
-        files: w.files,
-        blocks: w.blocks,
-        bytes: w.bytes,
-        present_blocks: w.present_blocks,
-        present_bytes: w.present_bytes,
-        copied_blocks: w.copied_blocks,
-        copied_bytes: w.copied_bytes,
-        failed_blocks: w.failed_blocks,
-        last_error: w.last_error.clone(),
-        elapsed_ms: w.elapsed_ms,
-        done: w.done,
-        started_ms: w.started_ms,
-        paths: w.paths.clone(),
-    }
-}
-
 #[tonic::async_trait]
 impl SiteService for MirrorSite {
     type SnapshotStream = SnapshotStream;
@@ -122,7 +103,7 @@ impl SiteService for MirrorSite {
                 let now = state.lock().clone();
                 let due = last_sent.is_none_or(|t| t.elapsed() >= WARMUP_PROGRESS_EVERY);
                 if due || now.done || background {
-                    if tx.send(Ok(warmup_wire(&now))).await.is_err() {
+                    if tx.send(Ok(now.wire())).await.is_err() {
                         return; // the caller left; the warm-up goes on
                     }
                     last_sent = Some(std::time::Instant::now());

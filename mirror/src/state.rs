@@ -468,10 +468,7 @@ impl Mirror {
         };
         let lease = *self.primary_lease.lock();
         s::MirrorState {
-            warmup: self
-                .blocks
-                .last_warmup()
-                .map(|w| crate::site::warmup_wire(&w)),
+            warmup: self.blocks.last_warmup().map(|w| w.wire()),
             id: self.cfg.id.clone(),
             state: state.into(),
             promotion,

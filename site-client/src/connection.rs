@@ -2,59 +2,20 @@
 //! carries (token, session, trace context).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use strait_fs_core::error::{Error, Result};
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use tonic::{Request, Status};
 
 use crate::remote_meta::RemoteMeta;
-
-/// Adds the token, the session id and the trace context to every call, and a mutation's
-/// request id ([`strait_proto::REQUEST_ID_HEADER`]).
-#[derive(Clone)]
-pub(crate) struct Stamp {
-    /// `Bearer <token>`; None when the client certificate alone proves the mount's role.
-    pub(crate) auth: Option<AsciiMetadataValue>,
-    pub(crate) session: Arc<AtomicU64>,
-    pub(crate) request_id: Option<AsciiMetadataValue>,
-    /// On a change sent again after an attempt failed on the way: the attempt's number
-    /// ([`strait_proto::RETRY_HEADER`]).
-    pub(crate) retry: Option<AsciiMetadataValue>,
-}
-
-impl tonic::service::Interceptor for Stamp {
-    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
-        let md = req.metadata_mut();
-        if let Some(a) = &self.auth {
-            md.insert("authorization", a.clone());
-        }
-        let sid = self.session.load(Ordering::Relaxed);
-        if sid != 0 {
-            if let Ok(v) = sid.to_string().parse() {
-                md.insert(strait_proto::SESSION_HEADER, v);
-            }
-        }
-        if let Some(id) = &self.request_id {
-            md.insert(strait_proto::REQUEST_ID_HEADER, id.clone());
-        }
-        if let Some(n) = &self.retry {
-            md.insert(strait_proto::RETRY_HEADER, n.clone());
-        }
-        strait_auth::trace::inject(md.as_mut());
-        Ok(req)
-    }
-}
+use crate::stamp::Stamp;
 
 pub(crate) type Client = MetaServiceClient<InterceptedService<Channel, Stamp>>;
 /// A thread's runtime and connection for one client.
 pub(crate) type Connection = (std::rc::Rc<tokio::runtime::Runtime>, Channel);
-
-pub(crate) static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// Each calling thread (a FUSE worker) has its own single-threaded runtime and HTTP/2

@@ -35,6 +35,7 @@ mod held_locks;
 mod meta_api;
 mod releaser;
 mod remote_meta;
+mod stamp;
 
 pub use meta_api::SLICE_IDS_PER_ALLOC;
 pub use remote_meta::{ConnectOptions, RemoteMeta};

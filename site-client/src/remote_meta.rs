@@ -12,7 +12,7 @@ use strait_fs_core::error::{Error, Result};
 use strait_fs_core::meta::{Format, Ino};
 use tonic::transport::Endpoint;
 
-use crate::connection::{Stamp, NEXT_CLIENT_ID};
+use crate::stamp::{Stamp, NEXT_CLIENT_ID};
 
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {

@@ -16,6 +16,7 @@
 //! - [`serve`]: the server builder both daemons use: TLS and the guard.
 
 pub mod config;
+pub mod heard;
 pub mod in_flight;
 pub mod metrics;
 pub mod orphans;

@@ -15,7 +15,7 @@ use ratatui::widgets::{
 };
 use ratatui::Frame;
 
-use super::mirror::{gather, Report, StatusArgs};
+use super::mirror_status::{gather, Report, StatusArgs};
 
 /// Seconds of lag kept per mirror for the chart.
 const CHART_SECONDS: usize = 120;

@@ -11,6 +11,7 @@ pub mod format;
 pub mod fsck;
 pub mod gc;
 pub mod mirror;
+pub mod mirror_status;
 pub mod mirror_watch;
 pub mod mount;
 pub mod primary;

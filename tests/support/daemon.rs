@@ -53,7 +53,7 @@ impl Primary {
         // a primary that ships presents the test clusters' primary token
         if extra.contains(&"--replicator") && !extra.contains(&"--replicator-token") {
             args.push("--replicator-token".into());
-            args.push(super::replicator::PRIMARY_TOKEN.into());
+            args.push(super::tokens::PRIMARY_TOKEN.into());
         }
         let mut p = Primary {
             addr,
@@ -106,7 +106,7 @@ impl Primary {
             "--replicator".into(),
             replicator.join(","),
             "--replicator-token".into(),
-            super::replicator::MIRROR_TOKEN.into(),
+            super::tokens::MIRROR_TOKEN.into(),
         ];
         if !extra.contains(&"--data-url") {
             args.push("--data-url".into());

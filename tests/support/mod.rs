@@ -15,6 +15,7 @@ pub mod raw_grpc;
 pub mod redis_server;
 pub mod replicator;
 pub mod site;
+pub mod tokens;
 pub mod wait;
 
 pub use wait::{later, wait_until};

@@ -16,32 +16,9 @@ use strait_proto::replicator::replicator_client::ReplicatorClient;
 
 use super::{free_port, strait_bin};
 
-/// The token each role presents to a test cluster's nodes (every node accepts them all).
-pub const PRIMARY_TOKEN: &str = "test-replicator-primary-token";
-pub const MIRROR_TOKEN: &str = "test-replicator-mirror-token";
-pub const ADMIN_TOKEN: &str = "test-replicator-admin-token";
-pub const PEER_TOKEN: &str = "test-replicator-peer-token";
-/// What a test itself presents: it grants the roles primary, mirror and admin, for tests
-/// that append, subscribe and administer by hand.
-pub const HARNESS_TOKEN: &str = "test-replicator-harness-token";
-
-/// The `--token ROLE=TOKEN` flags of a test node.
-pub fn token_args() -> Vec<String> {
-    let mut v = vec![];
-    for (role, t) in [
-        ("primary", PRIMARY_TOKEN),
-        ("mirror", MIRROR_TOKEN),
-        ("admin", ADMIN_TOKEN),
-        ("peer", PEER_TOKEN),
-        ("primary", HARNESS_TOKEN),
-        ("mirror", HARNESS_TOKEN),
-        ("admin", HARNESS_TOKEN),
-    ] {
-        v.push("--token".to_string());
-        v.push(format!("{role}={t}"));
-    }
-    v
-}
+pub use super::tokens::{
+    token_args, ADMIN_TOKEN, HARNESS_TOKEN, MIRROR_TOKEN, PEER_TOKEN, PRIMARY_TOKEN,
+};
 
 /// The harness's credentials ([`HARNESS_TOKEN`]).
 pub fn creds() -> strait_replicator_client::Credentials {

@@ -39,10 +39,11 @@ mod control;
 mod placement;
 mod switchover;
 
-pub use children::{detach, detach_all_under, run_strait};
+pub use crate::mounts::{detach, detach_all_under};
+pub use children::run_strait;
 pub use config::{ClusterConfig, FaultHooks, S3Front, Topology, MIRROR_ID};
 
-use crate::install::is_mount_point;
+use crate::mounts::is_mount_point;
 use children::{process_runs, s};
 use control::serve_control;
 use placement::{guide, Loopback};

@@ -31,6 +31,7 @@ use anyhow::{bail, Context, Result};
 
 pub use files::DeployFiles;
 
+use crate::mounts::is_mount_point;
 use crate::process::{open_log, output_tied_with, spawn_tied_with};
 use crate::Garage;
 use unit::{expand, parse_env, parse_unit};
@@ -200,18 +201,6 @@ fn serving_line(args: &[String]) -> Option<&'static str> {
         Some("mirror") => Some("strait mirror: serving"),
         _ => None,
     }
-}
-
-/// Whether `point` is a mount point (any file system), by /proc/self/mountinfo.
-pub(crate) fn is_mount_point(point: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(point) else {
-        return false;
-    };
-    let target = canon.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
 }
 
 /// The last 20 lines of a log.
@@ -776,7 +765,7 @@ impl<P: Placement> Installation<P> {
                 }
             }
             if let Some(m) = s.mountpoint.as_deref().filter(|m| is_mount_point(m)) {
-                if let Err(e) = crate::cluster::detach(m) {
+                if let Err(e) = crate::mounts::detach(m) {
                     errors.push(format!("{e:#}"));
                 }
             }

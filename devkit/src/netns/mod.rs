@@ -22,9 +22,18 @@ use anyhow::{bail, Result};
 pub use crate::install::{Host, HOSTS, TOKENS};
 pub use network::{in_ns, ns_of, nsenter, Network, OPS};
 
-use crate::garage::OnHost;
 use crate::install::{host, DeployFiles, Installation, Placement};
 use crate::Garage;
+
+/// A host of a network namespace to run a Garage on, at the usual ports (S3 3900, RPC 3901,
+/// admin 3903), with its own bucket name.
+#[derive(Debug, Clone)]
+pub struct OnHost {
+    /// The host's network namespace.
+    pub netns: String,
+    pub ip: std::net::Ipv4Addr,
+    pub bucket: String,
+}
 
 /// What to bring up.
 #[derive(Debug, Clone)]

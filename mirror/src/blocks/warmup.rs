@@ -54,6 +54,28 @@ pub struct Warmup {
     pub done: bool,
 }
 
+impl Warmup {
+    /// The figures as the wire carries them.
+    pub fn wire(&self) -> strait_proto::site::WarmupProgress {
+        let w = self;
+        strait_proto::site::WarmupProgress {
+            files: w.files,
+            blocks: w.blocks,
+            bytes: w.bytes,
+            present_blocks: w.present_blocks,
+            present_bytes: w.present_bytes,
+            copied_blocks: w.copied_blocks,
+            copied_bytes: w.copied_bytes,
+            failed_blocks: w.failed_blocks,
+            last_error: w.last_error.clone(),
+            elapsed_ms: w.elapsed_ms,
+            done: w.done,
+            started_ms: w.started_ms,
+            paths: w.paths.clone(),
+        }
+    }
+}
+
 /// Why a warm-up could not start.
 #[derive(Debug)]
 pub enum WarmupError {

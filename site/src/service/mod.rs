@@ -27,8 +27,8 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use crate::heard::Heard;
 use crate::metrics::Metrics;
-use crate::sessions::Heard;
 use crate::slice_ranges::SliceRanges;
 
 mod replay;

@@ -137,7 +137,7 @@ pub fn storm(
     }
     let (primary, mirror) = (primary.to_string(), mirror.to_string());
     let rt = crate::cmd::runtime()?;
-    let status = |addr: &str| rt.block_on(crate::cmd::mirror::site_status(addr, creds));
+    let status = |addr: &str| rt.block_on(crate::cmd::mirror_status::site_status(addr, creds));
     let before = status(&mirror)?;
     if before.role != "mirror" {
         bail!("{mirror} is not a mirror (it says it is a {})", before.role);

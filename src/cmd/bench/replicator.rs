@@ -14,7 +14,38 @@ use strait_proto::replicator as pb;
 use strait_proto::replicator::replicator_client::ReplicatorClient;
 use strait_replicator::node::{Node, NodeAuth, NodeConfig};
 
-use crate::cmd::replicator::BenchArgs;
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// One-way delay added to every link between nodes, in ms (0: plain loopback).
+    #[arg(long, default_value_t = 0)]
+    pub delay_ms: u64,
+    /// Most records per append: the writer sends whatever has arrived, up to this many, with
+    /// one append in flight (as the primary's shipper does).
+    #[arg(long, default_value_t = 4096)]
+    pub batch: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 128)]
+    pub record_size: usize,
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Records/s offered in phase 2 (default: half the rate measured in phase 1).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Scratch directory (default: a new one under /tmp, removed after).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+    /// Build a snapshot after this many Raft entries (default: a node's default). With no
+    /// mirror in the cluster every record is retained, so a small interval shows what
+    /// snapshots of a large log cost.
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
+    /// Skip the disk floors printed after phase 2 on plain loopback (`strait replicator
+    /// floor` at phase 2's rate, in the same directory, after the nodes have stopped: with
+    /// the three syncs at once, then with `--leader-first`).
+    #[arg(long)]
+    pub no_floor: bool,
+}
 
 /// Latencies in microseconds to 3 significant figures (an HDR histogram): percentiles without
 /// keeping and sorting every sample.
