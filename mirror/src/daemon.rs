@@ -22,6 +22,8 @@ use crate::router::Router;
 use crate::site::MirrorSite;
 use crate::state::{Mirror, Phase};
 
+/// How long the background workers have to end after the services stopped.
+const WORKERS_STOP_WITHIN: Duration = Duration::from_secs(5);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// FetchBlock, served by the region's [`crate::blocks::Blocks`].
@@ -96,20 +98,25 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     if promoted.is_some() {
         follow_stop.cancel();
     }
-    let follower = tokio::spawn(follower::run(
-        mirror.clone(),
-        primary.clone(),
-        follow_stop.clone(),
-    ));
+    let workers = mirror.workers.clone();
+    let follower = workers.spawn(
+        "follower",
+        &follow_stop,
+        follower::run(mirror.clone(), primary.clone(), follow_stop.clone()),
+    );
     // a promotion elsewhere names the new primary: forward there (it may have happened before
     // this start, so this runs before the first bootstrap, which asks the primary too)
     let late_forward = crate::new_primary::LateForward::default();
-    tokio::spawn(crate::new_primary::run(
-        mirror.clone(),
-        primary.clone(),
-        late_forward.clone(),
-        follow_stop.clone(),
-    ));
+    workers.spawn(
+        "new-primary",
+        &follow_stop,
+        crate::new_primary::run(
+            mirror.clone(),
+            primary.clone(),
+            late_forward.clone(),
+            follow_stop.clone(),
+        ),
+    );
     if applied == Version::ZERO {
         println!(
             "strait mirror: bootstrapping from the primary at {}",
@@ -182,8 +189,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     // the shipper's fence and wait, filled in at a promotion
     let late = Arc::new(crate::promote::LateShipping::default());
     let server = Arc::new(server.fenced_by(late.clone()).replicated(late.clone()));
-    tokio::spawn(blocks.clone().run_copier(stop.clone()));
-    tokio::spawn(blocks.clone().run_deleter(stop.clone()));
+    workers.spawn("copier", &stop, blocks.clone().run_copier(stop.clone()));
+    workers.spawn("deleter", &stop, blocks.clone().run_deleter(stop.clone()));
     let forward = ForwardSession::new(primary.clone(), &cfg.id, engine.clone());
     let _ = late_forward.set(forward.clone());
     let router = Router::new(
@@ -218,10 +225,14 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         })?;
     }
     if promoted.is_none() && cfg.promotion.failover == crate::config::Failover::Auto {
-        tokio::spawn(promoter.clone().watch_primary(
-            Duration::from_millis(cfg.promotion.failover_after_ms),
-            stop.clone(),
-        ));
+        workers.spawn_once(
+            "failover-watch",
+            &stop,
+            promoter.clone().watch_primary(
+                Duration::from_millis(cfg.promotion.failover_after_ms),
+                stop.clone(),
+            ),
+        );
     }
     let mut mirror_site = MirrorSite::new(mirror.clone());
     mirror_site.promoter = Some(promoter.clone());
@@ -235,31 +246,51 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         metrics.base.clone(),
     )?;
 
-    tokio::spawn(expire_sessions(
-        server.clone(),
-        Duration::from_millis(cfg.site.session_timeout_ms),
-        stop.clone(),
-        metrics.base.clone(),
-    ));
+    workers.spawn(
+        "session-expiry",
+        &stop,
+        expire_sessions(
+            server.clone(),
+            Duration::from_millis(cfg.site.session_timeout_ms),
+            stop.clone(),
+            metrics.base.clone(),
+        ),
+    );
     // request records past the retry horizon: the log brings the primary's, and a promoted
     // mirror writes its own
-    tokio::spawn(strait_site::requests::sweep::sweep_request_records(
-        engine.clone(),
-        stop.clone(),
-        metrics.base.clone(),
-    ));
-    tokio::spawn(follower::ack(mirror.clone(), follow_stop.clone()));
-    tokio::spawn(follower::poll_clock(
-        mirror.clone(),
-        primary.clone(),
-        follow_stop.clone(),
-    ));
-    tokio::spawn(forward.clone().heartbeat(follow_stop.clone()));
-    tokio::spawn(forward.clone().run_holds(follow_stop.clone()));
+    workers.spawn(
+        "request-sweep",
+        &stop,
+        strait_site::requests::sweep::sweep_request_records(
+            engine.clone(),
+            stop.clone(),
+            metrics.base.clone(),
+        ),
+    );
+    workers.spawn(
+        "ack",
+        &follow_stop,
+        follower::ack(mirror.clone(), follow_stop.clone()),
+    );
+    workers.spawn(
+        "primary-clock",
+        &follow_stop,
+        follower::poll_clock(mirror.clone(), primary.clone(), follow_stop.clone()),
+    );
+    workers.spawn(
+        "forward-heartbeat",
+        &follow_stop,
+        forward.clone().heartbeat(follow_stop.clone()),
+    );
+    workers.spawn(
+        "open-files",
+        &follow_stop,
+        forward.clone().run_holds(follow_stop.clone()),
+    );
     {
         let m = mirror.clone();
         let s = stop.clone();
-        tokio::spawn(async move {
+        workers.spawn("tick", &stop, async move {
             loop {
                 tokio::select! {
                     _ = s.cancelled() => return,
@@ -279,12 +310,16 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
             .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
         metrics_addr = l.local_addr().ok();
         let (m, m2) = (mirror.clone(), mirror.clone());
-        tokio::spawn(strait_site::metrics::serve(
-            l,
-            move || render(m.clone()),
-            move || health(m2.clone()),
-            stop.clone(),
-        ));
+        workers.spawn(
+            "metrics-http",
+            &stop,
+            strait_site::metrics::serve(
+                l,
+                move || render(m.clone()),
+                move || health(m2.clone()),
+                stop.clone(),
+            ),
+        );
     }
 
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
@@ -336,6 +371,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     }
     // a promoted mirror ships what is left, as a stopping primary does
     promoter.drain().await;
+    workers.shutdown(WORKERS_STOP_WITHIN).await;
     let kv2 = kv.clone();
     tokio::task::spawn_blocking(move || kv2.sync())
         .await
@@ -376,8 +412,12 @@ async fn health(mirror: Arc<Mirror>) -> (StatusCode, String) {
     (
         code,
         format!(
-            "{} applied {} lag {} ms {}\n",
-            st.state, st.applied_version, st.lag_ms, st.error
+            "{} applied {} lag {} ms {}\n{}",
+            st.state,
+            st.applied_version,
+            st.lag_ms,
+            st.error,
+            strait_site::workers::health_lines(&mirror.workers.statuses())
         ),
     )
 }

@@ -475,21 +475,24 @@ impl Promoter {
             self.signal.clone(),
             &settings,
             self.mirror.metrics.base.clone(),
+            &self.mirror.workers,
             self.ship_stop.clone(),
         )?;
         // fenced (another promoted since): the status and /health say so
         let mut shipped = shipping.shipper.watch();
         let (mirror, stop) = (self.mirror.clone(), self.ship_stop.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                r = shipped.wait_for(|s| s.fenced.is_some()) => {
-                    if let Ok(s) = r {
-                        mirror.set_fenced(s.fenced.as_deref().unwrap_or_default());
+        self.mirror
+            .workers
+            .spawn_once("fence-watch", &self.ship_stop, async move {
+                tokio::select! {
+                    r = shipped.wait_for(|s| s.fenced.is_some()) => {
+                        if let Ok(s) = r {
+                            mirror.set_fenced(s.fenced.as_deref().unwrap_or_default());
+                        }
                     }
+                    _ = stop.cancelled() => {}
                 }
-                _ = stop.cancelled() => {}
-            }
-        });
+            });
         // deleting nothing on its own once superseded, as `strait primary` does
         let fence = shipping.fence.clone();
         let gate: strait_fs_core::meta::DeletionGate = Arc::new(move || fence.deletions_refused());
@@ -507,14 +510,18 @@ impl Promoter {
             .for_primary(Epoch(p.epoch), gate);
             let horizon = Arc::new(tokio::sync::Mutex::new(horizon));
             if pc.gc_interval_s > 0 {
-                tokio::spawn(strait_ship::gc::run(
-                    self.engine.clone(),
-                    store.clone(),
-                    horizon.clone(),
-                    Duration::from_secs(pc.gc_interval_s),
-                    self.stop.clone(),
-                    self.mirror.metrics.base.clone(),
-                ));
+                self.mirror.workers.spawn(
+                    "gc",
+                    &self.stop,
+                    strait_ship::gc::run(
+                        self.engine.clone(),
+                        store.clone(),
+                        horizon.clone(),
+                        Duration::from_secs(pc.gc_interval_s),
+                        self.stop.clone(),
+                        self.mirror.metrics.base.clone(),
+                    ),
+                );
             }
             let _ = self.gc.set(strait_ship::gc::Gc {
                 horizon,

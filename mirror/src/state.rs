@@ -70,6 +70,8 @@ pub struct Mirror {
     pub metrics: Arc<Metrics>,
     /// The region's data blocks: copy queue, fallback reads, deletions, uploads.
     pub blocks: Arc<crate::blocks::Blocks>,
+    /// The background workers (copier, follower, ...): `status` and `/health` list them.
+    pub workers: strait_site::workers::Workers,
     started: Instant,
     inner: Mutex<Inner>,
     /// Bumped after every apply, heartbeat and phase change: what `wait` readers and the
@@ -118,12 +120,14 @@ impl Mirror {
             ..Default::default()
         };
         let cfg_primary = cfg.primary.clone();
+        let workers = strait_site::workers::Workers::new(&metrics.base.registry);
         Arc::new(Mirror {
             cfg,
             replicator_creds,
             kv,
             metrics,
             blocks,
+            workers,
             started: Instant::now(),
             inner: Mutex::new(Inner {
                 phase: Phase::Disconnected,
@@ -469,6 +473,7 @@ impl Mirror {
         let lease = *self.primary_lease.lock();
         s::MirrorState {
             warmup: self.blocks.last_warmup().map(|w| w.wire()),
+            workers: strait_site::workers::wire(&self.workers.statuses()),
             id: self.cfg.id.clone(),
             state: state.into(),
             promotion,

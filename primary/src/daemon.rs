@@ -10,6 +10,7 @@ use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_site::metrics::{self, Metrics, StatusCode};
 use strait_site::requests::sweep::sweep_request_records;
 use strait_site::sessions::expire_sessions;
+use strait_site::workers::Workers;
 use strait_site::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +18,8 @@ use crate::config::PrimaryConfig;
 use strait_ship::tap::TappedKv;
 
 /// How long calls in flight may take to finish after SIGTERM.
+/// How long the background workers have to end after the service stopped.
+const WORKERS_STOP_WITHIN: Duration = Duration::from_secs(5);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// How long a stopping daemon waits for the shipper to send what is left.
 const SHIP_DRAIN: Duration = Duration::from_secs(5);
@@ -71,6 +74,8 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let metrics = Metrics::new();
     strait_site::metrics::note_certificate_expiries(&metrics.tls_expiry, &cfg.security);
     let stop = CancellationToken::new();
+    // the background workers: `/health` lists them
+    let workers = Workers::new(&metrics.registry);
     let mut server = MetaServer::new(engine.clone(), cfg.site.session_timeout_ms, metrics.clone());
     // the shipper outlives the service by a moment at shutdown, to ship what is left
     let ship_stop = CancellationToken::new();
@@ -95,6 +100,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             signal,
             &settings,
             metrics.clone(),
+            &workers,
             ship_stop.clone(),
         )?;
         if let Some(wait) = shipping.wait {
@@ -147,14 +153,18 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
                     metrics: metrics.clone(),
                 });
                 if cfg.gc_interval_s > 0 {
-                    tokio::spawn(strait_ship::gc::run(
-                        engine.clone(),
-                        store,
-                        gc,
-                        Duration::from_secs(cfg.gc_interval_s),
-                        stop.clone(),
-                        metrics.clone(),
-                    ));
+                    workers.spawn(
+                        "gc",
+                        &stop,
+                        strait_ship::gc::run(
+                            engine.clone(),
+                            store,
+                            gc,
+                            Duration::from_secs(cfg.gc_interval_s),
+                            stop.clone(),
+                            metrics.clone(),
+                        ),
+                    );
                 }
             }
             Err(e) if cfg.gc_interval_s == 0 => {
@@ -198,21 +208,20 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
 
     // request records past the retry horizon
     if !cfg.read_only {
-        tokio::spawn(sweep_request_records(
-            engine.clone(),
-            stop.clone(),
-            metrics.clone(),
-        ));
+        workers.spawn(
+            "request-sweep",
+            &stop,
+            sweep_request_records(engine.clone(), stop.clone(), metrics.clone()),
+        );
     }
 
     // sessions whose mounts went silent: close them (locks, unlinked open files)
     let timeout = Duration::from_millis(cfg.site.session_timeout_ms);
-    tokio::spawn(expire_sessions(
-        server.clone(),
-        timeout,
-        stop.clone(),
-        metrics.clone(),
-    ));
+    workers.spawn(
+        "session-expiry",
+        &stop,
+        expire_sessions(server.clone(), timeout, stop.clone(), metrics.clone()),
+    );
 
     let mut metrics_addr = None;
     if !cfg.metrics_listen.is_empty() {
@@ -221,13 +230,17 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             .with_context(|| format!("listen on {} for metrics", cfg.metrics_listen))?;
         metrics_addr = l.local_addr().ok();
         let (m, e, e2) = (metrics.clone(), engine.clone(), engine.clone());
-        let fenced = shipped.clone();
-        tokio::spawn(metrics::serve(
-            l,
-            move || render(m.clone(), e.clone()),
-            move || health(e2.clone(), fenced.clone()),
-            stop.clone(),
-        ));
+        let (fenced, w) = (shipped.clone(), workers.clone());
+        workers.spawn(
+            "metrics-http",
+            &stop,
+            metrics::serve(
+                l,
+                move || render(m.clone(), e.clone()),
+                move || health(e2.clone(), fenced.clone(), w.clone()),
+                stop.clone(),
+            ),
+        );
     }
 
     tokio::spawn(wait_for_signal(stop.clone()));
@@ -274,6 +287,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         }
     }
     ship_stop.cancel();
+    workers.shutdown(WORKERS_STOP_WITHIN).await;
     let e = engine.clone();
     tokio::task::spawn_blocking(move || e.kv().sync())
         .await
@@ -302,6 +316,19 @@ async fn render(metrics: Arc<Metrics>, engine: Arc<Meta>) -> String {
 /// `/health`: healthy when the engine answers a read and this primary is not fenced (a
 /// fenced one is no longer the file system's primary: it serves no one well).
 async fn health(
+    engine: Arc<Meta>,
+    shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
+    workers: Workers,
+) -> (StatusCode, String) {
+    let (code, text) = engine_health(engine, shipped).await;
+    (
+        code,
+        text + &strait_site::workers::health_lines(&workers.statuses()),
+    )
+}
+
+/// The first line of `/health`: the engine's answer, or why this primary is fenced.
+async fn engine_health(
     engine: Arc<Meta>,
     shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
 ) -> (StatusCode, String) {

@@ -99,6 +99,7 @@ pub fn start(
     signal: Arc<CommitSignal>,
     settings: &Settings,
     metrics: Arc<Metrics>,
+    workers: &strait_site::workers::Workers,
     stop: CancellationToken,
 ) -> anyhow::Result<Shipping> {
     if settings.replicator.is_empty() {
@@ -130,7 +131,7 @@ pub fn start(
         lease: settings.lease.map(|l| (l, shipper.contact())),
         fenced_reads: settings.fenced_reads,
     });
-    shipper.spawn(stop);
+    shipper.spawn(workers, stop);
     Ok(Shipping {
         shipper,
         fence,

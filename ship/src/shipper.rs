@@ -313,11 +313,15 @@ impl Shipper {
         self.contact.clone()
     }
 
-    /// Ship, trim and beat until `stop` fires.
-    pub fn spawn(self: &Arc<Self>, stop: CancellationToken) {
+    /// Ship, trim, beat and mark what is durable until `stop` fires, as four of `workers`.
+    pub fn spawn(
+        self: &Arc<Self>,
+        workers: &strait_site::workers::Workers,
+        stop: CancellationToken,
+    ) {
         let s = self.clone();
         let st = stop.clone();
-        tokio::spawn(async move {
+        workers.spawn("ship", &stop, async move {
             tokio::select! {
                 _ = s.ship(st.clone()) => {}
                 _ = st.cancelled() => {}
@@ -325,7 +329,7 @@ impl Shipper {
         });
         let s = self.clone();
         let st = stop.clone();
-        tokio::spawn(async move {
+        workers.spawn("trim", &stop, async move {
             tokio::select! {
                 _ = s.trim() => {}
                 _ = st.cancelled() => {}
@@ -333,17 +337,18 @@ impl Shipper {
         });
         let s = self.clone();
         let st = stop.clone();
-        tokio::spawn(async move {
+        workers.spawn("heartbeat", &stop, async move {
             tokio::select! {
                 _ = s.beat() => {}
                 _ = st.cancelled() => {}
             }
         });
         let s = self.clone();
-        tokio::spawn(async move {
+        let st = stop.clone();
+        workers.spawn("durable-mark", &stop, async move {
             tokio::select! {
                 _ = s.mark_durable() => {}
-                _ = stop.cancelled() => {}
+                _ = st.cancelled() => {}
             }
         });
     }

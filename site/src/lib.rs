@@ -27,6 +27,7 @@ pub mod sessions;
 pub mod signal;
 pub mod slice_ranges;
 pub mod snapshot;
+pub mod workers;
 
 pub use config::SiteConfig;
 pub use in_flight::{InFlight, InFlightGuard};

@@ -79,6 +79,46 @@ pub struct Row {
     pub lease_left_ms: u64,
     /// The last warm-up (`strait warmup`), running or done.
     pub warmup: Option<Warmup>,
+    /// Its background workers (empty for a row known only from its cursor).
+    pub workers: Vec<Worker>,
+}
+
+/// One background worker of a mirror, in `mirror status`.
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Worker {
+    pub name: String,
+    /// running, retrying, stopped, done, exited or panicked
+    pub state: String,
+    /// How long it has been in that state.
+    pub for_ms: u64,
+    pub errors: u64,
+    pub last_error: String,
+}
+
+/// The workers of `m` as one line of the table: how many run, then each that does not or
+/// that failed.
+fn workers_line(m: &Row) -> Option<String> {
+    if m.workers.is_empty() {
+        return None;
+    }
+    let running = m.workers.iter().filter(|w| w.state == "running").count();
+    let mut out = format!(
+        "{}: {} of {} workers running",
+        m.mirror,
+        running,
+        m.workers.len()
+    );
+    for w in m
+        .workers
+        .iter()
+        .filter(|w| w.state != "running" || w.errors > 0)
+    {
+        out.push_str(&format!("; {} {}", w.name, w.state));
+        if w.errors > 0 {
+            out.push_str(&format!(" ({} errors, last: {})", w.errors, w.last_error));
+        }
+    }
+    Some(out)
 }
 
 /// A mirror's last warm-up, in `mirror status`.
@@ -151,6 +191,17 @@ pub struct Report {
 
 fn row_of(addr: &str, m: s::MirrorState) -> Row {
     Row {
+        workers: m
+            .workers
+            .into_iter()
+            .map(|w| Worker {
+                name: w.name,
+                state: w.state,
+                for_ms: w.for_ms,
+                errors: w.errors,
+                last_error: w.last_error,
+            })
+            .collect(),
         warmup: m.warmup.map(|w| Warmup {
             summary: super::warmup::line(&w),
             paths: w.paths,
@@ -450,6 +501,9 @@ pub fn print_table(r: &Report) {
                 p.took_ms,
             );
         }
+    }
+    for line in r.mirrors.iter().filter_map(workers_line) {
+        println!("{line}");
     }
     for m in &r.mirrors {
         if let Some(w) = &m.warmup {

@@ -384,8 +384,19 @@ fn metrics_and_health_are_served() {
     let daemon = Primary::start(&fs.meta_url, &[], &[]);
     let m = daemon.mount(&[]);
     std::fs::write(m.path("f"), b"x").unwrap();
+    // healthy, then its background workers, each running
     let (code, body) = daemon.http_get("/health");
-    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert_eq!(code, 200, "{body}");
+    let mut lines = body.lines();
+    assert_eq!(lines.next(), Some("ok"), "{body}");
+    let workers: Vec<&str> = lines.collect();
+    for w in [
+        "worker session-expiry: running",
+        "worker metrics-http: running",
+    ] {
+        assert!(workers.contains(&w), "{body}");
+    }
+    assert!(workers.iter().all(|w| w.ends_with(": running")), "{body}");
     let (code, text) = daemon.http_get("/metrics");
     assert_eq!(code, 200);
     assert!(

@@ -204,6 +204,33 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
         "{status}"
     );
 
+    // the mirror's background workers, listed by `mirror status` and /health, each running
+    let row = mirror_row(&topo.mirror, &topo.admin_token);
+    let workers: std::collections::BTreeMap<&str, &str> = row["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no workers in {row:#}"))
+        .iter()
+        .map(|w| (w["name"].as_str().unwrap(), w["state"].as_str().unwrap()))
+        .collect();
+    for name in [
+        "follower",
+        "copier",
+        "deleter",
+        "session-expiry",
+        "ack",
+        "tick",
+    ] {
+        assert_eq!(workers.get(name), Some(&"running"), "{row:#}");
+    }
+    let n = workers.len();
+    assert!(
+        status.contains(&format!("{n} of {n} workers running")),
+        "{status}"
+    );
+    let (code, health) = crate::support::http_get(&topo.mirror_metrics, "/health");
+    assert_eq!(code, 200, "{health}");
+    assert!(health.contains("\nworker copier: running\n"), "{health}");
+
     // refused, with one clear line, and nothing copied
     let copied = block_files(&store("b")).len();
     for (args, says) in [
