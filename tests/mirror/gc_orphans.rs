@@ -173,9 +173,11 @@ fn strait_gc_removes_an_orphan_past_its_grace_and_keeps_every_referenced_block()
         std::fs::remove_file(m.path("gone")).unwrap();
         m.unmount();
     }
+    // 3 blocks, or more when a flush committed part of `big` while it was being written (CI
+    // of 12f002a: its first MiB as a slice of its own, then the rest): every one referenced
     let written = rt.block_on(keys(&store));
     let blocks = written.iter().filter(|k| k.starts_with("chunks/")).count();
-    assert_eq!(blocks, 3, "{written:?}");
+    assert!(blocks >= 3, "{written:?}");
 
     // an object a write that never committed left behind, and one that is not a block
     let orphan = block_key(SliceId(1 << 40), 0, 4096);
@@ -202,7 +204,7 @@ fn strait_gc_removes_an_orphan_past_its_grace_and_keeps_every_referenced_block()
         "{r}"
     );
     assert_eq!(r["deleted"].as_u64(), Some(0), "{r}");
-    assert_eq!(r["referenced"].as_u64(), Some(3), "{r}");
+    assert_eq!(r["referenced"].as_u64(), Some(blocks as u64), "{r}");
     assert_eq!(rt.block_on(keys(&store)), all);
 
     // with no grace it goes; every referenced block and the foreign key stay
