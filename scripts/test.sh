@@ -11,7 +11,7 @@
 #    a mount served by `strait primary` over gRPC, on RocksDB and on Redis; and a mount at
 #    the mirror's region of `strait dev up`, whose changes go to the primary; and at both
 #    regions of `strait dev up --tls`, over mutual TLS), and a short
-#    `strait chaos run` schedule (fixed seeds, two regions under faults, checked);
+#    `strait-lab chaos run` schedule (fixed seeds, two regions under faults, checked);
 # 3. prints `N passed, M failed` over the stages and exits non-zero if any stage failed.
 #
 # CI=true is exported unless the caller set CI: tests that need Redis, Garage or FUSE then
@@ -199,14 +199,14 @@ CHAOS_KEEP=${CHAOS_KEEP:-/var/tmp/strait-chaos-failed}
 chaos_one() {
     local seed=$1 kinds=$2 dir="$WORK/chaos-$1"
     shift 2
-    if "$STRAIT" chaos run --seed "$seed" --seconds 40 --nemesis "$kinds" --dir "$dir" "$@"; then
+    if "$STRAIT_LAB" chaos run --seed "$seed" --seconds 40 --nemesis "$kinds" --dir "$dir" "$@"; then
         return 0
     fi
     local to
     to="$CHAOS_KEEP/$(date -u +%Y%m%d-%H%M%S)-seed$seed"
     if mkdir -p "$CHAOS_KEEP" && mv -- "$dir" "$to"; then
         echo "the failed run's directory is kept in $to" \
-            "(strait chaos run --replay $to --dir NEW_DIR runs it again)"
+            "(strait-lab chaos run --replay $to --dir NEW_DIR runs it again)"
         # shellcheck disable=SC2012 # names we made: no newlines
         ls -1dt "$CHAOS_KEEP"/*/ | tail -n +6 | xargs -r rm -rf --
     fi
@@ -231,6 +231,8 @@ stage clippy cargo clippy --workspace --all-targets -- -D warnings
 # --no-fail-fast: one crate's failure does not hide the others' results
 stage test cargo_tests
 export STRAIT=$CARGO_TARGET_DIR/debug/strait
+# the test kit (the chaos harness), a binary of its own beside strait
+export STRAIT_LAB=$CARGO_TARGET_DIR/debug/strait-lab
 # Without a fresh build the binary may be stale: the stages below then fail unrun.
 # The README's first command (its build is this one), so that it stays true: one region, then
 # two (dev up), written at A and verified at B, written at B and read at A.

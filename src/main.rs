@@ -59,9 +59,7 @@ enum Command {
     Warmup(cmd::warmup::Args),
     /// Benchmark a mounted directory (strait's or any other file system's), or the block
     /// cache against the crates that could replace it (`strait bench cache`).
-    Bench(cmd::bench::BenchArgs),
-    /// Run the Jepsen-style harness: a two-region cluster under a seeded nemesis, checked.
-    Chaos(cmd::chaos::Args),
+    Bench(strait_bench::BenchArgs),
     /// Create a CA, issue certificates naming their holders' roles, make tokens.
     Certs(cmd::certs::Args),
 }
@@ -111,8 +109,7 @@ fn main() {
         Command::Fsck(a) => cmd::fsck::run(a),
         Command::Gc(a) => cmd::gc::run(a),
         Command::Warmup(a) => cmd::warmup::run(a),
-        Command::Bench(a) => cmd::bench::run(a),
-        Command::Chaos(a) => cmd::chaos::run(a),
+        Command::Bench(a) => strait_bench::run(a),
         Command::Certs(a) => cmd::certs::run(a),
     };
     if let Err(e) = result {
@@ -142,7 +139,7 @@ mod tests {
             _ => panic!("not the bench command"),
         };
         let b = parse(&["strait", "bench", "cache", "--seconds", "1"]);
-        assert!(matches!(b.what, Some(cmd::bench::What::Cache(c)) if c.seconds == 1.0));
+        assert!(matches!(b.what, Some(strait_bench::What::Cache(c)) if c.seconds == 1.0));
         let b = parse(&["strait", "bench", "--threads", "2", "/mnt/x"]);
         assert!(b.what.is_none());
         assert_eq!(b.fs.dir.as_deref(), Some(std::path::Path::new("/mnt/x")));

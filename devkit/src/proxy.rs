@@ -160,7 +160,7 @@ impl Proxy {
 
     /// [`Proxy::start`] on a runtime of its own, for synchronous tests and tools.
     pub fn start_blocking(listen: SocketAddr, upstream: SocketAddr) -> std::io::Result<Proxy> {
-        let rt = own_runtime("strait-chaos")?;
+        let rt = own_runtime("strait-lab")?;
         let listener = rt.block_on(TcpListener::bind(listen))?;
         let _guard = rt.enter();
         let mut p = Self::serve(listener, upstream, None);

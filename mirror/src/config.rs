@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use strait_site::config::{validate_listen, SiteConfig};
+use strait_server::config::{validate_listen, SiteConfig};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -91,7 +91,7 @@ pub struct PromotionConfig {
     pub replicator_token: String,
     /// A file whose first line is `replicator_token` (takes precedence over it).
     pub replicator_token_file: Option<std::path::PathBuf>,
-    pub durability: strait_ship::Durability,
+    pub durability: strait_primary::ship::Durability,
     pub heartbeat_ms: u64,
     pub replicated_timeout_ms: u64,
     /// 0: no lease.
@@ -147,7 +147,7 @@ impl Default for PromotionConfig {
         PromotionConfig {
             replicator_token: String::new(),
             replicator_token_file: None,
-            durability: strait_ship::Durability::Local,
+            durability: strait_primary::ship::Durability::Local,
             heartbeat_ms: 200,
             replicated_timeout_ms: 30_000,
             lease_ms: 0,

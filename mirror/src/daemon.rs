@@ -8,9 +8,9 @@ use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions};
 use strait_fs_core::Version;
 use strait_proto::site::site_service_server::SiteServiceServer;
-use strait_site::metrics::StatusCode;
-use strait_site::sessions::expire_sessions;
-use strait_site::{wait_for_signal, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
+use strait_server::metrics::StatusCode;
+use strait_server::sessions::expire_sessions;
+use strait_server::{wait_for_signal, BlockSource, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{MirrorConfig, Writes};
@@ -67,7 +67,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .context("open task")?
         .with_context(|| format!("open the mirror's metadata engine {}", cfg.meta_url))?;
     // the shipper of a promoted mirror hears of each commit at once
-    let (kv, signal) = strait_ship::tap::TappedKv::wrap(kv);
+    let (kv, signal) = strait_primary::ship::tap::TappedKv::wrap(kv);
     let kv2 = kv.clone();
     let promoted = tokio::task::spawn_blocking(move || crate::promote::recorded(&kv2))
         .await
@@ -78,7 +78,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .context("open task")??;
     let metrics = Metrics::new();
     metrics.window_seconds.set(cfg.window_ms as f64 / 1000.0);
-    strait_site::metrics::note_certificate_expiries(&metrics.base.tls_expiry, &cfg.security);
+    strait_server::metrics::note_certificate_expiries(&metrics.base.tls_expiry, &cfg.security);
     let blocks = crate::blocks::Blocks::open(&cfg, kv.clone()).await?;
     let mirror = Mirror::new(
         cfg.clone(),
@@ -177,7 +177,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         }
     };
     let format = engine.settings().clone();
-    strait_site::sessions::lock_grace_at_start(&engine).await?;
+    strait_server::sessions::lock_grace_at_start(&engine).await?;
     let mut server = MetaServer::new(
         engine.clone(),
         cfg.site.session_timeout_ms,
@@ -239,7 +239,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     let site = SiteServiceServer::new(mirror_site)
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
-    let (mut builder, tls) = strait_site::serve::server(
+    let (mut builder, tls) = strait_server::serve::server(
         &cfg.site,
         &cfg.security,
         &format!("mirror {}", cfg.id),
@@ -261,7 +261,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     workers.spawn(
         "request-sweep",
         &stop,
-        strait_site::requests::sweep::sweep_request_records(
+        strait_server::requests::sweep::sweep_request_records(
             engine.clone(),
             stop.clone(),
             metrics.base.clone(),
@@ -313,7 +313,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         workers.spawn(
             "metrics-http",
             &stop,
-            strait_site::metrics::serve(
+            strait_server::metrics::serve(
                 l,
                 move || render(m.clone()),
                 move || health(m2.clone()),
@@ -417,7 +417,7 @@ async fn health(mirror: Arc<Mirror>) -> (StatusCode, String) {
             st.applied_version,
             st.lag_ms,
             st.error,
-            strait_site::workers::health_lines(&mirror.workers.statuses())
+            strait_server::workers::health_lines(&mirror.workers.statuses())
         ),
     )
 }

@@ -92,6 +92,18 @@ fn channel(addr: &str, creds: &Credentials) -> anyhow::Result<Channel> {
         .connect_lazy())
 }
 
+/// Ask a site daemon (a primary or a mirror) at `addr` for its status, within 3 s.
+pub async fn site_status(addr: &str, creds: &Credentials) -> anyhow::Result<s::SiteStatus> {
+    use anyhow::Context;
+    let primary = Primary::new(addr, creds)?;
+    let mut c = primary.site();
+    let r = tokio::time::timeout(Duration::from_secs(3), c.status(s::Empty {}))
+        .await
+        .with_context(|| format!("{addr} did not answer within 3 s"))?
+        .with_context(|| format!("ask {addr} for its status"))?;
+    Ok(r.into_inner())
+}
+
 impl Primary {
     /// A lazily connected channel to the site daemon at `addr` (`host:port`) presenting
     /// `creds` (a token, and TLS when they name a CA).
@@ -901,14 +913,14 @@ mod tests {
 
     #[tonic::async_trait]
     impl strait_proto::site::site_service_server::SiteService for TamperedSite {
-        type SnapshotStream = strait_site::snapshot::SnapshotStream;
+        type SnapshotStream = strait_server::snapshot::SnapshotStream;
 
         async fn snapshot(
             &self,
             _req: tonic::Request<s::Empty>,
         ) -> Result<tonic::Response<Self::SnapshotStream>, tonic::Status> {
             use tokio_stream::StreamExt;
-            let real = strait_site::snapshot::snapshot_stream(self.kv.clone());
+            let real = strait_server::snapshot::snapshot_stream(self.kv.clone());
             let tampered = real.map(|c| {
                 c.map(|mut c| {
                     if let Some(s::snapshot_chunk::Kind::End(e)) = &mut c.kind {
@@ -955,14 +967,14 @@ mod tests {
         ) -> Result<tonic::Response<s::HandoverReply>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
-        type WarmupStream = strait_site::WarmupStream;
+        type WarmupStream = strait_server::WarmupStream;
         async fn warmup(
             &self,
             _req: tonic::Request<s::WarmupRequest>,
         ) -> Result<tonic::Response<Self::WarmupStream>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
-        type SweepOrphansStream = strait_site::orphans::SweepStream;
+        type SweepOrphansStream = strait_server::orphans::SweepStream;
         async fn sweep_orphans(
             &self,
             _req: tonic::Request<s::SweepRequest>,

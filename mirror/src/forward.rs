@@ -37,7 +37,7 @@ use tonic::Status;
 
 use crate::follower::Primary;
 use strait_fs_core::SliceId;
-use strait_site::slice_ranges::SliceRanges;
+use strait_server::slice_ranges::SliceRanges;
 
 /// Holds taken at the primary at once.
 const HOLD_CONCURRENCY: usize = 16;

@@ -1,6 +1,6 @@
 //! The mirror site daemon (`strait mirror`, docs/architecture.md, "Processes"): a region of its own that follows
 //! the primary's metadata exactly and measurably. It serves the metadata API of
-//! [`strait_site`], as the primary does.
+//! [`strait_server`], as the primary does.
 //!
 //! - [`follower`]: bootstrap from the primary's snapshot, then subscribe to the replicator
 //!   and apply the change log in order, exactly once, halting on an invalid record.

@@ -8,7 +8,7 @@ use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, IntGauge
 pub struct Metrics {
     /// The site daemon's metrics; its `strait_primary_version` gauge holds the newest version
     /// the mirror knows the primary has.
-    pub base: Arc<strait_site::Metrics>,
+    pub base: Arc<strait_server::Metrics>,
     pub applied_version: IntGauge,
     pub primary_version: IntGauge,
     pub lag_seconds: Gauge,
@@ -58,7 +58,7 @@ fn counter(name: &str, help: &str) -> IntCounter {
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        let base = strait_site::Metrics::new();
+        let base = strait_server::Metrics::new();
         let m = Metrics {
             primary_version: base.version.clone(),
             applied_version: gauge(

@@ -31,15 +31,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prost::Message;
-use strait_fs_core::kv::{self, tags, DynKv};
+use strait_fs_core::kv::DynKv;
 use strait_fs_core::meta::{keys, Meta};
 use strait_fs_core::{Epoch, Version};
+use strait_primary::ship::tap::CommitSignal;
+use strait_primary::ship::Shipping;
 use strait_proto::site as s;
 use strait_replicator_client::LogClient;
-use strait_ship::tap::CommitSignal;
-use strait_ship::Shipping;
-use strait_site::{MetaServer, ReplicationWait, WriteFence};
+use strait_server::{MetaServer, ReplicationWait, WriteFence};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -61,52 +60,8 @@ const ELECTION_POLL: Duration = Duration::from_millis(100);
 /// How long the follower may take to stop once the log is applied.
 const FOLLOWER_STOP: Duration = Duration::from_secs(10);
 
-/// The key of the promotion in the mirror's metadata (region-local: never in the change log,
-/// snapshots or digests).
-fn promotion_key() -> Vec<u8> {
-    let mut k = vec![tags::MIRROR_ROLE, 0, 0, 0, 0, 0, 0, 0, 0];
-    k.extend_from_slice(b"promotion");
-    k
-}
-
-/// The promotion this mirror's metadata records, if it was promoted.
-pub fn recorded(kv: &DynKv) -> anyhow::Result<Option<s::Promotion>> {
-    let mut got = None;
-    kv::read(kv.as_ref(), |t| {
-        got = t.get(&promotion_key())?;
-        Ok(())
-    })?;
-    match got {
-        None => Ok(None),
-        Some(b) => s::Promotion::decode(b.as_slice())
-            .map(Some)
-            .map_err(|e| anyhow::anyhow!("the recorded promotion does not decode: {e}")),
-    }
-}
-
-/// Remove the record of this engine's promotion (`strait primary rejoin` of a promoted
-/// mirror's engine, the way back after a switchover): started again, `strait mirror` on it
-/// follows the log instead of coming back as the primary. Whether there was one.
-pub fn forget(kv: &DynKv) -> anyhow::Result<bool> {
-    let had = recorded(kv)?.is_some();
-    if had {
-        kv::txn(kv.as_ref(), |t| {
-            t.delete(&promotion_key());
-            Ok(())
-        })?;
-        kv.sync()?;
-    }
-    Ok(had)
-}
-
-fn record(kv: &DynKv, p: &s::Promotion) -> strait_fs_core::Result<()> {
-    let b = p.encode_to_vec();
-    kv::txn(kv.as_ref(), |t| {
-        t.put(&promotion_key(), &b);
-        Ok(())
-    })?;
-    kv.sync()
-}
+use strait_primary::promotion::record;
+pub use strait_primary::promotion::{forget, recorded};
 
 /// The shipper's fence and replication wait, given to the metadata service when the daemon
 /// starts and filled in at the promotion. Until then the engine is read-only (mutations are
@@ -116,7 +71,7 @@ fn record(kv: &DynKv, p: &s::Promotion) -> strait_fs_core::Result<()> {
 #[derive(Default)]
 pub struct LateShipping {
     shipping: OnceLock<Shipping>,
-    handover: strait_ship::handover::Handover,
+    handover: strait_primary::handover::Handover,
 }
 
 impl WriteFence for LateShipping {
@@ -143,7 +98,7 @@ impl WriteFence for LateShipping {
         }
     }
 
-    fn in_flight(&self) -> Option<Arc<strait_site::InFlight>> {
+    fn in_flight(&self) -> Option<Arc<strait_server::InFlight>> {
         Some(self.handover.in_flight.clone())
     }
 
@@ -181,7 +136,8 @@ impl Promoter {
             ));
         };
         let shipped = shipping.shipper.watch();
-        strait_ship::handover::hand_over(&self.late.handover, &self.mirror.kv, &shipped, req).await
+        strait_primary::handover::hand_over(&self.late.handover, &self.mirror.kv, &shipped, req)
+            .await
     }
 }
 
@@ -197,7 +153,8 @@ impl Promoter {
             let mut rx = shipping.shipper.watch();
             let kv = self.mirror.kv.clone();
             if let Ok(Ok(latest)) = tokio::task::spawn_blocking(move || kv.last_version()).await {
-                match strait_ship::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
+                match strait_primary::ship::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await
+                {
                     Ok(()) => tracing::info!("the replicator holds every version up to {latest}"),
                     Err(why) => tracing::warn!(
                         "stopping with versions the replicator does not hold yet ({why}); they \
@@ -232,7 +189,7 @@ pub struct Promoter {
     /// One promotion at a time.
     pub busy: tokio::sync::Mutex<()>,
     /// Once promoted, with a store of its own: GC on demand (`strait gc`).
-    pub gc: OnceLock<strait_ship::gc::Gc>,
+    pub gc: OnceLock<strait_primary::gc::Gc>,
 }
 
 /// The result of an engine call on the blocking pool, as a status.
@@ -457,7 +414,7 @@ impl Promoter {
     pub fn switch(&self, p: &s::Promotion) -> anyhow::Result<()> {
         let cfg = &self.mirror.cfg;
         let pc = &cfg.promotion;
-        let settings = strait_ship::Settings {
+        let settings = strait_primary::ship::Settings {
             replicator: cfg.replicator.clone(),
             creds: pc.credentials(&cfg.security)?,
             epoch: Epoch(p.epoch),
@@ -470,7 +427,7 @@ impl Promoter {
             // fenced later (another promoted), it answers reads as long as a mirror would
             fenced_reads: Duration::from_millis(cfg.window_ms),
         };
-        let shipping = strait_ship::start(
+        let shipping = strait_primary::ship::start(
             self.mirror.kv.clone(),
             self.signal.clone(),
             &settings,
@@ -502,32 +459,19 @@ impl Promoter {
         }
         // dead slices' blocks, from this region's store, as a primary deletes them
         if let Some(store) = self.mirror.blocks.local_store() {
-            let horizon = strait_ship::gc::MirrorHorizon::new(
+            let gc = strait_primary::gc::Gc::start(
+                self.engine.clone(),
+                store,
                 &cfg.replicator,
                 &settings.creds,
                 Duration::from_millis(pc.gc_mirror_grace_ms),
-            )?
-            .for_primary(Epoch(p.epoch), gate);
-            let horizon = Arc::new(tokio::sync::Mutex::new(horizon));
-            if pc.gc_interval_s > 0 {
-                self.mirror.workers.spawn(
-                    "gc",
-                    &self.stop,
-                    strait_ship::gc::run(
-                        self.engine.clone(),
-                        store.clone(),
-                        horizon.clone(),
-                        Duration::from_secs(pc.gc_interval_s),
-                        self.stop.clone(),
-                        self.mirror.metrics.base.clone(),
-                    ),
-                );
-            }
-            let _ = self.gc.set(strait_ship::gc::Gc {
-                horizon,
-                store,
-                metrics: self.mirror.metrics.base.clone(),
-            });
+                Some((Epoch(p.epoch), gate)),
+                (pc.gc_interval_s > 0).then(|| Duration::from_secs(pc.gc_interval_s)),
+                &self.mirror.workers,
+                &self.stop,
+                self.mirror.metrics.base.clone(),
+            )?;
+            let _ = self.gc.set(gc);
         }
         self.engine.allow_writes();
         self.mirror.set_promoted(*p);

@@ -40,7 +40,7 @@ use strait_proto::meta::meta_service_server::MetaServiceServer;
 use strait_proto::{
     ERRNO_HEADER, READ_VERSION_HEADER, RESUME_HEADER, RETRY_HEADER, SESSION_HEADER, VERSION_HEADER,
 };
-use strait_site::MetaServer;
+use strait_server::MetaServer;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::Status;
@@ -109,8 +109,8 @@ impl Router {
         block_size: u32,
     ) -> Self {
         let local = MetaServiceServer::from_arc(server.clone())
-            .max_decoding_message_size(strait_site::MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(strait_site::MESSAGE_BYTES_MAX);
+            .max_decoding_message_size(strait_server::MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(strait_server::MESSAGE_BYTES_MAX);
         Router {
             local,
             server,
@@ -692,7 +692,7 @@ fn rebuild(
 
 /// Most bytes of a request body the mirror reads whole to forward it: one gRPC message of the
 /// largest size the metadata service accepts, with its 5-byte frame header.
-const FORWARDED_BODY_BYTES_MAX: usize = strait_site::MESSAGE_BYTES_MAX + 5;
+const FORWARDED_BODY_BYTES_MAX: usize = strait_server::MESSAGE_BYTES_MAX + 5;
 
 /// Read a whole request body (one gRPC message), at most [`FORWARDED_BODY_BYTES_MAX`] bytes:
 /// a larger one is refused (RESOURCE_EXHAUSTED) once that much has arrived, and nothing is

@@ -8,7 +8,7 @@ use strait_fs_core::clock::now_ms;
 use strait_fs_core::Version;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
-use strait_site::snapshot::{digest_now, snapshot_stream, SnapshotStream};
+use strait_server::snapshot::{digest_now, snapshot_stream, SnapshotStream};
 use tonic::{Request, Response, Status};
 
 use crate::state::{Mirror, Phase};
@@ -46,12 +46,12 @@ const WARMUP_QUEUE_MAX: usize = 4;
 /// How often a warm-up's progress is sent.
 const WARMUP_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-pub use strait_site::WarmupStream;
+pub use strait_server::WarmupStream;
 
 #[tonic::async_trait]
 impl SiteService for MirrorSite {
     type SnapshotStream = SnapshotStream;
-    type SweepOrphansStream = strait_site::orphans::SweepStream;
+    type SweepOrphansStream = strait_server::orphans::SweepStream;
     type WarmupStream = WarmupStream;
 
     /// The blocks of the files under the paths, copied into this region's store now
@@ -135,7 +135,7 @@ impl SiteService for MirrorSite {
                 "the mirror is loading a snapshot: its metadata does not yet say which blocks it references",
             ));
         }
-        let gate: strait_site::orphans::Gate = if self.mirror.promoted() {
+        let gate: strait_server::orphans::Gate = if self.mirror.promoted() {
             // the primary now: it sweeps only while it is the primary the log goes on with
             let Some(gc) = self.promoter.as_ref().and_then(|p| p.gc.get()) else {
                 return Err(Status::failed_precondition(
@@ -184,7 +184,7 @@ impl SiteService for MirrorSite {
             Arc::new(move || sweep_refused(&mirror))
         };
         let blocks = self.mirror.blocks.clone();
-        let stream = strait_site::orphans::sweep_stream(
+        let stream = strait_server::orphans::sweep_stream(
             self.mirror.kv.clone(),
             store,
             req.into_inner(),

@@ -71,7 +71,7 @@ pub struct Mirror {
     /// The region's data blocks: copy queue, fallback reads, deletions, uploads.
     pub blocks: Arc<crate::blocks::Blocks>,
     /// The background workers (copier, follower, ...): `status` and `/health` list them.
-    pub workers: strait_site::workers::Workers,
+    pub workers: strait_server::workers::Workers,
     started: Instant,
     inner: Mutex<Inner>,
     /// Bumped after every apply, heartbeat and phase change: what `wait` readers and the
@@ -120,7 +120,7 @@ impl Mirror {
             ..Default::default()
         };
         let cfg_primary = cfg.primary.clone();
-        let workers = strait_site::workers::Workers::new(&metrics.base.registry);
+        let workers = strait_server::workers::Workers::new(&metrics.base.registry);
         Arc::new(Mirror {
             cfg,
             replicator_creds,
@@ -473,7 +473,7 @@ impl Mirror {
         let lease = *self.primary_lease.lock();
         s::MirrorState {
             warmup: self.blocks.last_warmup().map(|w| w.wire()),
-            workers: strait_site::workers::wire(&self.workers.statuses()),
+            workers: strait_server::workers::wire(&self.workers.statuses()),
             id: self.cfg.id.clone(),
             state: state.into(),
             promotion,

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use strait_fs_core::Epoch;
-use strait_site::config::{validate_listen, SiteConfig};
+use strait_server::config::{validate_listen, SiteConfig};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -70,7 +70,7 @@ pub struct PrimaryConfig {
 }
 
 /// When a client's operation returns (shared with a promoted mirror).
-pub use strait_ship::Durability;
+pub use crate::ship::Durability;
 
 impl Default for PrimaryConfig {
     fn default() -> Self {

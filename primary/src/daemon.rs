@@ -7,15 +7,15 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use strait_fs_core::meta::{Meta, MetaOptions, ROOT_INO};
 use strait_proto::meta::meta_service_server::MetaServiceServer;
-use strait_site::metrics::{self, Metrics, StatusCode};
-use strait_site::requests::sweep::sweep_request_records;
-use strait_site::sessions::expire_sessions;
-use strait_site::workers::Workers;
-use strait_site::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
+use strait_server::metrics::{self, Metrics, StatusCode};
+use strait_server::requests::sweep::sweep_request_records;
+use strait_server::sessions::expire_sessions;
+use strait_server::workers::Workers;
+use strait_server::{wait_for_signal, MetaServer, MESSAGE_BYTES_MAX};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PrimaryConfig;
-use strait_ship::tap::TappedKv;
+use crate::ship::tap::TappedKv;
 
 /// How long calls in flight may take to finish after SIGTERM.
 /// How long the background workers have to end after the service stopped.
@@ -68,11 +68,11 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     .await
     .context("open the metadata engine")??;
     let format = engine.settings().clone();
-    strait_site::sessions::lock_grace_at_start(&engine).await?;
+    strait_server::sessions::lock_grace_at_start(&engine).await?;
     // the store its mounts write to: synced before shipping, and GC's
     let store = strait_fs_core::object::open(&format.data_url).await;
     let metrics = Metrics::new();
-    strait_site::metrics::note_certificate_expiries(&metrics.tls_expiry, &cfg.security);
+    strait_server::metrics::note_certificate_expiries(&metrics.tls_expiry, &cfg.security);
     let stop = CancellationToken::new();
     // the background workers: `/health` lists them
     let workers = Workers::new(&metrics.registry);
@@ -82,9 +82,9 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let mut shipped = None;
     let mut fence = None;
     // a planned switchover (`Handover`)
-    let handover = Arc::new(strait_ship::handover::Handover::default());
+    let handover = Arc::new(crate::handover::Handover::default());
     if let Some(signal) = signal {
-        let settings = strait_ship::Settings {
+        let settings = crate::ship::Settings {
             replicator: cfg.replicator.clone(),
             creds: replicator_creds.clone(),
             epoch: cfg.epoch,
@@ -95,7 +95,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
             blocks: store.as_ref().ok().cloned(),
             fenced_reads: Duration::from_millis(cfg.fenced_window_ms),
         };
-        let shipping = strait_ship::start(
+        let shipping = crate::ship::start(
             engine.kv().clone(),
             signal,
             &settings,
@@ -117,7 +117,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
                     .then(|| "this primary is handing over to a mirror".to_string())
             })
         }));
-        server = server.fenced_by(Arc::new(strait_ship::handover::HandoverFence {
+        server = server.fenced_by(Arc::new(crate::handover::HandoverFence {
             inner: shipping.fence,
             handover: handover.clone(),
         }));
@@ -136,36 +136,25 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     if !cfg.read_only {
         match store {
             Ok(store) => {
-                let mut horizon = strait_ship::gc::MirrorHorizon::new(
+                let epoch = cfg.epoch;
+                let fence = fence.as_ref().map(|f| {
+                    let f = f.clone();
+                    let gate: strait_fs_core::meta::DeletionGate =
+                        Arc::new(move || f.deletions_refused());
+                    (epoch, gate)
+                });
+                gc_handle = Some(crate::gc::Gc::start(
+                    engine.clone(),
+                    store,
                     &cfg.replicator,
                     &replicator_creds,
                     Duration::from_millis(cfg.gc_mirror_grace_ms),
-                )?;
-                if let Some(f) = &fence {
-                    let f = f.clone();
-                    horizon =
-                        horizon.for_primary(cfg.epoch, Arc::new(move || f.deletions_refused()));
-                }
-                let gc = Arc::new(tokio::sync::Mutex::new(horizon));
-                gc_handle = Some(strait_ship::gc::Gc {
-                    horizon: gc.clone(),
-                    store: store.clone(),
-                    metrics: metrics.clone(),
-                });
-                if cfg.gc_interval_s > 0 {
-                    workers.spawn(
-                        "gc",
-                        &stop,
-                        strait_ship::gc::run(
-                            engine.clone(),
-                            store,
-                            gc,
-                            Duration::from_secs(cfg.gc_interval_s),
-                            stop.clone(),
-                            metrics.clone(),
-                        ),
-                    );
-                }
+                    fence,
+                    (cfg.gc_interval_s > 0).then(|| Duration::from_secs(cfg.gc_interval_s)),
+                    &workers,
+                    &stop,
+                    metrics.clone(),
+                )?);
             }
             Err(e) if cfg.gc_interval_s == 0 => {
                 tracing::warn!(
@@ -188,7 +177,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     let addr = listener.local_addr().context("the listening address")?;
 
     let (builder, tls) =
-        strait_site::serve::server(&cfg.site, &cfg.security, "the primary", metrics.clone())?;
+        strait_server::serve::server(&cfg.site, &cfg.security, "the primary", metrics.clone())?;
     let mut builder = builder.max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX));
     let svc = MetaServiceServer::from_arc(server.clone())
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -277,7 +266,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     if let Some(mut rx) = shipped {
         let e = engine.clone();
         if let Ok(Ok(latest)) = tokio::task::spawn_blocking(move || e.kv().last_version()).await {
-            match strait_ship::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
+            match crate::ship::fence::wait_committed(&mut rx, latest, SHIP_DRAIN).await {
                 Ok(()) => tracing::info!("the replicator holds every version up to {latest}"),
                 Err(why) => tracing::warn!(
                     "stopping with versions the replicator does not hold yet ({why}); they are \
@@ -317,20 +306,20 @@ async fn render(metrics: Arc<Metrics>, engine: Arc<Meta>) -> String {
 /// fenced one is no longer the file system's primary: it serves no one well).
 async fn health(
     engine: Arc<Meta>,
-    shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
+    shipped: Option<tokio::sync::watch::Receiver<crate::ship::shipper::Shipped>>,
     workers: Workers,
 ) -> (StatusCode, String) {
     let (code, text) = engine_health(engine, shipped).await;
     (
         code,
-        text + &strait_site::workers::health_lines(&workers.statuses()),
+        text + &strait_server::workers::health_lines(&workers.statuses()),
     )
 }
 
 /// The first line of `/health`: the engine's answer, or why this primary is fenced.
 async fn engine_health(
     engine: Arc<Meta>,
-    shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
+    shipped: Option<tokio::sync::watch::Receiver<crate::ship::shipper::Shipped>>,
 ) -> (StatusCode, String) {
     if let Some(why) = shipped.and_then(|s| s.borrow().fenced.clone()) {
         return (

@@ -1,5 +1,5 @@
 //! The site service of the primary: metadata snapshots for mirrors to bootstrap from, the
-//! metadata digest (both streamed by [`strait_site::snapshot`]), GC on demand, and the
+//! metadata digest (both streamed by [`strait_server::snapshot`]), GC on demand, and the
 //! primary's status.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use strait_fs_core::meta::Meta;
 use strait_fs_core::Version;
 use strait_proto::site as s;
 use strait_proto::site::site_service_server::SiteService;
-use strait_site::snapshot::{digest_now, engine_status, snapshot_stream, SnapshotStream};
+use strait_server::snapshot::{digest_now, engine_status, snapshot_stream, SnapshotStream};
 use tonic::{Request, Response, Status};
 
 /// The primary's site service.
@@ -17,12 +17,12 @@ pub struct PrimarySite {
     pub engine: Arc<Meta>,
     pub replicator: Vec<String>,
     /// Deleting dead blocks (None: read-only, or the object store could not be opened).
-    pub gc: Option<strait_ship::gc::Gc>,
+    pub gc: Option<crate::gc::Gc>,
     /// What the replicator holds (None: this primary ships nothing).
-    pub shipped: Option<tokio::sync::watch::Receiver<strait_ship::shipper::Shipped>>,
-    pub handover: Arc<strait_ship::handover::Handover>,
+    pub shipped: Option<tokio::sync::watch::Receiver<crate::ship::shipper::Shipped>>,
+    pub handover: Arc<crate::handover::Handover>,
     /// The shipper's fence: the lease, in the status (None: this primary ships nothing).
-    pub fence: Option<Arc<strait_ship::fence::EpochFence>>,
+    pub fence: Option<Arc<crate::ship::fence::EpochFence>>,
     /// The epoch it ships at.
     pub epoch: strait_fs_core::Epoch,
 }
@@ -30,8 +30,8 @@ pub struct PrimarySite {
 #[tonic::async_trait]
 impl SiteService for PrimarySite {
     type SnapshotStream = SnapshotStream;
-    type SweepOrphansStream = strait_site::orphans::SweepStream;
-    type WarmupStream = strait_site::WarmupStream;
+    type SweepOrphansStream = strait_server::orphans::SweepStream;
+    type WarmupStream = strait_server::WarmupStream;
 
     async fn warmup(
         &self,
@@ -59,7 +59,7 @@ impl SiteService for PrimarySite {
             )));
         }
         let engine = self.engine.clone();
-        let stream = strait_site::orphans::sweep_stream(
+        let stream = strait_server::orphans::sweep_stream(
             self.engine.kv().clone(),
             gc.store.clone(),
             req.into_inner(),
@@ -109,14 +109,9 @@ impl SiteService for PrimarySite {
                 "this primary ships no change log (no replicator): no mirror can take over",
             ));
         };
-        strait_ship::handover::hand_over(
-            &self.handover,
-            self.engine.kv(),
-            shipped,
-            req.into_inner(),
-        )
-        .await
-        .map(Response::new)
+        crate::handover::hand_over(&self.handover, self.engine.kv(), shipped, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn promote(

@@ -95,7 +95,7 @@ install_prerequisites() {
     # faketime: the chaos harness's clock jumps (libfaketimeMT); e2fsprogs: its full disks
     # (mkfs.ext4 on a loop device); systemd: systemd-analyze verifies deploy/'s units;
     # prometheus (with promtool): deploy/prometheus and the dashboard's queries, tested;
-    # iproute2 and nftables: deploy/README.md's hosts as network namespaces (`dev netns`)
+    # iproute2 and nftables: deploy/README.md's hosts as network namespaces (`strait-lab netns`)
     apt_ensure build-essential clang libclang-dev libacl1-dev protobuf-compiler pkg-config \
         fuse3 redis-server redis-tools attr curl ca-certificates python3 util-linux \
         faketime e2fsprogs systemd prometheus iproute2 nftables

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A stand-in for NVIDIA DALI's `tfrecord2idx TFRECORD INDEX`, which DLIO's TFRecord data
-generator runs after each file (only DALI's readers use the index). scripts/bench-dlio.sh puts
+generator runs after each file (only DALI's readers use the index). bench/scripts/dlio.sh puts
 it on PATH inside the DLIO virtual environment, so DALI itself need not be installed.
 
 The index is DALI's: one line per record, "OFFSET SIZE", SIZE counting the record's whole

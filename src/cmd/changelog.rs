@@ -1,7 +1,7 @@
 //! `strait changelog`: print the outbox's change records.
 
 use anyhow::Result;
-use strait_fs_core::changelog::{read_log, ChangeRecord};
+use strait_fs_core::changelog::{line, read_log};
 use strait_fs_core::Version;
 
 #[derive(clap::Args)]
@@ -17,13 +17,6 @@ pub struct Args {
 }
 
 const PAGE: usize = 1000;
-
-/// One record as `strait changelog` prints it: version, commit time (s.ns), the change.
-pub fn line(v: Version, rec: &ChangeRecord) -> String {
-    let secs = rec.ts_ns.div_euclid(1_000_000_000);
-    let nanos = rec.ts_ns.rem_euclid(1_000_000_000);
-    format!("{v}\t{secs}.{nanos:09}\t{:?}", rec.change)
-}
 
 pub fn run(a: Args) -> Result<()> {
     let kv = strait_fs_core::kv::open_read_only(&a.meta_url)?;

@@ -62,7 +62,7 @@ struct Report {
 
 impl Report {
     fn from_stats(st: &SweepStats, store: String, refs: &References, a: &Options) -> Self {
-        let p = strait_site::orphans::progress(st, &store, refs, a.dry_run, false);
+        let p = strait_server::orphans::progress(st, &store, refs, a.dry_run, false);
         Self::from_wire(&p, a)
     }
 

@@ -9,7 +9,7 @@ use strait_auth::Credentials;
 use strait_mirror::MirrorConfig;
 use strait_proto::site as s;
 
-use super::mirror_status::site_status;
+use strait_mirror::follower::site_status;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -44,7 +44,7 @@ pub struct ServeArgs {
     pub meta_url: Option<String>,
     // --token, --token-file, --role-token, --session-timeout-ms, --tls-*
     #[command(flatten)]
-    pub site: super::site::SiteArgs,
+    pub site: super::daemon_flags::SiteArgs,
     /// The primary's address (host:port).
     #[arg(long, env = "STRAIT_PRIMARY")]
     pub primary: Option<String>,
@@ -125,7 +125,7 @@ pub enum Action {
     /// Show each mirror's state, versions, lag and apply rate.
     Status(super::mirror_status::StatusArgs),
     /// A create/rename/setattr storm at the primary, and the mirror's lag during it.
-    Bench(super::bench::mirror::BenchArgs),
+    Bench(strait_bench::mirror::BenchArgs),
     /// Stop a mirror's applier where it is (it keeps serving, staler and staler), for a while.
     Pause(PauseArgs),
     /// Let a paused mirror's applier go on at once.
@@ -276,7 +276,7 @@ impl ServeArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.action {
         Some(Action::Status(s)) => status(s),
-        Some(Action::Bench(b)) => super::bench::mirror::run(b),
+        Some(Action::Bench(b)) => strait_bench::mirror::run(b),
         Some(Action::Pause(p)) => {
             let ms = pause_ms(p.seconds)?;
             let v = super::runtime()?.block_on(pause(&p.addr, &p.client.credentials()?, ms))?;

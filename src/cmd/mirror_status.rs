@@ -277,24 +277,13 @@ fn row_of(addr: &str, m: s::MirrorState) -> Row {
     }
 }
 
-/// Ask a site daemon for its status.
-pub async fn site_status(addr: &str, creds: &Credentials) -> Result<s::SiteStatus> {
-    let primary = strait_mirror::follower::Primary::new(addr, creds)?;
-    let mut c = primary.site();
-    let r = tokio::time::timeout(Duration::from_secs(3), c.status(s::Empty {}))
-        .await
-        .with_context(|| format!("{addr} did not answer within 3 s"))?
-        .with_context(|| format!("ask {addr} for its status"))?;
-    Ok(r.into_inner())
-}
-
 /// Gather the report from `addr` (a mirror, a primary or a replicator node).
 pub async fn gather(a: &StatusArgs) -> Result<Report> {
     let mut report = Report::default();
     let mut replicators: Vec<String> = vec![];
     let mut is_primary = false;
     let site_creds = a.client.credentials()?;
-    match site_status(&a.addr, &site_creds).await {
+    match strait_mirror::follower::site_status(&a.addr, &site_creds).await {
         // a mirror, or one promoted to primary
         Ok(st) if st.role == "mirror" || st.mirror.is_some() => {
             if let Some(m) = st.mirror {
@@ -393,7 +382,7 @@ pub async fn gather(a: &StatusArgs) -> Result<Report> {
     }
     // details from the mirrors themselves, where we know their addresses
     for addr in &a.mirror {
-        match site_status(addr, &site_creds).await {
+        match strait_mirror::follower::site_status(addr, &site_creds).await {
             Ok(st) => {
                 if let Some(m) = st.mirror {
                     let row = row_of(addr, m);

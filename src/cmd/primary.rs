@@ -1,13 +1,14 @@
 //! `strait primary`: the primary site daemon. Settings come from a TOML file (`--config`),
 //! then `STRAIT_*` variables, then flags, each overriding the one before. `strait primary
-//! set-aside` sets a diverged primary's own history aside (see [`set_aside`]).
+//! set-aside` sets a diverged primary's own history aside, and `rejoin` makes an old primary
+//! a mirror ([`strait_primary::set_aside`]).
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use strait_primary::PrimaryConfig;
 
-mod set_aside;
+use strait_primary::set_aside::{self, Mode, Outcome};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -33,7 +34,7 @@ pub struct Args {
     pub meta_url: Option<String>,
     // --token, --token-file, --role-token, --session-timeout-ms, --tls-*
     #[command(flatten)]
-    pub site: super::site::SiteArgs,
+    pub site: super::daemon_flags::SiteArgs,
     /// Address of /metrics and /health ("" disables).
     #[arg(long, env = "STRAIT_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -187,8 +188,8 @@ impl Args {
 
 pub fn run(a: Args) -> Result<()> {
     match a.action {
-        Some(Action::SetAside(s)) => return set_aside::run(s, set_aside::Mode::SetAside),
-        Some(Action::Rejoin(s)) => return set_aside::run(s, set_aside::Mode::Rejoin),
+        Some(Action::SetAside(s)) => return set_aside_cmd(s, Mode::SetAside),
+        Some(Action::Rejoin(s)) => return set_aside_cmd(s, Mode::Rejoin),
         None => {}
     }
     if a.example_config {
@@ -220,4 +221,84 @@ pub fn run(a: Args) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(strait_primary::daemon::run(cfg))
+}
+
+/// `strait primary set-aside` and `rejoin`: the mirror's snapshot is loaded with the mirror's
+/// own client.
+fn set_aside_cmd(a: SetAsideArgs, mode: Mode) -> Result<()> {
+    let client = a.client.credentials()?;
+    // what set-aside presents to the replicator: --replicator-token, over TLS with --tls-ca
+    let replicator_creds = strait_replicator_client::Credentials::new(
+        Some(&a.replicator_token),
+        client.tls().cloned(),
+    )
+    .context("--replicator-token")?;
+    let req = set_aside::Request {
+        mode,
+        meta_url: a.meta_url.clone(),
+        replicator: a.replicator.clone(),
+        replicator_creds,
+        from_mirror: a.from_mirror.clone(),
+        out: a.out.clone(),
+    };
+    set_aside::check(&req)?;
+    let from = a.from_mirror.clone();
+    // the client is made inside the runtime (its channel needs a reactor)
+    let load: set_aside::Loader = Box::new(move |kv| {
+        Box::pin(async move {
+            let source = strait_mirror::follower::Primary::new(&from, &client)?;
+            strait_mirror::follower::bootstrap(&kv, &source, None).await
+        })
+    });
+    let outcome =
+        super::runtime()?.block_on(set_aside::run(&req, load, &mut |s| eprintln!("{s}")))?;
+    match outcome {
+        Outcome::Continued {
+            local,
+            trimmed,
+            forgot_promotion,
+        } => {
+            if forgot_promotion {
+                eprintln!(
+                    "this engine was a promoted mirror's: its promotion is forgotten, so \
+                     `strait mirror` on it follows the log"
+                );
+            }
+            println!(
+                "nothing set aside (the list in {} is empty): the replicator's log continues \
+                 this engine's history at version {}; its outbox ({trimmed} records) is \
+                 emptied. Start `strait mirror --meta-url {} --primary NEW_PRIMARY ...` on it: \
+                 it follows from version {}",
+                a.out.display(),
+                local.next(),
+                a.meta_url,
+                local.next()
+            );
+        }
+        Outcome::Swapped {
+            set_aside,
+            loaded,
+            replicator_last,
+            kept,
+        } => {
+            let next = match mode {
+                Mode::SetAside => {
+                    "start the primary: it catches up from the replicator".to_string()
+                }
+                Mode::Rejoin => format!(
+                    "start `strait mirror --meta-url {} --primary NEW_PRIMARY ...` on it: it \
+                     follows the replicator",
+                    a.meta_url
+                ),
+            };
+            println!(
+                "set aside {set_aside} changes in {}; the metadata is now that of {} at version \
+                 {loaded} (the old engine is kept in {}); {next} (version {replicator_last})",
+                a.out.display(),
+                a.from_mirror,
+                kept.display(),
+            );
+        }
+    }
+    Ok(())
 }

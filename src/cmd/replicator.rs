@@ -142,11 +142,11 @@ pub enum Action {
     /// Benchmark a three-node cluster started here (loopback, RocksDB in a temporary
     /// directory): committed records/s with batching, then commit latency at half that rate;
     /// with --delay-ms, every link between nodes gets that one-way delay (fault proxy).
-    Bench(crate::cmd::bench::replicator::BenchArgs),
+    Bench(strait_bench::replicator::BenchArgs),
     /// The disk's floor for the benchmark's commit latency: three threads append and
     /// fdatasync a file each, an append commits on two of them (or, with --leader-first, on
     /// the leader's and then a follower's, openraft 0.9's order); no Raft, RPC or database.
-    Floor(crate::cmd::bench::floor::FloorArgs),
+    Floor(strait_bench::floor::FloorArgs),
 }
 
 #[derive(Deserialize, Default)]
@@ -169,7 +169,7 @@ struct FileConfig {
 
 /// The node's security settings from its file and flags (flags win).
 fn merged_security(mut sec: Security, a: &ServeArgs) -> Result<Security> {
-    super::site::lay_over(
+    super::daemon_flags::lay_over(
         &mut sec,
         ("--token", &a.tokens),
         ("--token-file", &a.token_files),
@@ -291,7 +291,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
         return Ok(());
     }
     let node = Node::start(cfg).await?;
-    strait_site::metrics::note_certificate_expiries(node.observer.tls_expiry(), &sec);
+    strait_server::metrics::note_certificate_expiries(node.observer.tls_expiry(), &sec);
     let stop = tokio_util::sync::CancellationToken::new();
     let mut metrics_addr = None;
     if !metrics_listen.is_empty() {
@@ -300,7 +300,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
             .with_context(|| format!("listen on {metrics_listen} for metrics"))?;
         metrics_addr = l.local_addr().ok();
         let (o, o2) = (node.observer.clone(), node.observer.clone());
-        tokio::spawn(strait_site::metrics::serve(
+        tokio::spawn(strait_server::metrics::serve(
             l,
             move || {
                 let o = o.clone();
@@ -310,9 +310,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
                 let o = o2.clone();
                 async move {
                     match o.health() {
-                        (true, why) => (strait_site::metrics::StatusCode::OK, format!("{why}\n")),
+                        (true, why) => (strait_server::metrics::StatusCode::OK, format!("{why}\n")),
                         (false, why) => (
-                            strait_site::metrics::StatusCode::SERVICE_UNAVAILABLE,
+                            strait_server::metrics::StatusCode::SERVICE_UNAVAILABLE,
                             format!("{why}\n"),
                         ),
                     }
@@ -330,7 +330,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
             .unwrap_or_default()
     );
     tracing::info!("node {id} serving on {} ({described})", node.addr);
-    tokio::spawn(strait_site::wait_for_signal(stop.clone()));
+    tokio::spawn(strait_server::wait_for_signal(stop.clone()));
     stop.cancelled().await;
     tracing::info!("shutting down");
     node.shutdown().await;
@@ -428,8 +428,8 @@ async fn admin(action: Action) -> Result<()> {
                 .map_err(|s| status_err(&addr, s))?;
             println!("removed node {id}");
         }
-        Action::Bench(b) => crate::cmd::bench::replicator::run(b).await?,
-        Action::Floor(f) => tokio::task::spawn_blocking(move || crate::cmd::bench::floor::run(f))
+        Action::Bench(b) => strait_bench::replicator::run(b).await?,
+        Action::Floor(f) => tokio::task::spawn_blocking(move || strait_bench::floor::run(f))
             .await
             .context("the floor benchmark stopped")??,
         Action::Retention {

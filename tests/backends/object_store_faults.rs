@@ -1,5 +1,5 @@
 //! A mount whose object store (a real Garage) sits behind the chaos harness's HTTP fault
-//! proxy (`strait_chaos::s3proxy`). Invariant: a block the store answers short or cut never
+//! proxy (`strait_lab::s3proxy`). Invariant: a block the store answers short or cut never
 //! reaches a reader — a read returns the bytes written or fails (EIO), never other bytes —
 //! and once the store behaves again every read returns the bytes written.
 
@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 
 use crate::support::garage::Garage;
 use crate::support::mount::TestFs;
-use strait_chaos::s3proxy::{S3Faults, S3Mode, S3Proxy};
+use strait_lab::s3proxy::{S3Faults, S3Mode, S3Proxy};
 
 /// 1 MiB blocks, so a 3 MiB file has three.
 const FILE_BYTES: usize = (3 << 20) + 4_321;

@@ -87,7 +87,7 @@ fn the_example_configurations_pass_check_config() {
     let root = tempfile::tempdir().unwrap();
     let tokens = root.path().join("etc/strait/tokens");
     std::fs::create_dir_all(&tokens).unwrap();
-    for t in strait_devkit::netns::TOKENS {
+    for t in strait_devkit::install::TOKENS {
         let out = Command::new(strait_bin())
             .args(["certs", "token"])
             .output()

@@ -191,7 +191,7 @@ fn moved(v: &toml::Value) -> bool {
         .any(|m| s.contains(m))
 }
 
-/// `dev up` runs deploy/README.md's steps (the code of `dev netns`, on loopback): each command
+/// `dev up` runs deploy/README.md's steps (the code of `strait-lab netns`, on loopback): each command
 /// it runs is the guide's, in the guide's order, and each host's configuration file is the
 /// guide's example with its addresses and paths moved and only dev up's own settings (the
 /// list in docs/commands.md) changed.

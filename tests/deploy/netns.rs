@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::wait_until;
-use strait_devkit::netns::{in_ns, ns_of, Deployment, NetnsConfig, OPS};
+use strait_lab::netns::{in_ns, ns_of, Deployment, NetnsConfig, OPS};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")

@@ -1891,7 +1891,7 @@ fn a_block_a_mirror_marks_present_survives_a_power_loss_of_its_store() {
     }
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
-    let layer = strait_chaos::lazyfs::LazyFs::mount(
+    let layer = strait_lab::lazyfs::LazyFs::mount(
         &work.path().join("b-store-backing"),
         &work.path().join("b-store"),
     )
@@ -1962,12 +1962,12 @@ fn no_record_reaches_the_log_before_the_blocks_it_names_are_durable() {
     }
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("dev");
-    let store = strait_chaos::lazyfs::LazyFs::mount(
+    let store = strait_lab::lazyfs::LazyFs::mount(
         &work.path().join("a-store-backing"),
         &work.path().join("a-store"),
     )
     .unwrap();
-    let meta = strait_chaos::lazyfs::LazyFs::mount(
+    let meta = strait_lab::lazyfs::LazyFs::mount(
         &work.path().join("a-meta-backing"),
         &work.path().join("a-meta"),
     )

@@ -145,7 +145,7 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
 /// primary to the mirror cut after the change reached the primary) is no error at the mount:
 /// the mirror sends it again with the mount's request id until the link heals (within its
 /// `write_timeout_ms`), and the primary answers with the first result. Found by
-/// `strait chaos run --seed 36` (checker 3 at B: an rmdir answered EIO, then a mkdir EEXIST
+/// `strait-lab chaos run --seed 36` (checker 3 at B: an rmdir answered EIO, then a mkdir EEXIST
 /// from the kernel's entries, then the directory gone: the rmdir had been made). On the old
 /// code the rmdir here fails with EIO although the directory is gone.
 #[test]

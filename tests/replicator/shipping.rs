@@ -119,11 +119,11 @@ async fn try_root_names(addr: &str, token: &str) -> Result<BTreeSet<String>, ton
 }
 
 /// Move the region's formatted metadata under a power-loss layer, mounted where it was.
-fn under_power_loss_layer(region: &RegionA) -> strait_chaos::lazyfs::LazyFs {
+fn under_power_loss_layer(region: &RegionA) -> strait_lab::lazyfs::LazyFs {
     let meta_dir = region.fs.dir.path().join("meta");
     let backing = region.fs.dir.path().join("meta-backing");
     std::fs::rename(&meta_dir, &backing).unwrap();
-    strait_chaos::lazyfs::LazyFs::mount(&backing, &meta_dir).unwrap()
+    strait_lab::lazyfs::LazyFs::mount(&backing, &meta_dir).unwrap()
 }
 
 fn created_names(log: &[(u64, Vec<u8>)]) -> BTreeSet<String> {
@@ -1061,7 +1061,7 @@ fn a_primary_cut_off_from_the_replicator_refuses_changes_when_its_lease_runs_out
 /// the log, so the primary catches up from them and takes changes again. Before, the log
 /// purged everything below the mirror's cursor, and the primary, finding the versions it
 /// lacked gone, declared itself diverged and refused every change. The metadata lives under
-/// the chaos harness's power-loss layer (`strait_chaos::lazyfs`).
+/// the chaos harness's power-loss layer (`strait_lab::lazyfs`).
 #[test]
 fn a_primary_that_lost_its_unsynced_tail_catches_up_from_the_log() {
     if !crate::support::require_fuse() {

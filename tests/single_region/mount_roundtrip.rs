@@ -151,7 +151,7 @@ fn many_small_writes_are_compacted_and_read_correctly() {
 /// A name replaced by rename (write a temporary file, rename it over the name) never reads
 /// as missing: a reader that raced with the rename holds the old inode, which the rename
 /// deleted; the mount answers ESTALE for it, so the kernel looks the name up again and retries
-/// once. Found by `strait chaos run` (ENOENT for a name that always existed); fails with
+/// once. Found by `strait-lab chaos run` (ENOENT for a name that always existed); fails with
 /// ENOENT when the mount answers ENOENT. A reader that loses the race twice in a row (renames
 /// back to back, as here) gets ESTALE, as over NFS: rare, and never ENOENT. Every read reads
 /// a version some write wrote: an open that counted its handle just after the last close of

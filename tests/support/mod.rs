@@ -1,6 +1,6 @@
 //! Shared harness for strait's integration tests and benchmark programs: real servers (Redis,
 //! Garage S3) started on 127.0.0.1 for the duration of a test, and helpers to run the real
-//! `strait` binary. A module of each test binary (and of each program in `benches/`), not a
+//! `strait` binary. A module of each test binary (and of each program in `bench/programs/`), not a
 //! crate: cargo gives those the path of the `strait` binary it built for them.
 
 // Each binary uses part of it.

@@ -363,7 +363,7 @@ impl Cluster {
     }
 
     /// The operator's commands the start ran, in deploy/README.md's words (`strait ...`,
-    /// `systemctl enable --now UNIT`): the guide's steps, as `strait dev netns` runs them.
+    /// `systemctl enable --now UNIT`): the guide's steps, as `strait-lab netns` runs them.
     pub fn commands(&self) -> &[String] {
         self.install.commands()
     }

@@ -1,5 +1,5 @@
 //! The files of `deploy/` that an installation uses: the units and each region's example
-//! configuration. `strait dev netns` reads them from a `deploy/` directory (the guide's own,
+//! configuration. `strait-lab netns` reads them from a `deploy/` directory (the guide's own,
 //! as an operator copies it); `strait dev up` uses the copies built into the program, so that
 //! an installed `strait` needs no source tree.
 

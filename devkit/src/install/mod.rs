@@ -8,7 +8,7 @@
 //! mount, the mirror and b1's mount.
 //!
 //! Where the hosts run is a [`Placement`], and so is all that differs from real hosts:
-//! - [`crate::netns`] (`strait dev netns`): a network namespace per host at the guide's own
+//! - `strait_lab::netns` (`strait-lab netns`): a network namespace per host at the guide's own
 //!   addresses; only the paths differ;
 //! - [`crate::cluster`] (`strait dev up`): this machine's loopback, each listener on a port of
 //!   its own, a fault proxy on every link between two regions, and dev up's settings (its

@@ -25,7 +25,8 @@ pub mod state;
 
 pub use outbox::{commit, commit_record, read_log, read_log_raw, trim_log};
 pub use record::{
-    decode, encode, Change, ChangeRecord, DeadSlice, Name, Replaced, Unlinked, REQUEST_ID_LEN_MAX,
+    decode, encode, line, Change, ChangeRecord, DeadSlice, Name, Replaced, Unlinked,
+    REQUEST_ID_LEN_MAX,
 };
 pub use replica::{apply_replica, apply_replica_with, replay, ReplicaError, ReplicaHook};
 pub use state::{apply, get_chunk};

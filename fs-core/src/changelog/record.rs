@@ -51,6 +51,14 @@ pub struct ChangeRecord {
     pub request: Option<Vec<u8>>,
 }
 
+/// One record as `strait changelog` prints it (and `strait primary set-aside` lists it):
+/// version, commit time (s.ns), the change.
+pub fn line(v: crate::Version, rec: &ChangeRecord) -> String {
+    let secs = rec.ts_ns.div_euclid(1_000_000_000);
+    let nanos = rec.ts_ns.rem_euclid(1_000_000_000);
+    format!("{v}\t{secs}.{nanos:09}\t{:?}", rec.change)
+}
+
 /// Whether an inode that lost its last link is deleted now or kept for its open handles.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unlinked {

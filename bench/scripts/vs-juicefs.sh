@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# strait against JuiceFS 1.4.2 on one machine, with the same workload. Run as root:
+#
+#   ./bench/scripts/vs-juicefs.sh
+#
+# Starts a redis-server on 127.0.0.1; formats and mounts JuiceFS (Redis metadata, local
+# directory storage) and strait twice: in-process (RocksDB metadata opened by the mount) and
+# through a site daemon (`strait primary` owning a RocksDB engine, the mount talking gRPC to
+# it); runs `strait bench` with the same parameters on the three mount points, and
+# `juicefs bench` on the JuiceFS mount for reference; prints the tables and a ratio table
+# against JuiceFS (every figure is a throughput, so a ratio above 1 means strait is faster).
+# The three run in turn, ROUNDS times (JuiceFS, in-process, daemon, JuiceFS, ...), so a
+# burst of noise on a shared machine hits all three alike; the ratio table takes each
+# system's median over the rounds.
+# Cleans up on exit. For the metadata part only: BENCH_ARGS="--only meta --meta-files 5000 --threads 4".
+#
+# Environment:
+#   BENCH_ARGS   parameters of `strait bench` (default below)
+#   STRAIT       strait binary (default: a release build, made here if missing or stale)
+#   BENCH_DIR    scratch directory (default: a new one under /tmp)
+#   KEEP_RESULTS directory to copy the result tables into (optional)
+#   ROUNDS       rounds of the three benchmarks (default 3; the table shows medians)
+#   JFS_BENCH=0  skip `juicefs bench`
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}
+BENCH_ARGS=${BENCH_ARGS:-"--big-file-size 1G --block-size 1M --small-file-count 100 --small-file-size 128K --meta-files 5000 --threads 4"}
+read -r -a BENCH_ARGV <<<"$BENCH_ARGS"
+
+if [[ $EUID -ne 0 ]]; then
+    echo "bench-vs-juicefs.sh: run as root (it mounts FUSE and drops the page cache)" >&2
+    exit 1
+fi
+
+# shellcheck source=scripts/lib/prereqs.sh
+source "$ROOT/scripts/lib/prereqs.sh"
+# shellcheck source=scripts/lib/servers.sh
+source "$ROOT/scripts/lib/servers.sh"
+
+apt_ensure build-essential clang libclang-dev pkg-config protobuf-compiler fuse3 \
+    redis-server redis-tools curl ca-certificates python3 util-linux
+ensure_juicefs
+if [[ -z "${STRAIT:-}" ]]; then
+    ensure_rust
+    # A release build: the benchmark compares optimised binaries.
+    echo "==> cargo build --release -p strait (the first one takes ~15 minutes)"
+    cargo build --release -p strait
+    STRAIT=$CARGO_TARGET_DIR/release/strait
+fi
+
+WORK=${BENCH_DIR:-$(mktemp -d /tmp/strait-bench.XXXXXX)}
+mkdir -p "$WORK"
+JFS_MNT=$WORK/juicefs-mnt
+STRAIT_MNT=$WORK/strait-mnt
+DAEMON_MNT=$WORK/daemon-mnt
+DAEMON_PID=
+mkdir -p "$JFS_MNT" "$STRAIT_MNT" "$DAEMON_MNT" "$WORK/juicefs-cache" "$WORK/strait-cache" \
+    "$WORK/daemon-cache"
+
+# Whether PATH is a mount point, from the mount table (stat-free: works for a dead FUSE mount).
+is_mounted() {
+    awk -v p="$1" '$5 == p { found = 1 } END { exit !found }' /proc/self/mountinfo
+}
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+    local rc=$?
+    set +e
+    if is_mounted "$JFS_MNT"; then
+        juicefs umount "$JFS_MNT" >/dev/null 2>&1 || umount -l "$JFS_MNT"
+    fi
+    if is_mounted "$STRAIT_MNT"; then
+        "$STRAIT" umount "$STRAIT_MNT" >/dev/null 2>&1 || umount -l "$STRAIT_MNT"
+    fi
+    if is_mounted "$DAEMON_MNT"; then
+        "$STRAIT" umount "$DAEMON_MNT" >/dev/null 2>&1 || umount -l "$DAEMON_MNT"
+    fi
+    if [[ -n "$DAEMON_PID" ]]; then
+        kill -TERM "$DAEMON_PID" 2>/dev/null
+        wait "$DAEMON_PID" 2>/dev/null
+    fi
+    stop_servers
+    if [[ -n "${KEEP_RESULTS:-}" ]]; then
+        mkdir -p "$KEEP_RESULTS" && cp "$WORK"/*.txt "$KEEP_RESULTS"/ 2>/dev/null
+    fi
+    if ! is_mounted "$JFS_MNT" && ! is_mounted "$STRAIT_MNT" && ! is_mounted "$DAEMON_MNT"; then
+        rm -rf -- "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "==> redis-server for JuiceFS"
+start_redis "$(free_port)" "$WORK/redis" >/dev/null
+JFS_META=$REDIS_URL/1
+
+echo "==> JuiceFS $(juicefs --version | awk '{print $3}'): Redis metadata, local storage"
+juicefs format --storage file --bucket "$WORK/juicefs-data/" "$JFS_META" bench >/dev/null
+juicefs mount -d --no-usage-report --cache-dir "$WORK/juicefs-cache" --log "$WORK/juicefs.log" \
+    "$JFS_META" "$JFS_MNT"
+
+echo "==> strait: RocksDB metadata, local storage"
+"$STRAIT" format "rocksdb://$WORK/strait-meta" "file://$WORK/strait-data" --name bench >/dev/null
+"$STRAIT" mount -d "rocksdb://$WORK/strait-meta" "$STRAIT_MNT" --cache-dir "$WORK/strait-cache" \
+    --log-file "$WORK/strait-mount.log"
+
+echo "==> strait through a site daemon: strait primary (RocksDB), mount over gRPC"
+"$STRAIT" format "rocksdb://$WORK/daemon-meta" "file://$WORK/daemon-data" --name bench-daemon >/dev/null
+DAEMON_PORT=$(free_port)
+STRAIT_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export STRAIT_TOKEN
+"$STRAIT" primary --meta-url "rocksdb://$WORK/daemon-meta" --listen "127.0.0.1:$DAEMON_PORT" \
+    --metrics-listen "" >"$WORK/primary.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 1 300); do
+    grep -q "strait primary: serving" "$WORK/primary.log" && break
+    sleep 0.1
+done
+"$STRAIT" mount -d "strait://127.0.0.1:$DAEMON_PORT" "$DAEMON_MNT" \
+    --cache-dir "$WORK/daemon-cache" --log-file "$WORK/daemon-mount.log"
+
+ROUNDS=${ROUNDS:-3}
+for r in $(seq 1 "$ROUNDS"); do
+    echo "==> round $r of $ROUNDS: strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first)"
+    "$STRAIT" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label "juicefs-redis-file (round $r)" |
+        tee "$WORK/juicefs.$r.txt"
+    echo
+    "$STRAIT" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label "strait-rocksdb-file (round $r)" |
+        tee "$WORK/strait.$r.txt"
+    echo
+    "$STRAIT" bench "$DAEMON_MNT" "${BENCH_ARGV[@]}" \
+        --label "strait-daemon-rocksdb-file (round $r)" | tee "$WORK/daemon.$r.txt"
+    echo
+done
+
+echo
+if [[ "${JFS_BENCH:-1}" == 1 ]]; then
+    echo "==> juicefs bench on the JuiceFS mount (JuiceFS's own tool, for reference)"
+    juicefs bench "$JFS_MNT" 2>&1 | tee "$WORK/juicefs-bench.txt"
+fi
+
+# "ITEM (26 columns) VALUE UNIT DETAIL" rows of a `strait bench` table -> name<TAB>value<TAB>unit
+rows() {
+    awk 'seen && length($0) > 26 {
+            name = substr($0, 1, 26); sub(/ +$/, "", name)
+            split(substr($0, 27), f, " ")
+            print name "\t" f[1] "\t" f[2]
+        }
+        /^ITEM / { seen = 1 }' "$1"
+}
+# the median of each item over the rounds: name<TAB>median<TAB>unit
+medians() {
+    for f in "$WORK/$1".*.txt; do rows "$f"; done |
+        awk -F'\t' '{ v[$1] = v[$1] " " $2; unit[$1] = $3; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+            END {
+                for (i = 1; i <= n; i++) {
+                    k = order[i]; m = split(substr(v[k], 2), a, " ")
+                    for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (a[y] + 0 < a[x] + 0) { t = a[x]; a[x] = a[y]; a[y] = t }
+                    med = (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+                    print k "\t" med "\t" unit[k]
+                }
+            }'
+}
+medians juicefs >"$WORK/juicefs.tsv"
+medians strait >"$WORK/strait.tsv"
+medians daemon >"$WORK/daemon.tsv"
+echo
+echo "==> strait / JuiceFS, medians of $ROUNDS rounds (higher is better for strait)"
+awk -F'\t' '
+    BEGIN {
+        n = split("create|stat|stat (cold cache)|rename|unlink|write small files|read small files|write big file|read big file", order, "|")
+        printf "%-20s %13s %13s %13s %-8s %9s %9s\n", "ITEM", "in-process", "daemon", "JuiceFS", "UNIT", "IN-PROC/J", "DAEMON/J"
+    }
+    FILENAME ~ /juicefs/ { jfs[$1] = $2; unit[$1] = $3; next }
+    FILENAME ~ /daemon/ { dm[$1] = $2; next }
+    { st[$1] = $2 }
+    END {
+        for (i = 1; i <= n; i++) {
+            k = order[i]
+            if (!(k in jfs)) continue
+            r1 = (jfs[k] > 0 && (k in st)) ? sprintf("%.2fx", st[k] / jfs[k]) : "-"
+            r2 = (jfs[k] > 0 && (k in dm)) ? sprintf("%.2fx", dm[k] / jfs[k]) : "-"
+            printf "%-20s %13.1f %13.1f %13.1f %-8s %9s %9s\n", k, st[k], dm[k], jfs[k], unit[k], r1, r2
+        }
+    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" "$WORK/daemon.tsv" | tee "$WORK/ratio.txt"
