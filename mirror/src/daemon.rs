@@ -69,7 +69,7 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     // the shipper of a promoted mirror hears of each commit at once
     let (kv, signal) = strait_primary::ship::tap::TappedKv::wrap(kv);
     let kv2 = kv.clone();
-    let promoted = tokio::task::spawn_blocking(move || crate::promote::recorded(&kv2))
+    let promoted = tokio::task::spawn_blocking(move || strait_primary::promotion::recorded(&kv2))
         .await
         .context("open task")??;
     let kv2 = kv.clone();

@@ -61,7 +61,6 @@ const ELECTION_POLL: Duration = Duration::from_millis(100);
 const FOLLOWER_STOP: Duration = Duration::from_secs(10);
 
 use strait_primary::promotion::record;
-pub use strait_primary::promotion::{forget, recorded};
 
 /// The shipper's fence and replication wait, given to the metadata service when the daemon
 /// starts and filled in at the promotion. Until then the engine is read-only (mutations are

@@ -241,7 +241,6 @@ fn set_aside_cmd(a: SetAsideArgs, mode: Mode) -> Result<()> {
         from_mirror: a.from_mirror.clone(),
         out: a.out.clone(),
     };
-    set_aside::check(&req)?;
     let from = a.from_mirror.clone();
     // the client is made inside the runtime (its channel needs a reactor)
     let load: set_aside::Loader = Box::new(move |kv| {
