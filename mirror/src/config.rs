@@ -351,7 +351,7 @@ impl Default for MirrorConfig {
             policy: Policy::Forward,
             wait_timeout_ms: 30_000,
             silence_ms: 1_000,
-            clock_poll_ms: 100,
+            clock_poll_ms: 10,
             ack_interval_ms: 500,
             data_url: "file:///var/lib/strait/mirror-data".into(),
             primary_data_url: String::new(),
@@ -549,8 +549,9 @@ wait_timeout_ms = 30000
 # No heartbeat from the primary, or nothing on the subscription, for this long: the mirror
 # counts itself cut off.
 silence_ms = 1000
-# How often the primary's clock and latest version are read straight from the primary.
-clock_poll_ms = 100
+# How often the primary's clock and latest version are read straight from the primary: a
+# mirror that keeps up shows a lag of about this plus one round trip.
+clock_poll_ms = 10
 # How often the applied version is acknowledged to the replicator.
 ack_interval_ms = 500
 # A mount silent for longer than this is dead.

@@ -48,6 +48,8 @@ const RETRY_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
     .without_max_times();
 /// How long one reading of the primary's clock may take.
 const CLOCK_POLL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Polls of the primary's clock waiting for their answers at once (see [`poll_clock`]).
+const CLOCK_POLLS_IN_FLIGHT_MAX: usize = 16;
 /// A subscription silent for this many `silence_ms` moves to the next replicator node.
 const SILENCE_SWITCH_FACTOR: u64 = 3;
 
@@ -789,51 +791,66 @@ pub async fn ack(mirror: Arc<Mirror>, stop: CancellationToken) {
 /// from when a poll the mirror has caught up with was *sent* (see `lag.rs`). The heartbeats
 /// in the change log reach the mirror behind every record before them, so they cannot bound
 /// anything.
+///
+/// Polls leave on a steady beat and do not wait for each other's answers: with a round trip
+/// longer than the period, several are in flight (at most [`CLOCK_POLLS_IN_FLIGHT_MAX`]; a
+/// beat is skipped while that many wait). So the bound a mirror that keeps up shows is about
+/// one period plus one round trip, never the period plus a round trip per poll.
 pub async fn poll_clock(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {
-    let every = Duration::from_millis(mirror.cfg.clock_poll_ms);
-    let mut warned = false;
-    let mut first = true;
+    let every = Duration::from_millis(mirror.cfg.clock_poll_ms.max(1));
+    // the first poll at once: until one is answered the lag is unknown
+    let mut beat = tokio::time::interval(every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let slots = Arc::new(tokio::sync::Semaphore::new(CLOCK_POLLS_IN_FLIGHT_MAX));
+    let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut polls = tokio::task::JoinSet::new();
     loop {
-        // the first poll at once: until one is answered the lag is unknown
-        if !first {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(every) => {}
+        tokio::select! {
+            _ = stop.cancelled() => {
+                polls.shutdown().await;
+                return;
             }
+            _ = beat.tick() => {}
+            // reap finished polls, so the set stays as small as the polls in flight
+            Some(_) = polls.join_next(), if !polls.is_empty() => continue,
         }
-        first = false;
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
         let requested = mirror.mono_ms();
-        // a client per poll: the primary may have moved (a promotion elsewhere)
+        // the primary's current address: it may have moved (a promotion elsewhere)
         let mut site = primary.site();
-        let call = site.status(strait_proto::site::Empty {});
-        match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
-            Ok(Ok(r)) => {
-                let s = r.into_inner();
-                // only the primary the log goes on with bounds the lag: an old one, fenced or
-                // superseded, would keep this mirror "fresh" while the new one commits
-                match reading_refused(&s, mirror.epoch()) {
-                    None => {
-                        mirror.on_poll(requested, s.clock_ms, Version(s.version));
-                        mirror.on_primary_lease(s.lease_ms, s.lease_left_ms);
-                        warned = false;
-                    }
-                    Some(why) if !warned => {
-                        tracing::warn!("the primary's clock is not taken as a reading: {why}");
-                        warned = true;
-                    }
-                    Some(_) => {}
+        let (mirror, warned) = (mirror.clone(), warned.clone());
+        polls.spawn(async move {
+            let _slot = slot;
+            let call = site.status(strait_proto::site::Empty {});
+            let warn = |what: String| {
+                if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!("{what}");
                 }
+            };
+            match tokio::time::timeout(CLOCK_POLL_TIMEOUT, call).await {
+                Ok(Ok(r)) => {
+                    let s = r.into_inner();
+                    // only the primary the log goes on with bounds the lag: an old one, fenced
+                    // or superseded, would keep this mirror "fresh" while the new one commits
+                    match reading_refused(&s, mirror.epoch()) {
+                        None => {
+                            mirror.on_poll(requested, s.clock_ms, Version(s.version));
+                            mirror.on_primary_lease(s.lease_ms, s.lease_left_ms);
+                            warned.store(false, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Some(why) => warn(format!(
+                            "the primary's clock is not taken as a reading: {why}"
+                        )),
+                    }
+                }
+                Ok(Err(e)) => warn(format!("read the primary's clock: {}", e.message())),
+                Err(_) => warn(format!(
+                    "read the primary's clock: no answer within {CLOCK_POLL_TIMEOUT:?}"
+                )),
             }
-            Ok(Err(e)) if !warned => {
-                tracing::warn!("read the primary's clock: {}", e.message());
-                warned = true;
-            }
-            Err(_) if !warned => {
-                tracing::warn!("read the primary's clock: no answer within {CLOCK_POLL_TIMEOUT:?}");
-                warned = true;
-            }
-            _ => {}
-        }
+        });
     }
 }
 

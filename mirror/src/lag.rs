@@ -17,6 +17,10 @@
 //! on arrival, or heartbeats pushed through the change log (which may have waited anywhere on
 //! the way), would be biased low; they bound nothing here. A poll every `clock_poll_ms`
 //! makes a mirror that keeps up show a lag of about that period plus one round trip.
+//!
+//! Polls are in flight together and may be answered out of order. Each answer is a claim of
+//! its own ("everything committed before `r` is at most `L`"), so the order they arrive in
+//! never makes the bound low: [`LagState::on_poll`] only keeps claims or weakens them.
 
 use std::collections::VecDeque;
 
@@ -25,9 +29,9 @@ use strait_fs_core::Version;
 /// Heartbeats remembered (for the newest version announced and the silence).
 pub const HEARTBEATS_KEPT_MAX: usize = 64;
 /// Polls remembered whose version the mirror has not applied yet (one per version, the
-/// newest request for it). At 100 ms per poll, about 25 s of a mirror falling behind; past
+/// newest request for it). At 10 ms per poll, about 40 s of a mirror falling behind; past
 /// that the oldest are forgotten, which can only make the lag read higher.
-pub const POLLS_KEPT_MAX: usize = 256;
+pub const POLLS_KEPT_MAX: usize = 4096;
 /// Seconds of lag history kept (one sample per second), for p50/p99 and the dashboard chart.
 pub const HISTORY_SECONDS: usize = 60;
 
@@ -96,6 +100,10 @@ impl LagState {
 
     /// A poll sent at local time `requested_ms` was answered: the primary's latest version
     /// was `latest` (the reading itself goes through [`LagState::on_heartbeat`]).
+    ///
+    /// Each answer claims "everything committed before `requested_ms` is at most `latest`".
+    /// Answers may arrive in any order; the claims kept are those no other claim beats (one
+    /// sent later for no greater version), ordered by version and so by sending time.
     pub fn on_poll(&mut self, requested_ms: u64, latest: Version) {
         if latest <= self.applied {
             self.caught_up_ms = Some(
@@ -104,16 +112,20 @@ impl LagState {
             );
             return;
         }
-        match self.polls.back_mut() {
-            // a later request for the same version is the better bound
-            Some(last) if last.1 >= latest => last.0 = last.0.max(requested_ms),
-            _ => {
-                if self.polls.len() >= POLLS_KEPT_MAX {
-                    self.polls.pop_front();
-                }
-                self.polls.push_back((requested_ms, latest));
-            }
+        if self
+            .polls
+            .iter()
+            .any(|&(r, l)| r >= requested_ms && l <= latest)
+        {
+            return;
         }
+        self.polls
+            .retain(|&(r, l)| !(r <= requested_ms && l >= latest));
+        if self.polls.len() >= POLLS_KEPT_MAX {
+            self.polls.pop_front();
+        }
+        let at = self.polls.partition_point(|&(_, l)| l < latest);
+        self.polls.insert(at, (requested_ms, latest));
     }
 
     /// Records up to `applied` are applied; `next` is the oldest still pending (version, ts).
@@ -257,6 +269,36 @@ mod tests {
         // an answer that arrives late (a poll sent earlier) does not move it back
         s.on_poll(600, Version(5));
         assert_eq!(s.lag(1_040).ms, 40);
+    }
+
+    #[test]
+    fn polls_answered_out_of_order_never_make_the_bound_low() {
+        // polls sent at 0, 10 and 20, all in flight at once; the primary served the one sent
+        // at 20 first (version 4), then those sent at 10 (6) and 0 (8): the answers arrive
+        // newest first
+        let mut s = LagState::default();
+        s.on_poll(20, Version(4));
+        s.on_poll(10, Version(6));
+        s.on_poll(0, Version(8));
+        // at 50 the mirror has applied 4: it holds what was committed before 20, no more
+        s.on_applied(Version(4), None);
+        assert_eq!(s.lag(50).ms, 30);
+        // having applied 6 tells nothing newer than 20 (the poll sent at 10 is older)
+        s.on_applied(Version(6), None);
+        assert_eq!(s.lag(50).ms, 30);
+        // and versions between two claims give none of the newer one's
+        let mut s = LagState::default();
+        s.on_poll(0, Version(3));
+        s.on_poll(20, Version(9));
+        s.on_poll(10, Version(6));
+        s.on_applied(Version(7), None);
+        assert_eq!(
+            s.lag(50).ms,
+            40,
+            "only the poll sent at 10 (version 6) is caught up with"
+        );
+        s.on_applied(Version(9), None);
+        assert_eq!(s.lag(50).ms, 30);
     }
 
     #[test]
