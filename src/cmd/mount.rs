@@ -51,6 +51,11 @@ pub struct Args {
     /// Seconds the kernel caches attributes and entries.
     #[arg(long, default_value_t = 1.0)]
     pub attr_ttl: f64,
+    /// How far ahead the kernel reads a file read in order (its `read_ahead_kb` for this
+    /// mount; needs root, else the kernel's 128 KiB stays). The kernel then asks in requests
+    /// of up to 1 MiB, several at once. 0 leaves the kernel's setting.
+    #[arg(long, default_value = "16M")]
+    pub read_ahead: String,
     /// Log file of a background mount.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -305,6 +310,7 @@ fn run_foreground(a: Args) -> Result<()> {
         );
         cache_size = 0;
     }
+    let read_ahead = super::parse_size(&a.read_ahead).context("--read-ahead")?;
     let opts = VfsOptions {
         mem_cache_bytes: super::parse_size(&a.mem_cache_size)?,
         cache_dir: (cache_size > 0).then(|| a.cache_dir.clone()),
@@ -317,6 +323,11 @@ fn run_foreground(a: Args) -> Result<()> {
         download_concurrency: a.max_downloads.max(1),
         fallback_concurrency: a.max_downloads.max(1),
         upload_concurrency: a.max_uploads.max(1),
+        kernel_read_ahead: if read_ahead > 0 {
+            read_ahead
+        } else {
+            VfsOptions::default().kernel_read_ahead
+        },
         ..VfsOptions::default()
     };
     let vfs = Vfs::new(meta.clone(), store.clone(), opts, Some(rt.handle().clone()))?;
@@ -334,6 +345,25 @@ fn run_foreground(a: Args) -> Result<()> {
     let mut session = fuser::Session::new(fs, &a.mountpoint, &config)
         .with_context(|| format!("mount at {}", a.mountpoint.display()))?;
     let _ = notifier_slot.set(session.notifier());
+    if read_ahead > 0 {
+        // after the kernel's INIT is answered: answering it lowers the read-ahead to what
+        // the reply names (at most the kernel's 128 KiB); a stat of the root is answered
+        // only after it
+        let mp = a.mountpoint.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::fs::metadata(&mp).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            match strait_fs_core::fuse::set_read_ahead(&mp, read_ahead) {
+                Ok(bdi) => tracing::info!(
+                    "the kernel reads ahead {} on this mount ({bdi})",
+                    strait_ids::units::human_bytes(read_ahead)
+                ),
+                Err(e) => tracing::info!("the kernel's read-ahead stays as it is: {e}"),
+            }
+        });
+    }
     let pidf = pid_file(&a.mountpoint);
     if let Some(dir) = pidf.parent() {
         let _ = std::fs::create_dir_all(dir);

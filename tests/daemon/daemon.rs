@@ -143,6 +143,96 @@ fn two_mounts_share_one_file_system_with_close_to_open_and_no_lost_update() {
     b.unmount();
 }
 
+/// How many of `path`'s pages are in the page cache (mincore over a shared mapping).
+fn resident_pages(path: &Path) -> usize {
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let pages = len.div_ceil(page);
+    // SAFETY: a read-only shared mapping of `len` bytes of an open file, unmapped below; mincore
+    // writes one byte per page into a vector of that many bytes
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap {}", path.display());
+        let mut vec = vec![0u8; pages];
+        let rc = libc::mincore(p, len, vec.as_mut_ptr());
+        libc::munmap(p, len);
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|b| **b & 1 == 1).count()
+    }
+}
+
+#[test]
+fn a_reopened_file_keeps_its_page_cache_until_another_mount_changes_it() {
+    if !crate::support::require_fuse() {
+        return;
+    }
+    let fs = TestFs::rocks_local(&["--block-size", "1M"]);
+    let daemon = Primary::start(&fs.meta_url, &[], &[]);
+    let a = daemon.mount(&[]);
+    let b = daemon.mount(&[]);
+    const LEN: usize = (2 << 20) + 4096;
+    let pages = LEN.div_ceil(4096);
+    let first = content(1, LEN);
+    std::fs::write(a.path("f"), &first).unwrap();
+    assert_eq!(sha(&std::fs::read(b.path("f")).unwrap()), sha(&first));
+    // the file did not change: B's next open keeps what its first read cached (the open in
+    // resident_pages is that open)
+    assert_eq!(
+        resident_pages(&b.path("f")),
+        pages,
+        "an unchanged file lost its page cache at open"
+    );
+    assert_eq!(sha(&std::fs::read(b.path("f")).unwrap()), sha(&first));
+
+    // rewritten at A, with the same length: B's next open drops what it cached
+    let second = content(2, LEN);
+    std::fs::write(a.path("f"), &second).unwrap();
+    assert_eq!(
+        resident_pages(&b.path("f")),
+        0,
+        "a changed file kept its page cache"
+    );
+    assert_eq!(sha(&std::fs::read(b.path("f")).unwrap()), sha(&second));
+
+    // rewritten at A with the same length and its mtime put back (as `cp -p` and `tar` do):
+    // only the ctime tells, and it is enough
+    let mtime = std::fs::metadata(a.path("f")).unwrap().modified().unwrap();
+    let third = content(3, LEN);
+    std::fs::write(a.path("f"), &third).unwrap();
+    let f = std::fs::File::options()
+        .write(true)
+        .open(a.path("f"))
+        .unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert_eq!(
+        std::fs::metadata(b.path("f")).unwrap().modified().unwrap(),
+        mtime,
+        "the mtime was put back"
+    );
+    assert_eq!(
+        sha(&std::fs::read(b.path("f")).unwrap()),
+        sha(&third),
+        "B read the bytes it had cached of a file A rewrote with the same length and mtime"
+    );
+
+    // B's own writes: B reads them back, and so does A after B's close
+    let fourth = content(4, LEN);
+    std::fs::write(b.path("f"), &fourth).unwrap();
+    assert_eq!(sha(&std::fs::read(b.path("f")).unwrap()), sha(&fourth));
+    assert_eq!(sha(&std::fs::read(a.path("f")).unwrap()), sha(&fourth));
+    a.unmount();
+    b.unmount();
+}
+
 #[test]
 fn an_unlinked_file_lives_until_its_last_close_at_any_mount() {
     if !crate::support::require_fuse() {

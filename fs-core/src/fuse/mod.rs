@@ -501,17 +501,22 @@ impl Filesystem for StraitFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let (fh, _, changed) = tri_ino!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
-        if changed {
+        let o = tri_ino!(reply, self.vfs.open(&self.ctx(req), ino.0, flags.0));
+        if o.changed {
             if let Some(n) = self.notifier.get() {
                 // offset -1: attributes only; the page cache is dropped by the open itself
-                // (no FOPEN_KEEP_CACHE)
+                // unless it holds the file's bytes now (FOPEN_KEEP_CACHE)
                 if let Err(e) = n.inval_inode(ino, -1, 0) {
                     tracing::debug!("invalidate the attributes of inode {}: {e}", ino.0);
                 }
             }
         }
-        reply.opened(FileHandle(fh), FopenFlags::empty());
+        let flags = if o.keep_cache {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(o.fh), flags);
     }
 
     fn read(
@@ -853,6 +858,37 @@ impl Filesystem for StraitFs {
     ) {
         reply.error(Errno::from_i32(libc::EOPNOTSUPP));
     }
+}
+
+/// Set how far ahead the kernel reads files of the FUSE mount at `mountpoint` (the
+/// `read_ahead_kb` of its backing device, found in `/proc/self/mountinfo`, so no request
+/// reaches the mount to find it). The FUSE default is 128 KiB, which makes every read request
+/// 128 KiB; with more the kernel sends requests as large as the mount allows (1 MiB), several
+/// at once. Only root may write it. Returns the device's sysfs path.
+pub fn set_read_ahead(mountpoint: &std::path::Path, bytes: u64) -> std::io::Result<String> {
+    let want = mountpoint
+        .canonicalize()
+        .unwrap_or_else(|_| mountpoint.to_path_buf());
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    // "id parent major:minor root mountpoint ..."; the newest mount at the point is last
+    let dev = table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let point = f.get(4)?.replace("\\040", " ");
+            (std::path::Path::new(&point) == want).then(|| f.get(2).map(|d| d.to_string()))?
+        })
+        .next_back()
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{} is not in the mount table", want.display()),
+            )
+        })?;
+    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    std::fs::write(&path, (bytes / 1024).max(4).to_string())
+        .map_err(|e| std::io::Error::new(e.kind(), format!("write {path}: {e}")))?;
+    Ok(path)
 }
 
 /// Mount options for a strait mount.

@@ -22,6 +22,7 @@ mod read;
 mod store;
 mod writer;
 
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +55,10 @@ pub struct VfsOptions {
     pub disk_cache_bytes: u64,
     /// Most blocks read ahead of a sequential reader.
     pub readahead_blocks_max: u32,
+    /// How far ahead the kernel reads on the mount (its `read_ahead_kb`): its requests for
+    /// one reader are in flight over that span at once, so they arrive up to that far out of
+    /// order and still come from a sequential reader.
+    pub kernel_read_ahead: u64,
     pub upload_concurrency: usize,
     pub download_concurrency: usize,
     /// At a mirror: blocks fetched through the mirror daemon at once.
@@ -71,6 +76,7 @@ impl Default for VfsOptions {
             cache_dir: None,
             disk_cache_bytes: 0,
             readahead_blocks_max: 8,
+            kernel_read_ahead: 128 << 10,
             upload_concurrency: 16,
             download_concurrency: 64,
             fallback_concurrency: 64,
@@ -134,6 +140,17 @@ fn readahead(
     }
 }
 
+/// What [`Vfs::open`] answers.
+#[derive(Debug)]
+pub struct Opened {
+    pub fh: u64,
+    pub attr: Attr,
+    /// The attributes differ from those the kernel was last told.
+    pub changed: bool,
+    /// The kernel may keep the file's page cache.
+    pub keep_cache: bool,
+}
+
 pub struct Vfs {
     shared: Arc<Shared>,
     opts: VfsOptions,
@@ -141,8 +158,31 @@ pub struct Vfs {
     writers: Mutex<HashMap<Ino, Arc<FileWriter>>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
-    /// Size and mtime of files as last reported to the kernel (see [`Vfs::open`]).
-    seen: Mutex<HashMap<Ino, (u64, i64)>>,
+    /// The version of files as last reported to the kernel (see [`Vfs::open`]).
+    seen: Mutex<HashMap<Ino, Version>>,
+    /// The version of each file at its last open through this mount, while no write through
+    /// this mount followed: the version whose bytes the kernel's page cache may hold.
+    opened: Mutex<HashMap<Ino, Version>>,
+}
+
+/// What identifies a file's bytes at one moment: its length, mtime and ctime. Every change of
+/// a file's data moves its ctime, which no caller can set, so two different contents never
+/// share a version (close-to-open compares versions, as NFS compares its change attribute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Version {
+    length: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl Version {
+    fn of(a: &Attr) -> Self {
+        Version {
+            length: a.length,
+            mtime_ns: a.mtime_ns,
+            ctime_ns: a.ctime_ns,
+        }
+    }
 }
 
 impl Vfs {
@@ -204,6 +244,7 @@ impl Vfs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
+            opened: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -238,8 +279,8 @@ impl Vfs {
         }
     }
 
-    /// Remember the size and mtime of a file as last told to the kernel; returns whether
-    /// they differ from what it was told before (or nothing was). Every reply that gives the
+    /// Remember the version (size, mtime, ctime) of a file as last told to the kernel;
+    /// returns whether it differs from what it was told before (or nothing was). Every reply that gives the
     /// kernel a file's attributes goes through here: [`Self::read`] reads up to the length
     /// the kernel was last told, as the kernel itself does.
     pub fn saw(&self, ino: Ino, a: &Attr) -> bool {
@@ -250,7 +291,7 @@ impl Vfs {
         if seen.len() >= SEEN_ENTRIES_MAX {
             seen.clear();
         }
-        seen.insert(ino, (a.length, a.mtime_ns)) != Some((a.length, a.mtime_ns))
+        seen.insert(ino, Version::of(a)) != Some(Version::of(a))
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
@@ -271,6 +312,9 @@ impl Vfs {
         // buffered writes commit first, so they neither outlive a truncate nor overwrite
         // the times set here
         self.flush_inode(ino)?;
+        if req.size.is_some() {
+            self.touched(ino);
+        }
         let a = self.shared.meta.setattr(ctx, ino, req)?;
         if req.size.is_some() {
             self.shared.forget_inode(ino);
@@ -298,7 +342,11 @@ impl Vfs {
 
     /// Open `ino`; the flag is true when the file changed since the kernel last heard of it
     /// (another mount wrote it), so the caller must drop the kernel's cached attributes.
-    pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<(u64, Attr, bool)> {
+    /// Open `ino`: the handle, the attributes, whether they changed since the kernel last
+    /// heard of them, and whether the kernel may keep the file's page cache (the file is at
+    /// the version it had at its last open here, and nothing was written to it through this
+    /// mount since, so the cached pages are the file's bytes now).
+    pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
         // close-to-open: forget cached slice lists so this open sees every committed write
         self.shared.forget_inode(ino);
         let mark = self.shared.change_mark(ino);
@@ -308,9 +356,27 @@ impl Vfs {
             // commit through this mount raced the open)
             self.shared.keep_chunk(ino, 0, mark, slices, unsynced);
         }
+        let writing = self.existing_writer(ino).is_some();
         self.overlay(ino, &mut a);
         let changed = self.saw(ino, &a);
-        Ok((self.new_handle(ino), a, changed))
+        let keep_cache = a.kind == FileKind::File && !writing && {
+            let mut opened = self.opened.lock();
+            if opened.len() >= SEEN_ENTRIES_MAX {
+                opened.clear();
+            }
+            opened.insert(ino, Version::of(&a)) == Some(Version::of(&a))
+        };
+        Ok(Opened {
+            fh: self.new_handle(ino),
+            attr: a,
+            changed,
+            keep_cache,
+        })
+    }
+
+    /// Data of `ino` is changing through this mount: its next open drops the page cache.
+    fn touched(&self, ino: Ino) {
+        self.opened.lock().remove(&ino);
     }
 
     /// A POSIX lock on `ino` was granted: forget what this mount read of the file since its
@@ -340,7 +406,7 @@ impl Vfs {
         Ok((self.new_handle(ino), ino, a))
     }
 
-    pub fn read(&self, fh: u64, ino: Ino, off: u64, size: u32) -> Result<Vec<u8>> {
+    pub fn read(&self, fh: u64, ino: Ino, off: u64, size: u32) -> Result<Bytes> {
         // Commit this file's buffered writes first. Always call flush: it also waits for a
         // flush already running on another thread (a concurrent readahead request must not
         // see the length from before that flush's commits).
@@ -353,7 +419,7 @@ impl Vfs {
                 w.flush(&self.shared)?;
                 None
             }
-            None => self.seen.lock().get(&ino).map(|(length, _)| *length),
+            None => self.seen.lock().get(&ino).map(|v| v.length),
         };
         let length = match told {
             Some(length) => length,
@@ -366,10 +432,9 @@ impl Vfs {
             }
         };
         if off >= length || size == 0 {
-            return Ok(vec![]);
+            return Ok(Bytes::new());
         }
         let end = (off + size as u64).min(length);
-        let mut buf = vec![0u8; (end - off) as usize];
         // readahead: grow the window while the reader stays sequential
         let window = {
             let mut hs = self.handles.lock();
@@ -378,7 +443,7 @@ impl Vfs {
                     (h.next_off, h.window_blocks) = readahead(
                         (h.next_off, h.window_blocks),
                         (off, end),
-                        self.shared.block_size as u64,
+                        self.shared.block_size as u64 + self.opts.kernel_read_ahead,
                         self.opts.readahead_blocks_max,
                     );
                     h.window_blocks
@@ -387,6 +452,30 @@ impl Vfs {
             }
         };
         let shared = self.shared.clone();
+        let data = self.read_range(ino, off, end)?;
+        if window > 0 {
+            shared.prefetch(ino, end, window as u64 * shared.block_size as u64, length);
+        }
+        Ok(data)
+    }
+
+    /// The bytes `[off, end)` of `ino`: a view of one block when the range lies in one
+    /// (see [`Shared::read_in_one_block`]), else gathered into a buffer of their own.
+    fn read_range(&self, ino: Ino, off: u64, end: u64) -> Result<Bytes> {
+        let shared = &self.shared;
+        let idx = (off / CHUNK_SIZE) as u32;
+        if (end - 1) / CHUNK_SIZE == idx as u64 {
+            let from = (off % CHUNK_SIZE) as u32;
+            let to = from + (end - off) as u32;
+            let slices = shared.slices(ino, idx)?;
+            if let Some(b) = shared
+                .rt
+                .block_on(shared.read_in_one_block(&slices, from, to))?
+            {
+                return Ok(b);
+            }
+        }
+        let mut buf = vec![0u8; (end - off) as usize];
         let mut pos = off;
         while pos < end {
             let idx = (pos / CHUNK_SIZE) as u32;
@@ -397,10 +486,7 @@ impl Vfs {
             shared.rt.block_on(shared.read_chunk(&slices, from, dst))?;
             pos = idx as u64 * CHUNK_SIZE + to as u64;
         }
-        if window > 0 {
-            shared.prefetch(ino, end, window as u64 * shared.block_size as u64, length);
-        }
-        Ok(buf)
+        Ok(Bytes::from(buf))
     }
 
     pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<u32> {
@@ -413,6 +499,7 @@ impl Vfs {
         if self.shared.meta.is_read_only() {
             return sys(libc::EROFS);
         }
+        self.touched(ino);
         let w = self.writer(ino);
         w.write(&self.shared, off, data)?;
         if w.tails_full() {
@@ -627,5 +714,33 @@ mod tests {
         assert_eq!(window(), max);
         vfs.read(fh, ino, 40 << 20, K as u32).unwrap();
         assert_eq!(window(), 0);
+    }
+
+    /// With the kernel reading 16 MiB ahead, its 1 MiB requests for one sequential reader
+    /// arrive as much as 16 MiB out of order: the window stays open.
+    #[test]
+    fn requests_out_of_order_within_the_kernels_read_ahead_keep_the_window() {
+        const MIB: u64 = 1 << 20;
+        let (_, meta, store, _) = memory_vfs();
+        let vfs = super::Vfs::new(
+            meta as std::sync::Arc<dyn crate::meta::MetaClient>,
+            store,
+            super::VfsOptions {
+                kernel_read_ahead: 16 * MIB,
+                ..super::VfsOptions::default()
+            },
+            None,
+        )
+        .unwrap();
+        let root = Ctx::root();
+        let (fh, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
+        vfs.write(ino, 0, &vec![7u8; (64 * MIB) as usize]).unwrap();
+        vfs.flush_handle(fh, ino).unwrap();
+        let window = || vfs.handles.lock()[&fh].window_blocks;
+        // 16 requests in order, then the one left behind at the start
+        for m in (1..17).chain([0]) {
+            vfs.read(fh, ino, m * MIB, MIB as u32).unwrap();
+        }
+        assert_eq!(window(), vfs.opts.readahead_blocks_max);
     }
 }

@@ -188,6 +188,40 @@ impl Shared {
         }
     }
 
+    /// `[from, to)` of a chunk as a view of one cached block, when the range is one slice's
+    /// bytes within one block (a sequential reader's requests nearly always are): no buffer
+    /// to fill, and the reply is written straight from the block. None otherwise.
+    pub(super) async fn read_in_one_block(
+        self: &Arc<Self>,
+        view: &ChunkView,
+        from: u32,
+        to: u32,
+    ) -> Result<Option<Bytes>> {
+        let segs = visible_segments(&view.slices, from, to);
+        let [seg] = segs.as_slice() else {
+            return Ok(None);
+        };
+        let Some(slice) = seg.slice else {
+            return Ok(None);
+        };
+        let bs = self.block_size;
+        let (index, in_block) = (seg.off / bs, seg.off % bs);
+        if in_block + seg.len > bs {
+            return Ok(None);
+        }
+        let block = self
+            .block(slice, index, view.unsynced(slice.id, index))
+            .await?;
+        let end = (in_block + seg.len) as usize;
+        if end > block.len() {
+            return Err(Error::corrupt(format!(
+                "slice {} is shorter than its references",
+                slice.id
+            )));
+        }
+        Ok(Some(block.slice(in_block as usize..end)))
+    }
+
     /// Read `[off, off + buf.len())` of chunk `idx` into `buf` (the range lies in the chunk).
     pub(super) async fn read_chunk(
         self: &Arc<Self>,

@@ -335,7 +335,7 @@ mod tests {
         let (kv, _, _, vfs) = memory_vfs();
         let root = Ctx::root();
         let (writer, ino, _) = vfs.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
-        let (reader, _, _) = vfs.open(&root, ino, libc::O_RDONLY).unwrap();
+        let reader = vfs.open(&root, ino, libc::O_RDONLY).unwrap().fh;
         vfs.write(ino, 0, b"lost").unwrap();
         // another daemon's engine over the same metadata, with no handle on the file:
         // its unlink deletes the file, so the commit of the buffered write fails
