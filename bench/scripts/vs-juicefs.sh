@@ -9,6 +9,10 @@
 # it); runs `strait bench` with the same parameters on the three mount points, and
 # `juicefs bench` on the JuiceFS mount for reference; prints the tables and a ratio table
 # against JuiceFS (every figure is a throughput, so a ratio above 1 means strait is faster).
+# The machine's limits are measured in the same rounds: the data part of `strait bench` on a
+# tmpfs directory (memory: what a warm read can reach) and on a directory of the local disk
+# (what a cold read of a `file://` store can reach). Every row says the CPU time per
+# operation (or per MiB) of each process: the benchmark, the mount, the daemon.
 # The three run in turn, ROUNDS times (JuiceFS, in-process, daemon, JuiceFS, ...), so a
 # burst of noise on a shared machine hits all three alike; the ratio table takes each
 # system's median over the rounds.
@@ -17,6 +21,8 @@
 # Environment:
 #   BENCH_ARGS   parameters of `strait bench` (default below)
 #   STRAIT       strait binary (default: a release build, made here if missing or stale)
+#   STRAIT_BENCH the binary whose `strait bench` measures (default: STRAIT); to measure an
+#                older build with the same benchmark, STRAIT=old STRAIT_BENCH=new
 #   BENCH_DIR    scratch directory (default: a new one under /tmp)
 #   KEEP_RESULTS directory to copy the result tables into (optional)
 #   ROUNDS       rounds of the three benchmarks (default 3; the table shows medians)
@@ -51,6 +57,7 @@ if [[ -z "${STRAIT:-}" ]]; then
     STRAIT=$CARGO_TARGET_DIR/release/strait
 fi
 
+STRAIT_BENCH=${STRAIT_BENCH:-$STRAIT}
 WORK=${BENCH_DIR:-$(mktemp -d /tmp/strait-bench.XXXXXX)}
 mkdir -p "$WORK"
 JFS_MNT=$WORK/juicefs-mnt
@@ -99,22 +106,27 @@ start_redis "$(free_port)" "$WORK/redis" >/dev/null
 JFS_META=$REDIS_URL/1
 
 echo "==> JuiceFS $(juicefs --version | awk '{print $3}'): Redis metadata, local storage"
-juicefs format --storage file --bucket "$WORK/juicefs-data/" "$JFS_META" bench >/dev/null
+# no trash, and strait's dead blocks deleted at the next GC pass: the rounds write tens of
+# GiB in turn, which must not pile up on the disk
+juicefs format --storage file --bucket "$WORK/juicefs-data/" --trash-days 0 "$JFS_META" bench \
+    >/dev/null
 juicefs mount -d --no-usage-report --cache-dir "$WORK/juicefs-cache" --log "$WORK/juicefs.log" \
     "$JFS_META" "$JFS_MNT"
 
 echo "==> strait: RocksDB metadata, local storage"
-"$STRAIT" format "rocksdb://$WORK/strait-meta" "file://$WORK/strait-data" --name bench >/dev/null
+"$STRAIT" format "rocksdb://$WORK/strait-meta" "file://$WORK/strait-data" --name bench \
+    --gc-delay 0 >/dev/null
 "$STRAIT" mount -d "rocksdb://$WORK/strait-meta" "$STRAIT_MNT" --cache-dir "$WORK/strait-cache" \
     --log-file "$WORK/strait-mount.log"
 
 echo "==> strait through a site daemon: strait primary (RocksDB), mount over gRPC"
-"$STRAIT" format "rocksdb://$WORK/daemon-meta" "file://$WORK/daemon-data" --name bench-daemon >/dev/null
+"$STRAIT" format "rocksdb://$WORK/daemon-meta" "file://$WORK/daemon-data" --name bench-daemon \
+    --gc-delay 0 >/dev/null
 DAEMON_PORT=$(free_port)
 STRAIT_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 export STRAIT_TOKEN
 "$STRAIT" primary --meta-url "rocksdb://$WORK/daemon-meta" --listen "127.0.0.1:$DAEMON_PORT" \
-    --metrics-listen "" >"$WORK/primary.log" 2>&1 &
+    --metrics-listen "" --gc-interval-s 5 >"$WORK/primary.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 1 300); do
     grep -q "strait primary: serving" "$WORK/primary.log" && break
@@ -123,19 +135,49 @@ done
 "$STRAIT" mount -d "strait://127.0.0.1:$DAEMON_PORT" "$DAEMON_MNT" \
     --cache-dir "$WORK/daemon-cache" --log-file "$WORK/daemon-mount.log"
 
+# The processes serving a mount point (a daemonised mount may be a watchdog and its child),
+# as a comma-separated list for `strait bench --cpu-of`.
+mount_pids() {
+    pgrep -f -- " $1( |\$)" | paste -sd, -
+}
+JFS_PIDS=$(mount_pids "$JFS_MNT")
+STRAIT_PIDS=$(mount_pids "$STRAIT_MNT")
+DAEMON_MNT_PIDS=$(mount_pids "$DAEMON_MNT")
+for v in JFS_PIDS STRAIT_PIDS DAEMON_MNT_PIDS; do
+    if [[ -z "${!v}" ]]; then
+        echo "bench-vs-juicefs.sh: no process found for $v" >&2
+        exit 1
+    fi
+done
+# the machine's limits: memory and the local disk
+SHM_DIR=$(mktemp -d /dev/shm/strait-bench-limit.XXXXXX)
+DISK_DIR=$WORK/disk-limit
+mkdir -p "$DISK_DIR"
+# the data part of BENCH_ARGS only (the limits have no metadata to compare)
+DATA_ARGV=("${BENCH_ARGV[@]}" --only data)
+
 ROUNDS=${ROUNDS:-3}
 for r in $(seq 1 "$ROUNDS"); do
-    echo "==> round $r of $ROUNDS: strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first)"
-    "$STRAIT" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label "juicefs-redis-file (round $r)" |
-        tee "$WORK/juicefs.$r.txt"
+    echo "==> round $r of $ROUNDS: strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first), then the limits"
+    "$STRAIT_BENCH" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label "juicefs-redis-file (round $r)" \
+        --cpu-of "juicefs=$JFS_PIDS" | tee "$WORK/juicefs.$r.txt"
     echo
-    "$STRAIT" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label "strait-rocksdb-file (round $r)" |
-        tee "$WORK/strait.$r.txt"
+    "$STRAIT_BENCH" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label "strait-rocksdb-file (round $r)" \
+        --cpu-of "mount=$STRAIT_PIDS" | tee "$WORK/strait.$r.txt"
     echo
-    "$STRAIT" bench "$DAEMON_MNT" "${BENCH_ARGV[@]}" \
-        --label "strait-daemon-rocksdb-file (round $r)" | tee "$WORK/daemon.$r.txt"
+    "$STRAIT_BENCH" bench "$DAEMON_MNT" "${BENCH_ARGV[@]}" \
+        --label "strait-daemon-rocksdb-file (round $r)" \
+        --cpu-of "mount=$DAEMON_MNT_PIDS" --cpu-of "daemon=$DAEMON_PID" |
+        tee "$WORK/daemon.$r.txt"
+    echo
+    "$STRAIT_BENCH" bench "$SHM_DIR" "${DATA_ARGV[@]}" --label "limit: tmpfs (round $r)" |
+        tee "$WORK/limit-tmpfs.$r.txt"
+    echo
+    "$STRAIT_BENCH" bench "$DISK_DIR" "${DATA_ARGV[@]}" --label "limit: local disk (round $r)" |
+        tee "$WORK/limit-disk.$r.txt"
     echo
 done
+rm -rf -- "$SHM_DIR"
 
 echo
 if [[ "${JFS_BENCH:-1}" == 1 ]]; then
@@ -168,15 +210,21 @@ medians() {
 medians juicefs >"$WORK/juicefs.tsv"
 medians strait >"$WORK/strait.tsv"
 medians daemon >"$WORK/daemon.tsv"
+medians limit-tmpfs >"$WORK/limit-tmpfs.tsv"
+medians limit-disk >"$WORK/limit-disk.tsv"
 echo
-echo "==> strait / JuiceFS, medians of $ROUNDS rounds (higher is better for strait)"
+echo "==> strait / JuiceFS, medians of $ROUNDS rounds (higher is better for strait); the limits"
+echo "    are the same data rows on tmpfs and on the local disk; DAEMON/LIM is the daemon's"
+echo "    figure over tmpfs's for warm reads and over the disk's for the others"
 awk -F'\t' '
     BEGIN {
-        n = split("create|stat|stat (cold cache)|rename|unlink|write small files|read small files|write big file|read big file", order, "|")
-        printf "%-20s %13s %13s %13s %-8s %9s %9s\n", "ITEM", "in-process", "daemon", "JuiceFS", "UNIT", "IN-PROC/J", "DAEMON/J"
+        n = split("create|stat|stat (cold cache)|rename|unlink|write small files|read small files|write big file|read big file|read big file (warm)|read 8 files, 8 threads", order, "|")
+        printf "%-24s %11s %11s %11s %11s %11s %-8s %9s %9s %9s\n", "ITEM", "in-process", "daemon", "JuiceFS", "tmpfs", "disk", "UNIT", "IN-PROC/J", "DAEMON/J", "DAEMON/LIM"
     }
     FILENAME ~ /juicefs/ { jfs[$1] = $2; unit[$1] = $3; next }
     FILENAME ~ /daemon/ { dm[$1] = $2; next }
+    FILENAME ~ /limit-tmpfs/ { shm[$1] = $2; next }
+    FILENAME ~ /limit-disk/ { disk[$1] = $2; next }
     { st[$1] = $2 }
     END {
         for (i = 1; i <= n; i++) {
@@ -184,6 +232,11 @@ awk -F'\t' '
             if (!(k in jfs)) continue
             r1 = (jfs[k] > 0 && (k in st)) ? sprintf("%.2fx", st[k] / jfs[k]) : "-"
             r2 = (jfs[k] > 0 && (k in dm)) ? sprintf("%.2fx", dm[k] / jfs[k]) : "-"
-            printf "%-20s %13.1f %13.1f %13.1f %-8s %9s %9s\n", k, st[k], dm[k], jfs[k], unit[k], r1, r2
+            lim = (k ~ /warm/) ? shm[k] : disk[k]
+            r3 = (lim > 0 && (k in dm)) ? sprintf("%.0f%%", 100 * dm[k] / lim) : "-"
+            printf "%-24s %11.1f %11.1f %11.1f %11s %11s %-8s %9s %9s %9s\n", k, st[k], dm[k], jfs[k], \
+                (k in shm) ? sprintf("%.1f", shm[k]) : "-", (k in disk) ? sprintf("%.1f", disk[k]) : "-", \
+                unit[k], r1, r2, r3
         }
-    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" "$WORK/daemon.tsv" | tee "$WORK/ratio.txt"
+    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" "$WORK/daemon.tsv" "$WORK/limit-tmpfs.tsv" \
+    "$WORK/limit-disk.tsv" | tee "$WORK/ratio.txt"

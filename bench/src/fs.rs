@@ -40,6 +40,66 @@ pub struct Args {
     /// Label printed with the results (e.g. strait-rocksdb, juicefs-redis).
     #[arg(long, default_value = "")]
     pub label: String,
+    /// Processes whose CPU time to count per operation, as NAME=PID[,PID...] (a mount, a
+    /// daemon; several pids are summed); repeat for several. This program's own is always
+    /// counted, as `bench`.
+    #[arg(long = "cpu-of", value_name = "NAME=PIDS")]
+    pub cpu_of: Vec<String>,
+}
+
+/// The processes whose CPU time each row counts: (name, pids); this program's first.
+#[derive(Clone)]
+pub(crate) struct CpuOf(Vec<(String, Vec<u32>)>);
+
+impl CpuOf {
+    pub(crate) fn parse(specs: &[String]) -> Result<Self> {
+        let mut v = vec![("bench".to_string(), vec![std::process::id()])];
+        for spec in specs {
+            let (name, pids) = spec
+                .split_once('=')
+                .with_context(|| format!("--cpu-of {spec:?}: expected NAME=PID[,PID...]"))?;
+            let mut list = vec![];
+            for pid in pids.split(',') {
+                let pid: u32 = pid
+                    .parse()
+                    .with_context(|| format!("--cpu-of {spec:?}: {pid:?} is not a process id"))?;
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    bail!("--cpu-of {spec:?}: no process {pid}");
+                }
+                list.push(pid);
+            }
+            v.push((name.to_string(), list));
+        }
+        Ok(CpuOf(v))
+    }
+
+    fn now(&self) -> Vec<f64> {
+        self.0
+            .iter()
+            .map(|(_, pids)| {
+                pids.iter()
+                    .map(|p| strait_devkit::usage::process_cpu_s(*p))
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// Run `f`, which does `ops` operations of `per` (op, MiB, ...); returns its result and
+    /// each process's CPU time per operation, as a DETAIL column's text.
+    fn measure<T>(&self, per: &str, f: impl FnOnce() -> Result<(T, f64)>) -> Result<(T, String)> {
+        let before = self.now();
+        let (out, ops) = f()?;
+        let after = self.now();
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .zip(before.iter().zip(&after))
+            .map(|((name, _), (b, a))| {
+                format!("{name} {:.1}", (a - b).max(0.0) * 1e6 / ops.max(1.0))
+            })
+            .collect();
+        Ok((out, format!("CPU us/{per}: {}", parts.join(", "))))
+    }
 }
 
 pub(crate) struct Row {
@@ -73,15 +133,16 @@ pub fn run(a: Args) -> Result<()> {
     if bs == 0 || a.threads == 0 {
         bail!("--block-size and --threads must be positive");
     }
+    let cpu = CpuOf::parse(&a.cpu_of)?;
     let work = dir.join(format!("__strait_bench_{}", std::process::id()));
     fs::create_dir(&work).with_context(|| format!("create {}", work.display()))?;
     let mut rows = vec![];
     let res = (|| -> Result<()> {
         if a.only == "all" || a.only == "data" {
-            bench_data(&work, big, bs, a.small_file_count, small, &mut rows)?;
+            bench_data(&work, big, bs, a.small_file_count, small, &cpu, &mut rows)?;
         }
         if a.only == "all" || a.only == "meta" {
-            bench_meta(&work, a.meta_files, a.threads, &mut rows)?;
+            bench_meta(&work, a.meta_files, a.threads, &cpu, &mut rows)?;
         }
         Ok(())
     })();
@@ -103,109 +164,190 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
+/// Write `len` bytes of `buf` repeated to `path`, `buf.len()` at a time, and fsync.
+fn write_file(path: &Path, len: u64, buf: &[u8]) -> Result<()> {
+    let mut f = File::create(path).with_context(|| format!("create {}", path.display()))?;
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])
+            .with_context(|| format!("write {}", path.display()))?;
+        left -= n as u64;
+    }
+    f.sync_all()
+        .with_context(|| format!("fsync {}", path.display()))
+}
+
+/// Read `path` to its end, `bs` at a time; fails unless it holds `len` bytes.
+fn read_file(path: &Path, len: u64, bs: usize) -> Result<()> {
+    let mut f = File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut rbuf = vec![0u8; bs];
+    let mut total = 0u64;
+    loop {
+        let n = f
+            .read(&mut rbuf)
+            .with_context(|| format!("read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    if total != len {
+        bail!("read {total} bytes of {}, wrote {len}", path.display());
+    }
+    Ok(())
+}
+
+/// Readers of the parallel read row, one file each.
+const PARALLEL_READERS: usize = 8;
+
 fn bench_data(
     work: &Path,
     big: u64,
     bs: usize,
     n_small: usize,
     small: usize,
+    cpu: &CpuOf,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
     let buf: Vec<u8> = (0..bs).map(|i| (i * 131 % 251) as u8).collect();
+    let mib = big as f64 / (1 << 20) as f64;
     let path = work.join("big");
     let t = Instant::now();
-    {
-        let mut f = File::create(&path).context("create big file")?;
-        let mut left = big;
-        while left > 0 {
-            let n = left.min(bs as u64) as usize;
-            f.write_all(&buf[..n]).context("write big file")?;
-            left -= n as u64;
-        }
-        f.sync_all().context("fsync big file")?;
-    }
+    let ((), used) = cpu.measure("MiB", || write_file(&path, big, &buf).map(|()| ((), mib)))?;
     let secs = t.elapsed().as_secs_f64();
     rows.push(Row {
         name: "write big file",
         value: mib_s(big, secs),
         unit: "MiB/s",
         detail: format!(
-            "{} in {secs:.2} s, {bs} B writes",
+            "{} in {secs:.2} s, {bs} B writes; {used}",
             strait_ids::units::human_bytes(big)
         ),
     });
+    // cold: nothing of the file in the page cache (nor in any cache of the file system's
+    // that drop_caches reaches); warm: read again at once, the way a data set or a model is
+    // read a second time
+    for (name, drop) in [("read big file", true), ("read big file (warm)", false)] {
+        if drop {
+            drop_caches();
+        }
+        let t = Instant::now();
+        let ((), used) = cpu.measure("MiB", || read_file(&path, big, bs).map(|()| ((), mib)))?;
+        let secs = t.elapsed().as_secs_f64();
+        rows.push(Row {
+            name,
+            value: mib_s(big, secs),
+            unit: "MiB/s",
+            detail: format!(
+                "{} in {secs:.2} s, {bs} B reads; {used}",
+                strait_ids::units::human_bytes(big)
+            ),
+        });
+    }
+    fs::remove_file(&path)?;
+
+    // several readers at once, a file each (the same bytes in all: big / readers each)
+    let each = (big / PARALLEL_READERS as u64).max(1);
+    let paths: Vec<PathBuf> = (0..PARALLEL_READERS)
+        .map(|k| work.join(format!("part{k}")))
+        .collect();
+    for p in &paths {
+        write_file(p, each, &buf)?;
+    }
     drop_caches();
     let t = Instant::now();
-    {
-        let mut f = File::open(&path).context("open big file")?;
-        let mut rbuf = vec![0u8; bs];
-        let mut total = 0u64;
-        loop {
-            let n = f.read(&mut rbuf).context("read big file")?;
-            if n == 0 {
-                break;
-            }
-            total += n as u64;
+    let ((), used) = cpu.measure("MiB", || {
+        let errors: Vec<String> = std::thread::scope(|sc| {
+            let hs: Vec<_> = paths
+                .iter()
+                .map(|p| sc.spawn(move || read_file(p, each, bs)))
+                .collect();
+            hs.into_iter()
+                .filter_map(|h| match h.join() {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(format!("{e:#}")),
+                    Err(_) => Some("a reader panicked".to_string()),
+                })
+                .collect()
+        });
+        match errors.first() {
+            Some(e) => bail!("{e}"),
+            None => Ok((
+                (),
+                (each * PARALLEL_READERS as u64) as f64 / (1 << 20) as f64,
+            )),
         }
-        if total != big {
-            bail!("read {total} bytes of the big file, wrote {big}");
-        }
-    }
+    })?;
     let secs = t.elapsed().as_secs_f64();
     rows.push(Row {
-        name: "read big file",
-        value: mib_s(big, secs),
+        name: "read 8 files, 8 threads",
+        value: mib_s(each * PARALLEL_READERS as u64, secs),
         unit: "MiB/s",
-        detail: format!("{} in {secs:.2} s", strait_ids::units::human_bytes(big)),
+        detail: format!(
+            "{PARALLEL_READERS} x {}, cold, in {secs:.2} s; {used}",
+            strait_ids::units::human_bytes(each)
+        ),
     });
-    fs::remove_file(&path)?;
+    for p in &paths {
+        fs::remove_file(p)?;
+    }
 
     let dir = work.join("small");
     fs::create_dir(&dir)?;
     let data: Vec<u8> = (0..small).map(|i| (i * 7 % 253) as u8).collect();
     let t = Instant::now();
-    for i in 0..n_small {
-        let mut f = File::create(dir.join(format!("f{i}")))?;
-        f.write_all(&data)?;
-    }
+    let ((), used) = cpu.measure("file", || {
+        for i in 0..n_small {
+            let mut f = File::create(dir.join(format!("f{i}")))?;
+            f.write_all(&data)?;
+        }
+        Ok(((), n_small as f64))
+    })?;
     let secs = t.elapsed().as_secs_f64();
     rows.push(Row {
         name: "write small files",
         value: n_small as f64 / secs,
         unit: "files/s",
         detail: format!(
-            "{n_small} x {}, {:.2} ms/file",
+            "{n_small} x {}, {:.2} ms/file; {used}",
             strait_ids::units::human_bytes(small as u64),
             secs * 1e3 / n_small as f64
         ),
     });
     drop_caches();
     let t = Instant::now();
-    let mut rbuf = Vec::with_capacity(small);
-    for i in 0..n_small {
-        rbuf.clear();
-        File::open(dir.join(format!("f{i}")))?.read_to_end(&mut rbuf)?;
-        if rbuf != data {
-            bail!("small file f{i} reads back different bytes");
+    let ((), used) = cpu.measure("file", || {
+        let mut rbuf = Vec::with_capacity(small);
+        for i in 0..n_small {
+            rbuf.clear();
+            File::open(dir.join(format!("f{i}")))?.read_to_end(&mut rbuf)?;
+            if rbuf != data {
+                bail!("small file f{i} reads back different bytes");
+            }
         }
-    }
+        Ok(((), n_small as f64))
+    })?;
     let secs = t.elapsed().as_secs_f64();
     rows.push(Row {
         name: "read small files",
         value: n_small as f64 / secs,
         unit: "files/s",
-        detail: format!("{:.2} ms/file", secs * 1e3 / n_small as f64),
+        detail: format!("{:.2} ms/file; {used}", secs * 1e3 / n_small as f64),
     });
     let t = Instant::now();
-    for i in 0..n_small {
-        fs::metadata(dir.join(format!("f{i}")))?;
-    }
+    let ((), used) = cpu.measure("file", || {
+        for i in 0..n_small {
+            fs::metadata(dir.join(format!("f{i}")))?;
+        }
+        Ok(((), n_small as f64))
+    })?;
     let secs = t.elapsed().as_secs_f64();
     rows.push(Row {
         name: "stat small files",
         value: n_small as f64 / secs,
         unit: "files/s",
-        detail: format!("{:.3} ms/file", secs * 1e3 / n_small as f64),
+        detail: format!("{:.3} ms/file; {used}", secs * 1e3 / n_small as f64),
     });
     fs::remove_dir_all(&dir)?;
     Ok(())
@@ -249,7 +391,13 @@ fn parallel(
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-pub(crate) fn bench_meta(work: &Path, n: usize, threads: usize, rows: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn bench_meta(
+    work: &Path,
+    n: usize,
+    threads: usize,
+    cpu: &CpuOf,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
     let dirs: Vec<PathBuf> = (0..threads).map(|k| work.join(format!("m{k}"))).collect();
     for d in &dirs {
         fs::create_dir(d)?;
@@ -257,44 +405,25 @@ pub(crate) fn bench_meta(work: &Path, n: usize, threads: usize, rows: &mut Vec<R
     let name = |i: usize| dirs[i % threads].join(format!("file{i}"));
     let renamed = |i: usize| dirs[i % threads].join(format!("moved{i}"));
     let detail = format!("{n} files, {threads} threads");
-    let ops = parallel(n, threads, |i| File::create(name(i)).map(|_| ()))?;
-    rows.push(Row {
-        name: "create",
-        value: ops,
-        unit: "ops/s",
-        detail: detail.clone(),
-    });
-    let ops = parallel(n, threads, |i| fs::metadata(name(i)).map(|_| ()))?;
-    rows.push(Row {
-        name: "stat",
-        value: ops,
-        unit: "ops/s",
-        detail: detail.clone(),
-    });
+    let mut row =
+        |label: &'static str, op: &(dyn Fn(usize) -> std::io::Result<()> + Sync)| -> Result<()> {
+            let (ops, used) = cpu.measure("op", || Ok((parallel(n, threads, op)?, n as f64)))?;
+            rows.push(Row {
+                name: label,
+                value: ops,
+                unit: "ops/s",
+                detail: format!("{detail}; {used}"),
+            });
+            Ok(())
+        };
+    row("create", &|i| File::create(name(i)).map(|_| ()))?;
+    row("stat", &|i| fs::metadata(name(i)).map(|_| ()))?;
     // The stat above may be answered by the kernel's entry cache (entries live for the
     // mount's TTL after the create); this one reaches the file system.
     if drop_caches() {
-        let ops = parallel(n, threads, |i| fs::metadata(name(i)).map(|_| ()))?;
-        rows.push(Row {
-            name: "stat (cold cache)",
-            value: ops,
-            unit: "ops/s",
-            detail: detail.clone(),
-        });
+        row("stat (cold cache)", &|i| fs::metadata(name(i)).map(|_| ()))?;
     }
-    let ops = parallel(n, threads, |i| fs::rename(name(i), renamed(i)))?;
-    rows.push(Row {
-        name: "rename",
-        value: ops,
-        unit: "ops/s",
-        detail: detail.clone(),
-    });
-    let ops = parallel(n, threads, |i| fs::remove_file(renamed(i)))?;
-    rows.push(Row {
-        name: "unlink",
-        value: ops,
-        unit: "ops/s",
-        detail,
-    });
+    row("rename", &|i| fs::rename(name(i), renamed(i)))?;
+    row("unlink", &|i| fs::remove_file(renamed(i)))?;
     Ok(())
 }

@@ -158,7 +158,13 @@ fn measure(a: &TlsArgs, tls: bool) -> Result<Figures> {
             std::fs::create_dir(&work).with_context(|| format!("create {}", work.display()))?;
             let before = cpu();
             let mut rows = vec![];
-            super::fs::bench_meta(&work, a.meta_files, a.threads, &mut rows)?;
+            super::fs::bench_meta(
+                &work,
+                a.meta_files,
+                a.threads,
+                &super::fs::CpuOf::parse(&[])?,
+                &mut rows,
+            )?;
             let after = cpu();
             let mut ops = 0;
             for r in &rows {
