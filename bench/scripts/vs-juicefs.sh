@@ -141,9 +141,11 @@ mount_pids() {
     pgrep -f -- " $1( |\$)" | paste -sd, -
 }
 JFS_PIDS=$(mount_pids "$JFS_MNT")
+# JuiceFS's metadata server is a process of its own, as strait's daemon is
+REDIS_PID=$(cat "$WORK/redis/redis.pid")
 STRAIT_PIDS=$(mount_pids "$STRAIT_MNT")
 DAEMON_MNT_PIDS=$(mount_pids "$DAEMON_MNT")
-for v in JFS_PIDS STRAIT_PIDS DAEMON_MNT_PIDS; do
+for v in JFS_PIDS REDIS_PID STRAIT_PIDS DAEMON_MNT_PIDS; do
     if [[ -z "${!v}" ]]; then
         echo "bench-vs-juicefs.sh: no process found for $v" >&2
         exit 1
@@ -160,7 +162,7 @@ ROUNDS=${ROUNDS:-3}
 for r in $(seq 1 "$ROUNDS"); do
     echo "==> round $r of $ROUNDS: strait bench ${BENCH_ARGV[*]} on the three (JuiceFS first), then the limits"
     "$STRAIT_BENCH" bench "$JFS_MNT" "${BENCH_ARGV[@]}" --label "juicefs-redis-file (round $r)" \
-        --cpu-of "juicefs=$JFS_PIDS" | tee "$WORK/juicefs.$r.txt"
+        --cpu-of "juicefs=$JFS_PIDS" --cpu-of "redis=$REDIS_PID" | tee "$WORK/juicefs.$r.txt"
     echo
     "$STRAIT_BENCH" bench "$STRAIT_MNT" "${BENCH_ARGV[@]}" --label "strait-rocksdb-file (round $r)" \
         --cpu-of "mount=$STRAIT_PIDS" | tee "$WORK/strait.$r.txt"
@@ -232,7 +234,10 @@ awk -F'\t' '
             if (!(k in jfs)) continue
             r1 = (jfs[k] > 0 && (k in st)) ? sprintf("%.2fx", st[k] / jfs[k]) : "-"
             r2 = (jfs[k] > 0 && (k in dm)) ? sprintf("%.2fx", dm[k] / jfs[k]) : "-"
-            lim = (k ~ /warm/) ? shm[k] : disk[k]
+            # membership first: reading an absent key would add it
+            lim = 0
+            if (k ~ /warm/ && (k in shm)) lim = shm[k]
+            if (k !~ /warm/ && (k in disk)) lim = disk[k]
             r3 = (lim > 0 && (k in dm)) ? sprintf("%.0f%%", 100 * dm[k] / lim) : "-"
             printf "%-24s %11.1f %11.1f %11.1f %11s %11s %-8s %9s %9s %9s\n", k, st[k], dm[k], jfs[k], \
                 (k in shm) ? sprintf("%.1f", shm[k]) : "-", (k in disk) ? sprintf("%.1f", disk[k]) : "-", \
