@@ -60,6 +60,7 @@ const TABLE: &[(&str, &str, Roles)] = &[
     (META_SERVICE, "SetLk", META),
     (META_SERVICE, "Sync", META),
     (META_SERVICE, "FetchBlock", Roles::of(&[MOUNT, MIRROR])),
+    (META_SERVICE, "Watch", META),
     // between sites, and for operators
     (SITE_SERVICE, "Snapshot", Roles::of(&[MIRROR, ADMIN])),
     (SITE_SERVICE, "Digest", Roles::of(&[MIRROR, ADMIN])),

@@ -156,6 +156,8 @@ pub fn storm(
             &format!("strait://{primary}"),
             strait_site_client::ConnectOptions {
                 creds: creds.clone(),
+                // a load generator: it reads nothing back
+                keep_names: false,
                 ..Default::default()
             },
         )?;

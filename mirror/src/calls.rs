@@ -12,13 +12,14 @@ pub enum Class {
     /// read-only engine answers EROFS under `writes = "refuse"`).
     Mutation,
     /// The region's own and answered here whatever the lag: sessions, opening and releasing
-    /// (the region counts its handles), locks, sync, and fetching blocks into the region.
+    /// (the region counts its handles), locks, sync, fetching blocks into the region, and the
+    /// change stream (which a mirror does not serve yet: its service says so).
     /// (`Open` still obeys the window for the attributes it answers: see the router.)
     Local,
 }
 
 /// Every method of the metadata service and its class.
-pub const METHODS: [(&str, Class); 33] = [
+pub const METHODS: [(&str, Class); 34] = [
     ("OpenSession", Class::Local),
     ("Heartbeat", Class::Local),
     ("CloseSession", Class::Local),
@@ -52,6 +53,7 @@ pub const METHODS: [(&str, Class); 33] = [
     ("SetLk", Class::Local),
     ("Sync", Class::Local),
     ("FetchBlock", Class::Local),
+    ("Watch", Class::Local),
 ];
 
 /// The class of `method` (the last segment of the call's path), None for a method the

@@ -38,7 +38,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         strait_replicator_client::Credentials::default()
     };
     let accept_loss = cfg.accept_redis_loss;
-    let (engine, signal) = tokio::task::spawn_blocking(move || -> Result<_> {
+    let (engine, signal, watch) = tokio::task::spawn_blocking(move || -> Result<_> {
         // an engine that may lose what it acknowledged breaks the durability promise
         // (docs/guarantees.md §1), and hands slice ids out twice after a loss
         if let Some(why) = strait_fs_core::kv::durability_problem(&meta_url)? {
@@ -54,6 +54,8 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         } else {
             (kv, None)
         };
+        // each commit's changes to names and attributes, told to the mounts' Watch streams
+        let (kv, watch) = strait_server::watch::WatchedKv::wrap(kv)?;
         Ok((
             Meta::open(
                 kv,
@@ -63,6 +65,7 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
                 },
             )?,
             signal,
+            watch,
         ))
     })
     .await
@@ -77,6 +80,9 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
     // the background workers: `/health` lists them
     let workers = Workers::new(&metrics.registry);
     let mut server = MetaServer::new(engine.clone(), cfg.site.session_timeout_ms, metrics.clone());
+    if let Some(hub) = watch {
+        server = server.watched_by(hub);
+    }
     // the shipper outlives the service by a moment at shutdown, to ship what is left
     let ship_stop = CancellationToken::new();
     let mut shipped = None;

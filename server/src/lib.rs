@@ -8,6 +8,7 @@
 //! - [`sessions`]: closing the sessions of mounts that went silent.
 //! - [`slice_ranges`]: the slice ids each session was given, which alone it may commit.
 //! - [`orphans`]: sweeping a site's store of objects its metadata does not reference.
+//! - [`watch`]: telling mounts each change to names and attributes as it commits.
 //! - [`snapshot`]: metadata snapshots and digests streamed to mirrors and `fsck --compare`.
 //! - [`metrics`]: the Prometheus metrics every site daemon has, and the one HTTP listener
 //!   serving `/metrics` and `/health`.
@@ -27,6 +28,7 @@ pub mod sessions;
 pub mod signal;
 pub mod slice_ranges;
 pub mod snapshot;
+pub mod watch;
 pub mod workers;
 
 pub use config::SiteConfig;

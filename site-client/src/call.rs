@@ -134,6 +134,62 @@ impl RemoteMeta {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
     {
+        self.call_versioned(op, reads, patience, f).map(|(r, _)| r)
+    }
+
+    /// [`Self::call_for`], with the version a change committed as (the daemon's
+    /// `x-strait-version`), once the mount's change stream has reached it (see
+    /// `meta_cache.rs`): what the mount keeps shows the change before the caller goes on. A
+    /// change that may or may not have been made (it failed on the way) forgets everything
+    /// kept.
+    pub(crate) fn call_versioned<T, F, Fut>(
+        &self,
+        op: &'static str,
+        reads: bool,
+        patience: Duration,
+        f: F,
+    ) -> Result<(T, Option<u64>)>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let r = self.call_response(op, reads, patience, f);
+        if reads {
+            return r.map(|r| (r.into_inner(), None));
+        }
+        match r {
+            Ok(r) => {
+                let version = r
+                    .metadata()
+                    .get(strait_proto::VERSION_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                // no version: the change committed nothing
+                let version = version.filter(|&v| self.cache.settle(v));
+                Ok((r.into_inner(), version))
+            }
+            Err(e) => {
+                if !matches!(e, Error::Sys(_) | Error::SliceNotAllocated(_)) {
+                    // an answer that is not the file system's: the change may have been made
+                    self.cache.forget_all();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// One call with its retries; the whole answer.
+    fn call_response<T, F, Fut>(
+        &self,
+        op: &'static str,
+        reads: bool,
+        patience: Duration,
+        f: F,
+    ) -> Result<tonic::Response<T>>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
         let span = tracing::info_span!("meta_rpc", op);
         let start = Instant::now();
         // a mutation keeps one request id over all its attempts: the daemon runs it once
@@ -150,7 +206,7 @@ impl RemoteMeta {
         // record may be gone; site's requests.rs)
         let failed = Cell::new(0u32);
         // one attempt: the call, sent again at once after each resumption of the session
-        let attempt = || -> std::result::Result<T, Attempt> {
+        let attempt = || -> std::result::Result<tonic::Response<T>, Attempt> {
             loop {
                 let (rt, channel) = self.connection().map_err(Attempt::Fail)?;
                 let retry = (request_id.is_some() && failed.get() > 0).then(|| failed.get() + 1);
@@ -160,7 +216,7 @@ impl RemoteMeta {
                 // and the call goes to a new one instead of failing on the dead one)
                 rt.block_on(tokio::task::yield_now());
                 let s = match rt.block_on(f(client).instrument(span.clone())) {
-                    Ok(r) => return Ok(r.into_inner()),
+                    Ok(r) => return Ok(r),
                     Err(s) => s,
                 };
                 return Err(match classify(&s) {

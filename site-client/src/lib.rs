@@ -17,13 +17,18 @@
 //!   create, not a third round trip). The daemon keeps an unlinked file until the batch naming
 //!   its last handle arrives, a few milliseconds later. The handle counts sent on a resumption
 //!   include the closes not yet sent, so a close is never applied twice.
+//! - **Names and attributes kept**: the daemon's Watch stream tells the mount every change
+//!   to names and attributes as it commits; the mount answers lookups and stats from what it
+//!   has seen while the stream is heard from, and asks the daemon otherwise
+//!   ([`meta_cache`]). An open always asks (close-to-open).
 //! - **Tracing**: each call is a span, and its OpenTelemetry context travels in the
 //!   `traceparent` metadata entry, so the daemon's span joins the mount's trace.
 //!
 //! The crate, by responsibility: [`RemoteMeta`] and its options (`remote_meta.rs`); each
 //! thread's runtime and connection, with the metadata every call carries (`connection.rs`);
 //! how a failed call is classified and retried, the session's resumption among them
-//! (`call.rs`); the background sender of closes (`releaser.rs`); blocks fetched from a mirror
+//! (`call.rs`); the background sender of closes (`releaser.rs`); the names and attributes
+//! kept (`meta_cache.rs`) and the thread that follows the daemon's changes (`watcher.rs`); blocks fetched from a mirror
 //! (`block_fetch.rs`); and the [`MetaClient`] methods themselves (`meta_api.rs`).
 //!
 //! [`MetaClient`]: strait_fs_core::meta::MetaClient
@@ -33,9 +38,11 @@ mod call;
 mod connection;
 mod held_locks;
 mod meta_api;
+pub mod meta_cache;
 mod releaser;
 mod remote_meta;
 mod stamp;
+mod watcher;
 
 pub use meta_api::SLICE_IDS_PER_ALLOC;
 pub use remote_meta::{ConnectOptions, RemoteMeta};

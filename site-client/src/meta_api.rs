@@ -77,7 +77,8 @@ impl RemoteMeta {
                 NewEntry::Dir | NewEntry::File => 0,
             },
         };
-        let r = self.call(what.op(), false, |mut c| {
+        let ticket = self.cache.ticket();
+        let (r, version) = self.call_versioned(what.op(), false, self.patience(), |mut c| {
             let req = req.clone();
             async move {
                 match what {
@@ -87,7 +88,41 @@ impl RemoteMeta {
                 }
             }
         })?;
-        entry(what.op(), r)
+        let (ino, a) = entry(what.op(), r)?;
+        self.keep_made(ticket, version, parent, name, ino, &a);
+        Ok((ino, a))
+    }
+
+    fn patience(&self) -> Duration {
+        self.opts.reconnect_timeout
+    }
+
+    /// Keep the entry a change made (see `meta_cache.rs`).
+    fn keep_made(
+        &self,
+        ticket: Option<crate::meta_cache::Ticket>,
+        version: Option<u64>,
+        parent: Ino,
+        name: &[u8],
+        ino: Ino,
+        a: &Attr,
+    ) {
+        if let (Some(t), Some(v)) = (ticket, version) {
+            self.cache.keep_made(t, v, parent, name, ino, a);
+        }
+    }
+
+    /// Keep the attributes a change answered (see `meta_cache.rs`).
+    fn keep_changed(
+        &self,
+        ticket: Option<crate::meta_cache::Ticket>,
+        version: Option<u64>,
+        ino: Ino,
+        a: &Attr,
+    ) {
+        if let (Some(t), Some(v)) = (ticket, version) {
+            self.cache.keep_changed(t, v, ino, a);
+        }
     }
 
     /// After the daemon refused a slice id as not given to this session (it restarted and
@@ -177,6 +212,7 @@ impl MetaClient for RemoteMeta {
             .store(r.session_timeout_ms, Ordering::Relaxed);
         self.session.store(r.session, Ordering::Relaxed);
         self.start_releaser()?;
+        self.start_watcher()?;
         Ok(r.session)
     }
 
@@ -198,6 +234,7 @@ impl MetaClient for RemoteMeta {
 
     fn close_session(&self) -> Result<()> {
         self.stop_releaser();
+        self.stop_watcher();
         // an unreachable daemon expires the session by itself: an unmount does not wait the
         // whole reconnect timeout for it
         self.call_for("close session", false, CLOSE_PATIENCE, |mut c| async move {
@@ -208,13 +245,41 @@ impl MetaClient for RemoteMeta {
     }
 
     fn getattr(&self, ino: Ino) -> Result<Attr> {
+        if let Some(a) = self.cache.attr(ino) {
+            return Ok(a);
+        }
+        let ticket = self.cache.ticket();
         let r = self.call("getattr", true, |mut c| async move {
             c.get_attr(w::InodeRequest { ctx: None, ino }).await
         })?;
-        attr("getattr", r)
+        let a = attr("getattr", r)?;
+        if let Some(t) = ticket {
+            self.cache.keep_attr(t, ino, &a);
+        }
+        Ok(a)
     }
 
     fn lookup(&self, c: &Ctx, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
+        // a plain name is answered from what is kept, with the daemon's own checks made here
+        let plain = !name.is_empty()
+            && name.len() <= NAME_LEN_MAX
+            && name != b"."
+            && name != b".."
+            && !name.contains(&b'/')
+            && !name.contains(&0);
+        if plain {
+            if let Some((pa, found)) = self.cache.lookup(parent, name) {
+                if !pa.is_dir() {
+                    return Err(Error::Sys(libc::ENOTDIR));
+                }
+                perm::access(&pa, c, perm::MAY_EXEC)?;
+                return match found {
+                    crate::meta_cache::Found::Entry(ino, a) => Ok((ino, a)),
+                    crate::meta_cache::Found::Absent => Err(Error::Sys(libc::ENOENT)),
+                };
+            }
+        }
+        let ticket = self.cache.ticket().filter(|_| plain);
         let req = w::LookupRequest {
             ctx: ctx(c),
             parent,
@@ -223,8 +288,21 @@ impl MetaClient for RemoteMeta {
         let r = self.call("lookup", true, |mut c| {
             let req = req.clone();
             async move { c.lookup(req).await }
-        })?;
-        entry("lookup", r)
+        });
+        match (r, ticket) {
+            (Ok(r), t) => {
+                let (ino, a) = entry("lookup", r)?;
+                if let Some(t) = t {
+                    self.cache.keep_lookup(t, parent, name, Some((ino, &a)));
+                }
+                Ok((ino, a))
+            }
+            (Err(Error::Sys(libc::ENOENT)), Some(t)) => {
+                self.cache.keep_lookup(t, parent, name, None);
+                Err(Error::Sys(libc::ENOENT))
+            }
+            (Err(e), _) => Err(e),
+        }
     }
 
     fn access(&self, c: &Ctx, ino: Ino, mask: u32) -> Result<()> {
@@ -268,11 +346,14 @@ impl MetaClient for RemoteMeta {
 
     fn setattr(&self, c: &Ctx, ino: Ino, req: &SetAttr) -> Result<Attr> {
         let req = strait_proto::setattr_to_wire(c, ino, req);
-        let r = self.call("setattr", false, |mut c| {
+        let ticket = self.cache.ticket();
+        let (r, version) = self.call_versioned("setattr", false, self.patience(), |mut c| {
             let req = req.clone();
             async move { c.set_attr(req).await }
         })?;
-        attr("setattr", r)
+        let a = attr("setattr", r)?;
+        self.keep_changed(ticket, version, ino, &a);
+        Ok(a)
     }
 
     fn mknod(
@@ -318,11 +399,14 @@ impl MetaClient for RemoteMeta {
             name: name.to_vec(),
             target: target.to_vec(),
         };
-        let r = self.call("symlink", false, |mut c| {
+        let ticket = self.cache.ticket();
+        let (r, version) = self.call_versioned("symlink", false, self.patience(), |mut c| {
             let req = req.clone();
             async move { c.symlink(req).await }
         })?;
-        entry("symlink", r)
+        let (ino, a) = entry("symlink", r)?;
+        self.keep_made(ticket, version, parent, name, ino, &a);
+        Ok((ino, a))
     }
 
     fn link(&self, c: &Ctx, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {

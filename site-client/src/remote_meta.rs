@@ -26,6 +26,9 @@ pub struct ConnectOptions {
     pub reconnect_timeout: Duration,
     /// Deadline of one call.
     pub rpc_timeout: Duration,
+    /// Keep the names and attributes seen, coherent through the daemon's change stream, and
+    /// answer lookups and stats from them (`meta_cache.rs`); false: every one asks the daemon.
+    pub keep_names: bool,
 }
 
 impl Default for ConnectOptions {
@@ -35,6 +38,7 @@ impl Default for ConnectOptions {
             read_only: false,
             reconnect_timeout: Duration::from_secs(60),
             rpc_timeout: Duration::from_secs(30),
+            keep_names: true,
         }
     }
 }
@@ -73,6 +77,11 @@ pub struct RemoteMeta {
     pub(crate) nonce: u64,
     /// The next request id's sequence number.
     pub(crate) requests: AtomicU64,
+    /// The names and attributes this mount has seen, kept coherent by the daemon's change
+    /// stream (`meta_cache.rs`), and the thread that follows it (`watcher.rs`).
+    pub(crate) cache: Arc<crate::meta_cache::MetaCache>,
+    pub(crate) watching: std::sync::atomic::AtomicBool,
+    pub(crate) watch_stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RemoteMeta {
@@ -132,7 +141,16 @@ impl RemoteMeta {
             block_fallback: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             nonce: rand::random(),
             requests: AtomicU64::new(1),
+            cache: Default::default(),
+            watching: Default::default(),
+            watch_stop: Default::default(),
         }))
+    }
+
+    /// Whether lookups and stats are answered from the names and attributes kept now: the
+    /// daemon's change stream is open and heard from (see `meta_cache.rs`).
+    pub fn keeps_names(&self) -> bool {
+        self.cache.ticket().is_some()
     }
 
     /// The session timeout the daemon announced (zero before the session opens).

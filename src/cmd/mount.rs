@@ -48,7 +48,9 @@ pub struct Args {
     /// Blocks uploaded to the object store at once.
     #[arg(long, default_value_t = 16)]
     pub max_uploads: usize,
-    /// Seconds the kernel caches attributes and entries.
+    /// Seconds the kernel caches attributes and entries. 0: every lookup and stat asks the
+    /// metadata service (a mount of a site daemon then keeps no names and attributes of its
+    /// own either; see docs/consistency.md).
     #[arg(long, default_value_t = 1.0)]
     pub attr_ttl: f64,
     /// How far ahead the kernel reads a file read in order (its `read_ahead_kb` for this
@@ -274,6 +276,8 @@ fn run_foreground(a: Args) -> Result<()> {
         if strait_site_client::is_daemon_url(&a.meta_url) {
             let mut opts = a.remote.options()?;
             opts.read_only = a.read_only;
+            // `--attr-ttl 0` asks the daemon for every lookup: the mount keeps nothing either
+            opts.keep_names = a.attr_ttl > 0.0;
             let client = strait_site_client::RemoteMeta::connect(&a.meta_url, opts)?;
             remote = Some(client.clone());
             (client, None)

@@ -10,6 +10,7 @@ mod support;
 mod daemon;
 mod daemon_hostile;
 mod daemon_tracing;
+mod names_kept;
 mod request_ids;
 mod site_hostile;
 mod slice_ids;

@@ -107,7 +107,8 @@ async fn call(
     body: Vec<u8>,
     session: Option<u64>,
 ) -> Result<Option<Vec<u8>>, tonic::Status> {
-    let streaming = path.ends_with("/Snapshot") || path.ends_with("/SweepOrphans");
+    let streaming =
+        path.ends_with("/Snapshot") || path.ends_with("/SweepOrphans") || path.ends_with("/Watch");
     match session {
         None => raw_grpc::call(raw_grpc::channel(addr, creds), path, body, streaming).await,
         Some(sid) => {

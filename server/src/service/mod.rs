@@ -131,6 +131,9 @@ pub struct MetaServer {
     /// The bound on sessions, in all and per peer address, and the slot each session holds.
     session_slots: Slots,
     slot_of: parking_lot::Mutex<HashMap<u64, Slot>>,
+    /// Where the engine's commits are told to the mounts' Watch streams (None: Watch is
+    /// UNIMPLEMENTED, and mounts keep nothing).
+    watch: Option<Arc<crate::watch::WatchHub>>,
 }
 
 /// Most sessions a site daemon holds at once (as many as it keeps slice ranges for).
@@ -238,7 +241,15 @@ impl MetaServer {
             heard: Arc::new(Heard::default()),
             session_slots: Slots::new("sessions", SESSIONS_MAX, SESSIONS_PER_PEER_MAX),
             slot_of: parking_lot::Mutex::new(HashMap::new()),
+            watch: None,
         }
+    }
+
+    /// Serve Watch from `hub`, which the engine's [`crate::watch::WatchedKv`] tells of
+    /// each commit.
+    pub fn watched_by(mut self, hub: Arc<crate::watch::WatchHub>) -> Self {
+        self.watch = Some(hub);
+        self
     }
 
     /// At a mirror: mounts use `data_url` (the region's store) and ask `source` for blocks
@@ -434,8 +445,38 @@ macro_rules! rpc {
     }};
 }
 
+/// The stream of `MetaService.Watch`.
+pub type WatchStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<w::WatchBatch, Status>> + Send>>;
+
+/// Batches buffered for one Watch stream before its feed waits for the mount.
+const WATCH_BUFFER: usize = 16;
+
 #[tonic::async_trait]
 impl MetaService for MetaServer {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<w::WatchRequest>) -> Reply<Self::WatchStream> {
+        let Some(hub) = self.watch.clone() else {
+            return Err(Status::unimplemented(
+                "this daemon does not tell its mounts what changes (a mirror, or an engine \
+                 across the network): mounts ask it for every lookup",
+            ));
+        };
+        // a state that may lack acknowledged changes, or one no longer read, is not told
+        self.check_settled("watch").await?;
+        self.check_reads("watch")?;
+        let _ = req;
+        let fence = self.fence.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(crate::watch::feed(hub, tx, move || {
+            fence.as_ref().and_then(|f| f.reads_refused())
+        }));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn open_session(
         &self,
         req: Request<w::OpenSessionRequest>,
