@@ -155,8 +155,15 @@ done
 SHM_DIR=$(mktemp -d /dev/shm/strait-bench-limit.XXXXXX)
 DISK_DIR=$WORK/disk-limit
 mkdir -p "$DISK_DIR"
-# the data part of BENCH_ARGS only (the limits have no metadata to compare)
+# the data part of BENCH_ARGS only (the limits have no metadata to compare); none at all when
+# BENCH_ARGS asks for the metadata part only
 DATA_ARGV=("${BENCH_ARGV[@]}" --only data)
+LIMITS=1
+for ((i = 0; i + 1 < ${#BENCH_ARGV[@]}; i++)); do
+    if [[ "${BENCH_ARGV[i]}" == --only && "${BENCH_ARGV[i + 1]}" == meta ]]; then
+        LIMITS=0
+    fi
+done
 
 ROUNDS=${ROUNDS:-3}
 for r in $(seq 1 "$ROUNDS"); do
@@ -172,6 +179,11 @@ for r in $(seq 1 "$ROUNDS"); do
         --cpu-of "mount=$DAEMON_MNT_PIDS" --cpu-of "daemon=$DAEMON_PID" |
         tee "$WORK/daemon.$r.txt"
     echo
+    if [[ "$LIMITS" == 0 ]]; then
+        : >"$WORK/limit-tmpfs.$r.txt"
+        : >"$WORK/limit-disk.$r.txt"
+        continue
+    fi
     "$STRAIT_BENCH" bench "$SHM_DIR" "${DATA_ARGV[@]}" --label "limit: tmpfs (round $r)" |
         tee "$WORK/limit-tmpfs.$r.txt"
     echo

@@ -13,7 +13,7 @@ pub enum Class {
     Mutation,
     /// The region's own and answered here whatever the lag: sessions, opening and releasing
     /// (the region counts its handles), locks, sync, fetching blocks into the region, and the
-    /// change stream (which a mirror does not serve yet: its service says so).
+    /// change stream (which ends while the mirror is outside its window).
     /// (`Open` still obeys the window for the attributes it answers: see the router.)
     Local,
 }

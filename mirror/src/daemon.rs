@@ -68,6 +68,8 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
         .with_context(|| format!("open the mirror's metadata engine {}", cfg.meta_url))?;
     // the shipper of a promoted mirror hears of each commit at once
     let (kv, signal) = strait_primary::ship::tap::TappedKv::wrap(kv);
+    // each applied batch's changes to names and attributes, told to the mounts' Watch streams
+    let (kv, watch) = strait_server::watch::WatchedKv::wrap(kv)?;
     let kv2 = kv.clone();
     let promoted = tokio::task::spawn_blocking(move || strait_primary::promotion::recorded(&kv2))
         .await
@@ -185,6 +187,20 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
     );
     if blocks.has_local() {
         server = server.with_blocks(cfg.data_url.clone(), Arc::new(Source(blocks.clone())));
+    }
+    if let Some(hub) = watch {
+        // the mounts keep what the mirror tells them only while its reads are answered here:
+        // inside its staleness window
+        let m = mirror.clone();
+        let window_ms = cfg.window_ms;
+        server = server.watched_by(hub).watch_while(Arc::new(move || {
+            (!m.fresh()).then(|| {
+                format!(
+                    "the mirror is outside its {window_ms} ms staleness window (or not following \
+                     the log): its mounts ask for every lookup until it is back"
+                )
+            })
+        }));
     }
     // the shipper's fence and wait, filled in at a promotion
     let late = Arc::new(crate::promote::LateShipping::default());

@@ -227,9 +227,16 @@ impl KvEngine for WatchedKv {
                 written: &mut written,
             })
         })?;
+        let moved = match version {
+            Some(v) => Some(v),
+            // records applied at a mirror move the counter themselves
+            None if written.moved_version => self.inner.last_version().ok(),
+            None => None,
+        };
         if written.is_empty() {
-            if let Some(v) = version {
-                // nothing a mount keeps, but the version moved on
+            if let Some(v) = moved {
+                // nothing a mount keeps, but the version moved on: a mount waiting for it
+                // (a change it made) hears it
                 self.hub.publish(Change::Commit {
                     version: v.0,
                     attrs: vec![],
@@ -238,13 +245,8 @@ impl KvEngine for WatchedKv {
             }
             return Ok(version);
         }
-        let version = match version {
-            Some(v) => Some(v),
-            // records applied at a mirror move the counter themselves
-            None if written.moved_version => self.inner.last_version().ok(),
-            None => None,
-        };
-        let change = match version {
+        let version_told = moved;
+        let change = match version_told {
             Some(v) => written
                 .decode(v.0)
                 .unwrap_or(Change::Reset { version: v.0 }),
@@ -291,6 +293,7 @@ pub(crate) async fn feed(
     let (mut rx, mut version) = hub.subscribe();
     let mut batch = reset_batch(version);
     loop {
+        batch.latest = hub.latest.load(Ordering::Acquire);
         if out.send(Ok(batch)).await.is_err() {
             return;
         }

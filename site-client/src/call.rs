@@ -105,6 +105,27 @@ fn to_error(op: &str, s: &Status) -> Error {
     }
 }
 
+/// The version an answer names (`x-strait-version`), if any.
+fn version_of<T>(r: &tonic::Response<T>) -> Option<u64> {
+    r.metadata()
+        .get(strait_proto::VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// `msg` as a request that asks the daemon to name its latest version in the answer (see
+/// [`strait_proto::READ_VERSION_HEADER`]): for the reads after which what a mount keeps must
+/// be at least as new as what the read saw (an open, for close-to-open; a lock taken, for
+/// the writes committed before it).
+pub(crate) fn naming_version<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        strait_proto::READ_VERSION_HEADER,
+        tonic::metadata::AsciiMetadataValue::from_static("1"),
+    );
+    r
+}
+
 pub(crate) fn wire_err(op: &str, e: strait_proto::WireError) -> Error {
     Error::Meta(format!(
         "{op}: the site daemon sent an invalid reply: {}",
@@ -155,17 +176,17 @@ impl RemoteMeta {
     {
         let r = self.call_response(op, reads, patience, f);
         if reads {
-            return r.map(|r| (r.into_inner(), None));
+            // a read asked with READ_VERSION_HEADER (an open, a lock taken): what is kept
+            // here must show at least the state it saw before the caller goes on
+            return r.map(|r| {
+                let version = version_of(&r).filter(|&v| self.cache.settle(v));
+                (r.into_inner(), version)
+            });
         }
         match r {
             Ok(r) => {
-                let version = r
-                    .metadata()
-                    .get(strait_proto::VERSION_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok());
                 // no version: the change committed nothing
-                let version = version.filter(|&v| self.cache.settle(v));
+                let version = version_of(&r).filter(|&v| self.cache.settle(v));
                 Ok((r.into_inner(), version))
             }
             Err(e) => {

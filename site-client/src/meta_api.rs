@@ -10,7 +10,7 @@ use strait_fs_core::meta::*;
 use strait_fs_core::SliceId;
 use strait_proto::meta as w;
 
-use crate::call::wire_err;
+use crate::call::{naming_version, wire_err};
 use crate::remote_meta::RemoteMeta;
 
 /// Slice ids taken from the daemon per call.
@@ -36,9 +36,18 @@ impl RemoteMeta {
         };
         // opening only checks access and counts a handle: repeating it after a broken
         // connection can at worst count a handle the daemon drops with the session
-        let mut r = self.call("open", true, |mut c| {
+        // close-to-open: once opened, what this mount keeps is at least as new as the open
+        // saw (a getattr after it must not answer an older length)
+        let keeps = self.opts.keep_names;
+        let (mut r, _) = self.call_versioned("open", true, self.patience(), |mut c| {
             let req = req.clone();
-            async move { c.open(req).await }
+            async move {
+                if keeps {
+                    c.open(naming_version(req)).await
+                } else {
+                    c.open(req).await
+                }
+            }
         })?;
         self.counted_open(ino);
         // the handle is open at the daemon now: a chunk list that does not decode is only
@@ -619,8 +628,16 @@ impl MetaClient for RemoteMeta {
             owner,
             typ: w::LockType::from(typ) as i32,
         };
-        // taking or releasing a lock the owner already holds changes nothing: safe to repeat
-        self.call("flock", true, |mut c| async move { c.flock(req).await })?;
+        // taking or releasing a lock the owner already holds changes nothing: safe to repeat;
+        // a lock taken: what this mount keeps shows every change made before it
+        let fresh = self.opts.keep_names && typ != LockType::Unlock;
+        self.call_versioned("flock", true, self.patience(), |mut c| async move {
+            if fresh {
+                c.flock(naming_version(req)).await
+            } else {
+                c.flock(req).await
+            }
+        })?;
         self.locks.lock().flock(ino, owner, typ);
         Ok(())
     }
@@ -664,7 +681,14 @@ impl MetaClient for RemoteMeta {
             start,
             end,
         };
-        self.call("setlk", true, |mut c| async move { c.set_lk(req).await })?;
+        let fresh = self.opts.keep_names && typ != LockType::Unlock;
+        self.call_versioned("setlk", true, self.patience(), |mut c| async move {
+            if fresh {
+                c.set_lk(naming_version(req)).await
+            } else {
+                c.set_lk(req).await
+            }
+        })?;
         self.locks.lock().setlk(ino, owner, pid, typ, start, end);
         Ok(())
     }

@@ -46,8 +46,11 @@ type EntryKey = (Ino, Box<[u8]>);
 struct State {
     /// The stream is open and its first batch came.
     open: bool,
-    /// When the last batch came.
+    /// When the last batch came that reached the daemon's latest version as the batch
+    /// before it left (`WatchBatch.latest`): the stream keeps up.
     heard: Option<Instant>,
+    /// The daemon's latest version as the last batch left.
+    latest: u64,
     /// Every change up to this version was heard.
     version: u64,
     /// Bumped at every reset: an answer asked before one is not kept.
@@ -290,6 +293,7 @@ impl MetaCache {
         s.clear();
         s.open = true;
         s.heard = Some(Instant::now());
+        s.latest = version;
         s.version = s.version.max(version);
         s.floor = s.floor.max(version);
         drop(s);
@@ -305,10 +309,12 @@ impl MetaCache {
         self.reached.notify_all();
     }
 
-    /// One batch of the stream: each change as it stands at `version`.
+    /// One batch of the stream: each change as it stands at `version`; `latest`, the
+    /// daemon's latest version as the batch left.
     pub fn apply(
         &self,
         version: u64,
+        latest: u64,
         attrs: impl IntoIterator<Item = (Ino, Option<Attr>)>,
         entries: impl IntoIterator<Item = (Ino, Vec<u8>, Ino)>,
     ) {
@@ -316,7 +322,11 @@ impl MetaCache {
         if !s.open {
             return;
         }
-        s.heard = Some(Instant::now());
+        if version >= s.latest {
+            // everything committed before the last batch left is here: the stream keeps up
+            s.heard = Some(Instant::now());
+        }
+        s.latest = latest.max(version);
         for (ino, a) in attrs {
             s.keep_attr(ino, a, version, true);
         }
@@ -368,10 +378,10 @@ mod tests {
     #[test]
     fn an_answer_asked_before_a_change_never_replaces_it() {
         let c = open_at(10);
-        c.apply(10, [(1, Some(attr(FileKind::Dir, 1)))], []);
+        c.apply(10, 10, [(1, Some(attr(FileKind::Dir, 1)))], []);
         let t = c.ticket().unwrap();
         // another mount changes inode 5 (version 12) while our getattr is on its way
-        c.apply(12, [(5, Some(attr(FileKind::File, 12)))], []);
+        c.apply(12, 12, [(5, Some(attr(FileKind::File, 12)))], []);
         c.keep_attr(t, 5, &attr(FileKind::File, 3));
         assert_eq!(
             c.attr(5).unwrap().mtime_ns,
@@ -380,7 +390,7 @@ mod tests {
         );
         // a name removed while a lookup that found it was on its way
         let t = c.ticket().unwrap();
-        c.apply(13, [], [(1, b"gone".to_vec(), 0)]);
+        c.apply(13, 13, [], [(1, b"gone".to_vec(), 0)]);
         c.keep_lookup(t, 1, b"gone", Some((9, &attr(FileKind::File, 1))));
         assert_eq!(c.lookup(1, b"gone").unwrap().1, Found::Absent);
     }
@@ -396,7 +406,12 @@ mod tests {
         let c = open_at(1);
         let t = c.ticket().unwrap();
         for i in 0..KEPT_MAX as u64 + 1 {
-            c.apply(2 + i, [(1000 + i, Some(attr(FileKind::File, 0)))], []);
+            c.apply(
+                2 + i,
+                2 + i,
+                [(1000 + i, Some(attr(FileKind::File, 0)))],
+                [],
+            );
         }
         c.keep_attr(t, 7, &attr(FileKind::File, 1));
         assert_eq!(c.attr(7), None);
@@ -406,10 +421,11 @@ mod tests {
     #[test]
     fn a_directory_made_here_answers_absent_names_until_its_entries_are_dropped() {
         let c = open_at(1);
-        c.apply(1, [(1, Some(attr(FileKind::Dir, 1)))], []);
+        c.apply(1, 1, [(1, Some(attr(FileKind::Dir, 1)))], []);
         let t = c.ticket().unwrap();
         // mkdir committed as version 2; the stream tells it
         c.apply(
+            2,
             2,
             [
                 (1, Some(attr(FileKind::Dir, 2))),
@@ -423,6 +439,7 @@ mod tests {
         // another mount makes d/x: the stream says so, and the name is found
         c.apply(
             3,
+            3,
             [
                 (2, Some(attr(FileKind::Dir, 3))),
                 (3, Some(attr(FileKind::File, 3))),
@@ -434,6 +451,7 @@ mod tests {
         let t = c.ticket().unwrap();
         c.apply(
             5,
+            5,
             [(4, Some(attr(FileKind::Dir, 5)))],
             [(1, b"e".to_vec(), 4), (4, b"y".to_vec(), 6)],
         );
@@ -444,17 +462,33 @@ mod tests {
     #[test]
     fn nothing_is_used_once_the_stream_is_silent_or_closed() {
         let c = open_at(1);
-        c.apply(1, [(1, Some(attr(FileKind::Dir, 1)))], []);
+        c.apply(1, 1, [(1, Some(attr(FileKind::Dir, 1)))], []);
         assert!(c.attr(1).is_some());
         c.state.lock().heard = Some(Instant::now() - LIVE_FOR);
         assert_eq!(c.attr(1), None);
         assert!(c.ticket().is_none());
         c.reset(1);
-        c.apply(1, [(1, Some(attr(FileKind::Dir, 1)))], []);
+        c.apply(1, 1, [(1, Some(attr(FileKind::Dir, 1)))], []);
         c.closed();
         assert_eq!(c.attr(1), None);
         // a change waits for nothing then, and keeps nothing
         assert!(!c.settle(9));
+    }
+
+    #[test]
+    fn a_stream_that_falls_further_behind_is_not_trusted() {
+        let c = open_at(1);
+        c.apply(1, 1, [(1, Some(attr(FileKind::Dir, 1)))], []);
+        // each batch lags the daemon's latest version as the batch before it left
+        for v in 2..6 {
+            c.apply(v, v * 100, [], []);
+        }
+        c.state.lock().heard = Some(Instant::now() - LIVE_FOR);
+        c.apply(6, 700, [], []);
+        assert_eq!(c.attr(1), None, "a stream 600 versions behind was trusted");
+        // it catches up: trusted again
+        c.apply(700, 700, [], []);
+        assert!(c.attr(1).is_some());
     }
 
     #[test]
@@ -463,7 +497,7 @@ mod tests {
         let c2 = c.clone();
         let t = std::thread::spawn(move || c2.settle(3));
         std::thread::sleep(Duration::from_millis(20));
-        c.apply(3, [], []);
+        c.apply(3, 3, [], []);
         assert!(t.join().unwrap());
     }
 }

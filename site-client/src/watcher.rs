@@ -169,6 +169,7 @@ fn apply(cache: &MetaCache, b: w::WatchBatch) {
     }
     cache.apply(
         b.version,
+        b.latest,
         attrs,
         b.entries.into_iter().map(|e| (e.parent, e.name, e.ino)),
     );

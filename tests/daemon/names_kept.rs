@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strait_fs_core::error::Error;
-use strait_fs_core::meta::{Ctx, MetaClient, SetAttr, ROOT_INO};
+use strait_fs_core::meta::{Ctx, LockType, MetaClient, SetAttr, ROOT_INO};
 use strait_site_client::{ConnectOptions, Credentials, RemoteMeta};
 
 use crate::support::daemon::Primary;
@@ -88,6 +88,39 @@ fn a_mount_answers_what_it_has_seen_and_hears_every_change_made_elsewhere() {
     // a's own change is seen by a at once (the call returns once a's stream has it)
     chmod(&a, f, 0o640);
     assert_eq!(a.getattr(f).unwrap().perm, 0o640);
+
+    // close-to-open: once a's open returns, what a keeps is at least what the open saw (b's
+    // truncate, committed before it), whatever a's stream has told it by then
+    let truncate = |c: &RemoteMeta, size: u64| {
+        c.setattr(
+            &root,
+            f,
+            &SetAttr {
+                size: Some(size),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    for size in [100, 7, 4096] {
+        truncate(&b, size);
+        a.open_inode(&root, f, libc::O_RDONLY).unwrap();
+        assert_eq!(
+            a.getattr(f).unwrap().length,
+            size,
+            "a's getattr after its open"
+        );
+        a.release(f).unwrap();
+    }
+    // a lock taken: every change made before it is seen
+    truncate(&b, 300);
+    a.setlk(f, 1, 1, LockType::Write, 0, u64::MAX).unwrap();
+    assert_eq!(
+        a.getattr(f).unwrap().length,
+        300,
+        "a's getattr under its lock"
+    );
+    a.setlk(f, 1, 1, LockType::Unlock, 0, u64::MAX).unwrap();
 
     // a directory a made: a name not in it is absent without asking the daemon
     let (d, _) = a.mkdir(&root, ROOT_INO, b"d", 0o755, 0).unwrap();

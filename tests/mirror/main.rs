@@ -13,4 +13,5 @@ mod mirror;
 mod mirror_data;
 mod mirror_partition;
 mod mirror_trace;
+mod names_kept;
 mod warmup;

@@ -7,6 +7,8 @@
 //!   made at the primary during the partition (the primary answers it); under `wait`, the read
 //!   blocks and completes, with the change, after the heal;
 //! - the mirror knows it is cut off: its status leaves `following`, its lag grows;
+//! - a mount of the mirror stops answering from the names it kept once the mirror is outside
+//!   its window (the mirror ends its change stream);
 //! - convergence (docs/guarantees.md §6): after the heal both mirrors return to `following` at the primary's
 //!   version with equal digests.
 
@@ -58,6 +60,14 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
         let row = wait_applied(m, v, Duration::from_secs(30));
         assert_eq!(row["state"], "following", "{row}");
     }
+    // a mount of `fwd` that keeps names (site-client's meta_cache.rs) has seen "during" absent
+    let kept = crate::names_kept::client(&fwd.url(), &token);
+    wait_until(
+        "the mount of fwd hears its stream",
+        Duration::from_secs(10),
+        || kept.keeps_names(),
+    );
+    assert!(crate::names_kept::absent(&kept, 1, b"during"));
 
     // cut region B off: node 3 and the leader hear nothing from each other (Raft, and node 3's
     // relay of the leader's records), the mirrors reach no other node
@@ -91,6 +101,16 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
         "the lag did not grow: {r1} then {r2}"
     );
 
+    // outside its window the mirror ends its mounts' streams: what the mount kept ("during"
+    // absent) is not used, and its lookup is forwarded to the primary, which has the change
+    assert!(
+        !kept.keeps_names(),
+        "a mirror outside its window still fed its mounts"
+    );
+    assert!(
+        !crate::names_kept::absent(&kept, 1, b"during"),
+        "the mount answered from what it kept while its mirror was outside its window"
+    );
     // forward: the primary answers, so the change made during the partition is seen
     rt.block_on(async {
         let mut m = Site::connect(&fwd.addr, &token).await;

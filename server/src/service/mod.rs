@@ -134,7 +134,13 @@ pub struct MetaServer {
     /// Where the engine's commits are told to the mounts' Watch streams (None: Watch is
     /// UNIMPLEMENTED, and mounts keep nothing).
     watch: Option<Arc<crate::watch::WatchHub>>,
+    /// Why the mounts may not keep what the stream tells them now (a mirror outside its
+    /// staleness window); None: they may.
+    watch_refused: Option<WatchRefused>,
 }
+
+/// Why a Watch stream may not go on now, or None; see [`MetaServer::watch_while`].
+pub type WatchRefused = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// Most sessions a site daemon holds at once (as many as it keeps slice ranges for).
 pub const SESSIONS_MAX: usize = crate::slice_ranges::SESSIONS_MAX;
@@ -242,6 +248,7 @@ impl MetaServer {
             session_slots: Slots::new("sessions", SESSIONS_MAX, SESSIONS_PER_PEER_MAX),
             slot_of: parking_lot::Mutex::new(HashMap::new()),
             watch: None,
+            watch_refused: None,
         }
     }
 
@@ -249,6 +256,14 @@ impl MetaServer {
     /// each commit.
     pub fn watched_by(mut self, hub: Arc<crate::watch::WatchHub>) -> Self {
         self.watch = Some(hub);
+        self
+    }
+
+    /// Serve Watch only while `refused` says nothing: a stream is refused (UNAVAILABLE) or
+    /// ended (after a reset) when it says why not, and the mounts ask for everything until
+    /// their stream is open again.
+    pub fn watch_while(mut self, refused: WatchRefused) -> Self {
+        self.watch_refused = Some(refused);
         self
     }
 
@@ -459,18 +474,25 @@ impl MetaService for MetaServer {
     async fn watch(&self, req: Request<w::WatchRequest>) -> Reply<Self::WatchStream> {
         let Some(hub) = self.watch.clone() else {
             return Err(Status::unimplemented(
-                "this daemon does not tell its mounts what changes (a mirror, or an engine \
-                 across the network): mounts ask it for every lookup",
+                "this daemon does not tell its mounts what changes (its engine is across the \
+                 network): mounts ask it for every lookup",
             ));
         };
         // a state that may lack acknowledged changes, or one no longer read, is not told
         self.check_settled("watch").await?;
         self.check_reads("watch")?;
         let _ = req;
+        let refused = self.watch_refused.clone();
+        if let Some(why) = refused.as_ref().and_then(|r| r()) {
+            return Err(Status::unavailable(format!("watch: {why}")));
+        }
         let fence = self.fence.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         tokio::spawn(crate::watch::feed(hub, tx, move || {
-            fence.as_ref().and_then(|f| f.reads_refused())
+            fence
+                .as_ref()
+                .and_then(|f| f.reads_refused())
+                .or_else(|| refused.as_ref().and_then(|r| r()))
         }));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
