@@ -27,6 +27,10 @@
 #   KEEP_RESULTS directory to copy the result tables into (optional)
 #   ROUNDS       rounds of the three benchmarks (default 3; the table shows medians)
 #   JFS_BENCH=0  skip `juicefs bench`
+#   MIRROR=0     skip the second region: by default `strait dev up` also runs (a primary and a
+#                mirror DELAY_MS apart, default 15 ms), and the same bench runs at the mirror's
+#                mount (its files' blocks are in the mirror's region: what it writes it stores
+#                there), in the "mirror" column
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -64,6 +68,8 @@ JFS_MNT=$WORK/juicefs-mnt
 STRAIT_MNT=$WORK/strait-mnt
 DAEMON_MNT=$WORK/daemon-mnt
 DAEMON_PID=
+DEVUP_PID=
+MIRROR_MNT=$WORK/dev/region-b/mnt
 mkdir -p "$JFS_MNT" "$STRAIT_MNT" "$DAEMON_MNT" "$WORK/juicefs-cache" "$WORK/strait-cache" \
     "$WORK/daemon-cache"
 
@@ -88,11 +94,17 @@ cleanup() {
         kill -TERM "$DAEMON_PID" 2>/dev/null
         wait "$DAEMON_PID" 2>/dev/null
     fi
+    if [[ -n "$DEVUP_PID" ]]; then
+        # dev up unmounts both regions and stops every process it started
+        kill -TERM "$DEVUP_PID" 2>/dev/null
+        wait "$DEVUP_PID" 2>/dev/null
+    fi
     stop_servers
     if [[ -n "${KEEP_RESULTS:-}" ]]; then
         mkdir -p "$KEEP_RESULTS" && cp "$WORK"/*.txt "$KEEP_RESULTS"/ 2>/dev/null
     fi
-    if ! is_mounted "$JFS_MNT" && ! is_mounted "$STRAIT_MNT" && ! is_mounted "$DAEMON_MNT"; then
+    if ! is_mounted "$JFS_MNT" && ! is_mounted "$STRAIT_MNT" && ! is_mounted "$DAEMON_MNT" &&
+        ! is_mounted "$MIRROR_MNT"; then
         rm -rf -- "$WORK"
     fi
     exit "$rc"
@@ -145,6 +157,31 @@ JFS_PIDS=$(mount_pids "$JFS_MNT")
 REDIS_PID=$(cat "$WORK/redis/redis.pid")
 STRAIT_PIDS=$(mount_pids "$STRAIT_MNT")
 DAEMON_MNT_PIDS=$(mount_pids "$DAEMON_MNT")
+MIRROR=${MIRROR:-1}
+if [[ "$MIRROR" == 1 ]]; then
+    echo "==> strait at a mirror: strait dev up --delay-ms ${DELAY_MS:-15} (a primary, a mirror, three replicator nodes), the bench at region B's mount"
+    "$STRAIT" dev up --dir "$WORK/dev" --delay-ms "${DELAY_MS:-15}" --gc-delay 0 \
+        >"$WORK/devup.log" 2>&1 &
+    DEVUP_PID=$!
+    for _ in $(seq 1 600); do
+        is_mounted "$MIRROR_MNT" && break
+        if ! kill -0 "$DEVUP_PID" 2>/dev/null; then
+            echo "bench-vs-juicefs.sh: strait dev up stopped; its log:" >&2
+            tail -20 "$WORK/devup.log" >&2
+            exit 1
+        fi
+        sleep 0.2
+    done
+    MIRROR_MNT_PIDS=$(mount_pids "$MIRROR_MNT")
+    MIRROR_PID=$(pgrep -f -- "mirror --config $WORK/dev/region-b/" | paste -sd, -)
+    DEV_PRIMARY_PID=$(pgrep -f -- "primary --config $WORK/dev/region-a/" | paste -sd, -)
+    for v in MIRROR_MNT_PIDS MIRROR_PID DEV_PRIMARY_PID; do
+        if [[ -z "${!v}" ]]; then
+            echo "bench-vs-juicefs.sh: no process found for $v" >&2
+            exit 1
+        fi
+    done
+fi
 for v in JFS_PIDS REDIS_PID STRAIT_PIDS DAEMON_MNT_PIDS; do
     if [[ -z "${!v}" ]]; then
         echo "bench-vs-juicefs.sh: no process found for $v" >&2
@@ -179,6 +216,15 @@ for r in $(seq 1 "$ROUNDS"); do
         --cpu-of "mount=$DAEMON_MNT_PIDS" --cpu-of "daemon=$DAEMON_PID" |
         tee "$WORK/daemon.$r.txt"
     echo
+    if [[ "$MIRROR" == 1 ]]; then
+        "$STRAIT_BENCH" bench "$MIRROR_MNT" "${BENCH_ARGV[@]}" \
+            --label "strait at a mirror, ${DELAY_MS:-15} ms from its primary (round $r)" \
+            --cpu-of "mount=$MIRROR_MNT_PIDS" --cpu-of "mirror=$MIRROR_PID" \
+            --cpu-of "primary=$DEV_PRIMARY_PID" | tee "$WORK/mirror.$r.txt"
+        echo
+    else
+        : >"$WORK/mirror.$r.txt"
+    fi
     if [[ "$LIMITS" == 0 ]]; then
         : >"$WORK/limit-tmpfs.$r.txt"
         : >"$WORK/limit-disk.$r.txt"
@@ -224,19 +270,22 @@ medians() {
 medians juicefs >"$WORK/juicefs.tsv"
 medians strait >"$WORK/strait.tsv"
 medians daemon >"$WORK/daemon.tsv"
+medians mirror >"$WORK/mirror.tsv"
 medians limit-tmpfs >"$WORK/limit-tmpfs.tsv"
 medians limit-disk >"$WORK/limit-disk.tsv"
 echo
 echo "==> strait / JuiceFS, medians of $ROUNDS rounds (higher is better for strait); the limits"
 echo "    are the same data rows on tmpfs and on the local disk; DAEMON/LIM is the daemon's"
-echo "    figure over tmpfs's for warm reads and over the disk's for the others"
+echo "    figure over tmpfs's for warm reads and over the disk's for the others; \"mirror\" is"
+echo "    the bench at a mirror's mount (\`strait dev up\`), MIRROR/J its figure over JuiceFS's"
 awk -F'\t' '
     BEGIN {
         n = split("create|stat|stat (cold cache)|rename|unlink|write small files|read small files|write big file|read big file|read big file (warm)|read 8 files, 8 threads", order, "|")
-        printf "%-24s %11s %11s %11s %11s %11s %-8s %9s %9s %9s\n", "ITEM", "in-process", "daemon", "JuiceFS", "tmpfs", "disk", "UNIT", "IN-PROC/J", "DAEMON/J", "DAEMON/LIM"
+        printf "%-24s %11s %11s %11s %11s %11s %11s %-8s %9s %9s %9s %9s\n", "ITEM", "in-process", "daemon", "mirror", "JuiceFS", "tmpfs", "disk", "UNIT", "IN-PROC/J", "DAEMON/J", "DAEMON/LIM", "MIRROR/J"
     }
     FILENAME ~ /juicefs/ { jfs[$1] = $2; unit[$1] = $3; next }
     FILENAME ~ /daemon/ { dm[$1] = $2; next }
+    FILENAME ~ /mirror/ { mi[$1] = $2; next }
     FILENAME ~ /limit-tmpfs/ { shm[$1] = $2; next }
     FILENAME ~ /limit-disk/ { disk[$1] = $2; next }
     { st[$1] = $2 }
@@ -251,9 +300,11 @@ awk -F'\t' '
             if (k ~ /warm/ && (k in shm)) lim = shm[k]
             if (k !~ /warm/ && (k in disk)) lim = disk[k]
             r3 = (lim > 0 && (k in dm)) ? sprintf("%.0f%%", 100 * dm[k] / lim) : "-"
-            printf "%-24s %11.1f %11.1f %11.1f %11s %11s %-8s %9s %9s %9s\n", k, st[k], dm[k], jfs[k], \
+            r4 = (jfs[k] > 0 && (k in mi)) ? sprintf("%.2fx", mi[k] / jfs[k]) : "-"
+            printf "%-24s %11.1f %11.1f %11s %11.1f %11s %11s %-8s %9s %9s %9s %9s\n", k, st[k], dm[k], \
+                (k in mi) ? sprintf("%.1f", mi[k]) : "-", jfs[k], \
                 (k in shm) ? sprintf("%.1f", shm[k]) : "-", (k in disk) ? sprintf("%.1f", disk[k]) : "-", \
-                unit[k], r1, r2, r3
+                unit[k], r1, r2, r3, r4
         }
-    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" "$WORK/daemon.tsv" "$WORK/limit-tmpfs.tsv" \
-    "$WORK/limit-disk.tsv" | tee "$WORK/ratio.txt"
+    }' "$WORK/juicefs.tsv" "$WORK/strait.tsv" "$WORK/daemon.tsv" "$WORK/mirror.tsv" \
+    "$WORK/limit-tmpfs.tsv" "$WORK/limit-disk.tsv" | tee "$WORK/ratio.txt"

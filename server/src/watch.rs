@@ -113,6 +113,9 @@ impl WatchedKv {
 /// What one transaction wrote that a mount keeps.
 #[derive(Default)]
 struct Written {
+    /// Whether to note the keys at all: not while no mount listens (a mirror loading a
+    /// snapshot of millions of entries copies none of them for nobody).
+    keep: bool,
     attrs: Vec<(Ino, Option<Vec<u8>>)>,
     entries: Vec<(Ino, Vec<u8>, Option<Vec<u8>>)>,
     /// It moved the version counter itself (a mirror applying records).
@@ -121,6 +124,9 @@ struct Written {
 
 impl Written {
     fn note(&mut self, key: &[u8], value: Option<&[u8]>) {
+        if !self.keep {
+            return;
+        }
         match key.first() {
             Some(&ATTR) if key.len() == 9 => {
                 if let Some(ino) = keys::u64_at(key, 1) {
@@ -218,10 +224,15 @@ impl KvEngine for WatchedKv {
         f: &mut dyn FnMut(&mut dyn KvTxn) -> strait_fs_core::Result<()>,
     ) -> strait_fs_core::Result<Option<Version>> {
         let _order = self.hub.order.lock();
+        // no subscriber can come or go while `order` is held
+        let keep = self.hub.tx.receiver_count() > 0;
         let mut written = Written::default();
         let version = self.inner.txn(&mut |t| {
             // a transaction tried again starts over
-            written = Written::default();
+            written = Written {
+                keep,
+                ..Default::default()
+            };
             f(&mut Noting {
                 inner: t,
                 written: &mut written,
@@ -233,6 +244,13 @@ impl KvEngine for WatchedKv {
             None if written.moved_version => self.inner.last_version().ok(),
             None => None,
         };
+        if !keep {
+            // nobody to tell; a subscriber from now on starts at the latest version
+            if let Some(v) = moved {
+                self.hub.latest.fetch_max(v.0, Ordering::AcqRel);
+            }
+            return Ok(version);
+        }
         if written.is_empty() {
             if let Some(v) = moved {
                 // nothing a mount keeps, but the version moved on: a mount waiting for it
@@ -452,6 +470,27 @@ mod tests {
         let (mut rx2, start) = hub.subscribe();
         assert_eq!(start, 2);
         assert!(changes(&mut rx2).is_empty());
+    }
+
+    #[test]
+    fn with_no_subscriber_nothing_is_noted_but_the_version_moves() {
+        let (kv, hub) = WatchedKv::wrap(Arc::new(MemoryKv::default())).unwrap();
+        let hub = hub.unwrap();
+        kv.txn(&mut |t| {
+            t.put(&keys::attr(3), b"anything");
+            t.append_log(b"record".to_vec());
+            Ok(())
+        })
+        .unwrap();
+        // a version-less change with no one to reset: nothing happens
+        kv.txn(&mut |t| {
+            t.put(&keys::attr(4), b"anything");
+            Ok(())
+        })
+        .unwrap();
+        let (mut rx, start) = hub.subscribe();
+        assert_eq!(start, 1);
+        assert!(changes(&mut rx).is_empty());
     }
 
     #[test]

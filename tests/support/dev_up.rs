@@ -15,11 +15,17 @@ pub struct DevUp {
 
 impl DevUp {
     pub fn start(dir: &Path, extra: &[&str]) -> DevUp {
+        Self::start_with_env(dir, extra, &[])
+    }
+
+    /// [`DevUp::start`] with more variables in dev up's environment (an operator's own).
+    pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> DevUp {
         let log = dir.with_extension("log");
         let mut cmd = Command::new(super::strait_bin());
         cmd.args(["dev", "up", "--dir"])
             .arg(dir)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null());
         let log_path = log.clone();
         let child = strait_devkit::process::spawn_tied_with(move || {

@@ -101,6 +101,20 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 /// Longest wait for a service to stop after SIGTERM or `strait umount` (the units allow 60 s).
 const STOP_WITHIN: Duration = Duration::from_secs(30);
 
+/// Drop the caller's own `STRAIT_*` settings from `c`'s environment (a token, a metadata URL,
+/// TLS files for the operator's commands): an installed service or command takes its
+/// settings from its unit and files alone, as on a real host, where the operator's shell is
+/// not the service's. A setting given to `c` afterwards (`envs`) stays. The log filter and
+/// the trace exporter pass, as the guide's units leave them to the environment.
+fn without_operator_env(c: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if k.starts_with("STRAIT_") && k != "STRAIT_LOG" && k != "STRAIT_OTLP_ENDPOINT" {
+            c.env_remove(k);
+        }
+    }
+}
+
 /// Where the hosts run, and what differs there from the guide's real hosts.
 pub trait Placement {
     /// Where `host` keeps what a real host keeps under `path` (one of [`HOST_PATHS`]).
@@ -440,6 +454,7 @@ impl<P: Placement> Installation<P> {
     fn strait(&self, host: &Host, args: &[String], env: &[(String, String)]) -> Result<String> {
         let line = args.join(" ");
         let mut c = self.placement.command(host, &self.bin);
+        without_operator_env(&mut c);
         c.args(args).envs(env.iter().cloned());
         let out = output_tied_with(move || Ok(c))
             .with_context(|| format!("run strait {line} on {}", host.name))?;
@@ -511,6 +526,7 @@ impl<P: Placement> Installation<P> {
             let words = expand(&self.local(host, pre), &env);
             let (prog, args) = words.split_first().context("an empty ExecStartPre")?;
             let mut c = self.placement.command(host, Path::new(prog));
+            without_operator_env(&mut c);
             c.args(args);
             let out = c
                 .stdin(Stdio::null())
@@ -576,6 +592,7 @@ impl<P: Placement> Installation<P> {
     /// Start `launch`'s process on `host` (its log appended to when `append`).
     fn spawn(&self, host: &Host, unit: &str, launch: &Launch, append: bool) -> Result<Child> {
         let mut c = self.placement.command(host, &launch.program);
+        without_operator_env(&mut c);
         c.args(&launch.args)
             .envs(launch.env.iter().cloned())
             .stdin(Stdio::null())
