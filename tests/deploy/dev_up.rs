@@ -195,26 +195,6 @@ fn moved(v: &toml::Value) -> bool {
 /// it runs is the guide's, in the guide's order, and each host's configuration file is the
 /// guide's example with its addresses and paths moved and only dev up's own settings (the
 /// list in docs/commands.md) changed.
-/// The operator's own `STRAIT_*` settings (a token, a metadata URL, a CA for their own
-/// commands) are not the services': dev up and everything it starts take theirs from their
-/// units and files alone. Before, `STRAIT_TOKEN` in the environment stopped dev up at its
-/// first step (`replicator init` took it beside its `--token-file`, and clap refused both).
-#[test]
-fn dev_up_ignores_the_operators_own_strait_settings() {
-    let work = tempfile::tempdir().unwrap();
-    let dev = crate::support::dev_up::DevUp::start_with_env(
-        &work.path().join("dev"),
-        &["--no-mount", "--delay-ms", "1"],
-        &[
-            ("STRAIT_TOKEN", "an-operators-own-token-0123456789"),
-            ("STRAIT_META_URL", "rocksdb:///nonexistent/strait"),
-            ("STRAIT_TLS_CA", "/nonexistent/ca.pem"),
-        ],
-    );
-    let log = dev.log_text();
-    assert!(log.contains("strait dev: ready"), "{log}");
-}
-
 #[test]
 fn dev_up_follows_the_deploy_guide_with_its_files() {
     let work = tempfile::tempdir().unwrap();

@@ -327,10 +327,22 @@ fn every_port_of_dev_up_tls_refuses_plain_text_no_credentials_and_wrong_roles() 
     assert!(dev.fault("heal").contains("healed"));
 }
 
+/// Also: the operator's own `STRAIT_*` settings (a token, a metadata URL, a CA for their own
+/// commands) are not the services'; dev up and everything it starts take theirs from their
+/// units and files alone. Before, `STRAIT_TOKEN` in the environment stopped dev up at its
+/// first step (`replicator init` took it beside its `--token-file`, and clap refused both).
 #[test]
 fn every_port_of_plain_dev_up_refuses_no_credentials_and_wrong_roles() {
     let work = tempfile::tempdir().unwrap();
-    let dev = DevUp::start(&work.path().join("dev"), &["--no-mount", "--delay-ms", "1"]);
+    let dev = DevUp::start_with_env(
+        &work.path().join("dev"),
+        &["--no-mount", "--delay-ms", "1"],
+        &[
+            ("STRAIT_TOKEN", "an-operators-own-token-0123456789"),
+            ("STRAIT_META_URL", "rocksdb:///nonexistent/strait"),
+            ("STRAIT_TLS_CA", "/nonexistent/ca.pem"),
+        ],
+    );
     let rows = probe_all(&dev, false);
     print("strait dev up (no TLS)", &rows);
 }
