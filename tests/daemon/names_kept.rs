@@ -3,53 +3,21 @@
 //! stats it can answer never reach the daemon, and every change made elsewhere reaches it.
 //! Two clients of one `strait primary`, as two mounts would use it (no FUSE needed).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use strait_fs_core::error::Error;
 use strait_fs_core::meta::{Ctx, LockType, MetaClient, SetAttr, ROOT_INO};
-use strait_site_client::{ConnectOptions, Credentials, RemoteMeta};
+use strait_site_client::RemoteMeta;
 
 use crate::support::daemon::Primary;
 use crate::support::mount::TestFs;
+use crate::support::names::{self, calls, chmod};
 use crate::support::wait_until;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
-fn client(d: &Primary, keep_names: bool) -> Arc<RemoteMeta> {
-    let c = RemoteMeta::connect(
-        &d.url(),
-        ConnectOptions {
-            creds: Credentials::new(Some(&d.token), None).unwrap(),
-            keep_names,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    c.open_session("names_kept test").unwrap();
-    c
-}
-
-/// Calls of `op` the daemon answered, whatever the outcome.
-fn calls(d: &Primary, op: &str) -> u64 {
-    let (_, text) = d.http_get("/metrics");
-    let prefix = format!("strait_rpc_duration_seconds_count{{op=\"{op}\",");
-    text.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
-        .sum()
-}
-
-fn chmod(c: &RemoteMeta, ino: u64, mode: u32) {
-    c.setattr(
-        &Ctx::root(),
-        ino,
-        &SetAttr {
-            mode: Some(mode),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+fn client(d: &Primary, keep_names: bool) -> std::sync::Arc<strait_site_client::RemoteMeta> {
+    names::client(&d.url(), &d.token, keep_names)
 }
 
 #[test]

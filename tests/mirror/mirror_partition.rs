@@ -61,13 +61,13 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
         assert_eq!(row["state"], "following", "{row}");
     }
     // a mount of `fwd` that keeps names (site-client's meta_cache.rs) has seen "during" absent
-    let kept = crate::names_kept::client(&fwd.url(), &token);
+    let kept = crate::support::names::client(&fwd.url(), &token, true);
     wait_until(
         "the mount of fwd hears its stream",
         Duration::from_secs(10),
         || kept.keeps_names(),
     );
-    assert!(crate::names_kept::absent(&kept, 1, b"during"));
+    assert!(crate::support::names::absent(&kept, 1, b"during"));
 
     // cut region B off: node 3 and the leader hear nothing from each other (Raft, and node 3's
     // relay of the leader's records), the mirrors reach no other node
@@ -108,7 +108,7 @@ fn a_partitioned_mirror_forwards_or_waits_and_converges_after_the_heal() {
         "a mirror outside its window still fed its mounts"
     );
     assert!(
-        !crate::names_kept::absent(&kept, 1, b"during"),
+        !crate::support::names::absent(&kept, 1, b"during"),
         "the mount answered from what it kept while its mirror was outside its window"
     );
     // forward: the primary answers, so the change made during the partition is seen

@@ -4,63 +4,20 @@
 //! applies it, and a change it forwards is seen by it at once. (Outside the window: the
 //! partition test.)
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use strait_fs_core::error::Error;
-use strait_fs_core::meta::{Ctx, MetaClient, SetAttr, ROOT_INO};
-use strait_site_client::{ConnectOptions, Credentials, RemoteMeta};
+use strait_fs_core::meta::{Ctx, MetaClient, ROOT_INO};
 
 use crate::support::daemon::Primary;
+use crate::support::names::{absent, calls, chmod};
 use crate::support::replicator::RegionA;
 use crate::support::wait_until;
 
+fn client(url: &str, token: &str) -> std::sync::Arc<strait_site_client::RemoteMeta> {
+    crate::support::names::client(url, token, true)
+}
+
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// A client of the daemon at `url` that keeps names, as a mount does.
-pub fn client(url: &str, token: &str) -> Arc<RemoteMeta> {
-    let c = RemoteMeta::connect(
-        url,
-        ConnectOptions {
-            creds: Credentials::new(Some(token), None).unwrap(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    c.open_session("names_kept test").unwrap();
-    c
-}
-
-/// Whether `name` in `parent` is absent, as `c` answers.
-pub fn absent(c: &RemoteMeta, parent: u64, name: &[u8]) -> bool {
-    match c.lookup(&Ctx::root(), parent, name) {
-        Err(Error::Sys(libc::ENOENT)) => true,
-        Ok(_) => false,
-        Err(e) => panic!("lookup: {e}"),
-    }
-}
-
-/// Calls of `op` the daemon answered, whatever the outcome.
-fn calls(d: &Primary, op: &str) -> u64 {
-    let (_, text) = d.http_get("/metrics");
-    let prefix = format!("strait_rpc_duration_seconds_count{{op=\"{op}\",");
-    text.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
-        .sum()
-}
-
-fn chmod(c: &RemoteMeta, ino: u64, mode: u32) {
-    c.setattr(
-        &Ctx::root(),
-        ino,
-        &SetAttr {
-            mode: Some(mode),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-}
 
 #[test]
 fn a_mount_of_a_mirror_answers_what_it_has_seen_and_hears_what_the_mirror_applies() {

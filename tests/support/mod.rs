@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod dev_up;
 pub mod garage;
 pub mod mount;
+pub mod names;
 pub mod otlp;
 pub mod raw_grpc;
 pub mod redis_server;
