@@ -14,6 +14,9 @@
 #   DELAY_MS   one-way delay between the regions (default 15)
 #   STRAIT     strait binary (default: the release build, made here if missing)
 #   DIR        working directory, emptied first (default /tmp/strait-scale)
+#   STEP       files created between two lines of figures (default 1000000)
+#   RM_DIRS    how many of the DIRS directories `rm -rf` removes at the end (default all;
+#              rm -rf is one process, about 1,000 files/s here: 10 million take ~3 h)
 #
 # Prints one line per phase: what, how long, the rate, and the resident memory of every
 # process (primary, mirror, replicator nodes, both mounts; the new mirror once it runs).
@@ -27,6 +30,8 @@ ONE=${ONE:-1000000}
 WRITERS=${WRITERS:-8}
 DELAY_MS=${DELAY_MS:-15}
 DIR=${DIR:-/tmp/strait-scale}
+STEP=${STEP:-1000000}
+RM_DIRS=${RM_DIRS:-$DIRS}
 
 if [[ $EUID -ne 0 ]]; then
     echo "bench-scale.sh: run as root (it mounts FUSE)" >&2
@@ -83,6 +88,7 @@ memory() {
     out="primary=$(rss_of "$STRAIT primary") mirror=$(rss_of "$STRAIT mirror --config $DIR/region-b")"
     out+=" replicators=$(rss_of "$STRAIT replicator") mount-a=$(rss_of "$STRAIT mount .*region-a")"
     out+=" mount-b=$(rss_of "$STRAIT mount .*region-b")"
+    out+=" disk-free=$(df -BG --output=avail "$DIR" | tail -1 | tr -d " ")"
     if [[ -n "$NEW_PID" ]]; then
         out+=" new-mirror=$(rss_of "$STRAIT mirror --config $DIR/new-mirror")"
     fi
@@ -97,19 +103,19 @@ report() { # what count start: the time since start, and count per second unless
     }'
 }
 
-# create COUNT files under ROOT, file i in directory i % NDIRS (0: in ROOT itself)
+# create files LO..HI-1 under ROOT, file i in directory i % NDIRS (0: in ROOT itself)
 create() {
-    python3 - "$1" "$2" "$3" "$WRITERS" <<'EOF'
+    python3 - "$1" "$2" "$3" "$4" "$WRITERS" <<'EOF'
 import os, sys
 from multiprocessing import Process
-root, count, ndirs, writers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, lo, hi, ndirs, writers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 if ndirs:
     for d in range(ndirs):
         os.makedirs(f"{root}/d{d}", exist_ok=True)
 else:
     os.makedirs(root, exist_ok=True)
 def work(w):
-    for i in range(w, count, writers):
+    for i in range(lo + w, hi, writers):
         p = f"{root}/d{i % ndirs}/f{i}" if ndirs else f"{root}/f{i}"
         os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
 ps = [Process(target=work, args=(w,)) for w in range(writers)]
@@ -119,9 +125,24 @@ sys.exit(max(p.exitcode for p in ps))
 EOF
 }
 
+# create COUNT files under ROOT in NDIRS directories, STEP at a time, a line (rate, memory)
+# after each step: whether a process's memory grows with the number of files
+create_stepped() {
+    local root=$1 count=$2 ndirs=$3 lo=0 hi t0 t
+    t0=$(now)
+    while ((lo < count)); do
+        hi=$((lo + STEP < count ? lo + STEP : count))
+        t=$(now)
+        create "$root" "$lo" "$hi" "$ndirs"
+        report "  files $lo..$hi" $((hi - lo)) "$t"
+        lo=$hi
+    done
+    report "create in $(basename "$root") ($ndirs dirs)" "$count" "$t0"
+}
+
 echo "==> at start: $(memory)"
-t=$(now); create "$A/spread" "$SPREAD" "$DIRS"; report "create in $DIRS dirs" "$SPREAD" "$t"
-t=$(now); create "$A/one" "$ONE" 0; report "create in one dir" "$ONE" "$t"
+create_stepped "$A/spread" "$SPREAD" "$DIRS"
+create_stepped "$A/one" "$ONE" 0
 
 echo "==> the mirror at the end of the creates"
 "$STRAIT" mirror status --addr "$MIRROR" --token "$ADMIN" || true
@@ -167,5 +188,14 @@ kill "$NEW_PID" && wait "$NEW_PID" 2>/dev/null || true
 NEW_PID=
 
 t=$(now); rm -rf "$A/one"; report "rm -rf the one dir" "$ONE" "$t"
-t=$(now); rm -rf "$A/spread"; report "rm -rf the $DIRS dirs" "$SPREAD" "$t"
+if ((RM_DIRS >= DIRS)); then
+    t=$(now); rm -rf "$A/spread"; report "rm -rf the $DIRS dirs" "$SPREAD" "$t"
+else
+    # the first RM_DIRS directories (file i is in directory i % DIRS)
+    n=0
+    for ((d = 0; d < RM_DIRS; d++)); do n=$((n + (SPREAD - d + DIRS - 1) / DIRS)); done
+    t=$(now)
+    for ((d = 0; d < RM_DIRS; d++)); do rm -rf "$A/spread/d$d"; done
+    report "rm -rf $RM_DIRS of the $DIRS dirs" "$n" "$t"
+fi
 echo "==> at the end: $(memory)"

@@ -89,6 +89,22 @@ impl CpuOf {
     fn measure<T>(&self, per: &str, f: impl FnOnce() -> Result<(T, f64)>) -> Result<(T, String)> {
         let before = self.now();
         let (out, ops) = f()?;
+        Ok((out, self.since(&before, per, ops)))
+    }
+
+    /// [`CpuOf::measure`] of a future's work.
+    pub(crate) async fn measure_async<T>(
+        &self,
+        per: &str,
+        f: impl std::future::Future<Output = Result<(T, f64)>>,
+    ) -> Result<(T, String)> {
+        let before = self.now();
+        let (out, ops) = f.await?;
+        Ok((out, self.since(&before, per, ops)))
+    }
+
+    /// Each process's CPU time since `before`, per operation, as a DETAIL column's text.
+    fn since(&self, before: &[f64], per: &str, ops: f64) -> String {
         let after = self.now();
         let parts: Vec<String> = self
             .0
@@ -98,7 +114,7 @@ impl CpuOf {
                 format!("{name} {:.1}", (a - b).max(0.0) * 1e6 / ops.max(1.0))
             })
             .collect();
-        Ok((out, format!("CPU us/{per}: {}", parts.join(", "))))
+        format!("CPU us/{per}: {}", parts.join(", "))
     }
 }
 

@@ -6,6 +6,8 @@
 //!   (those with the feature `bench-cache-crates`);
 //! - [`mirror`]: `strait mirror bench`, a mirror's lag and reads against a running `dev up`;
 //! - [`tls`]: `strait bench tls`, plain text against mutual TLS on every link, in one run;
+//! - [`s3`]: `strait bench s3`, a plain S3 client's GET rate from a bucket (the limit of a
+//!   cold read from an `s3://` store);
 //! - [`replicator`]: `strait replicator bench`, a three-node replicator cluster's commit
 //!   latency and throughput, then [`floor`]: `strait replicator floor`, the disk's floor for
 //!   that latency.
@@ -27,6 +29,7 @@ pub mod floor;
 pub mod fs;
 pub mod mirror;
 pub mod replicator;
+pub mod s3;
 pub mod tls;
 
 use anyhow::Result;
@@ -49,12 +52,16 @@ pub enum What {
     /// What mutual TLS on every link costs: `dev up` in plain text and with `--tls`, the
     /// metadata benchmark at both regions' mounts and the mirror-lag storm, side by side.
     Tls(tls::TlsArgs),
+    /// A plain S3 client's PUT and GET rates against a bucket (the AWS SDK, none of strait's
+    /// code): the limit an `s3://` store's cold read is judged against.
+    S3(s3::S3Args),
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         Some(What::Cache(c)) => cache::run(c),
         Some(What::Tls(t)) => tls::run(t),
+        Some(What::S3(s)) => s3::run(s),
         None => fs::run(a.fs),
     }
 }
