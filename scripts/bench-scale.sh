@@ -20,7 +20,8 @@
 #
 # Prints one line per phase: what, how long, the rate, and the resident memory of every
 # process (primary, mirror, replicator nodes, both mounts; the new mirror once it runs).
-# Needs root (FUSE mounts) and python3.
+# Each memory line also gives what the primary's and the mirror's engines hold, by part
+# (strait_engine_memory_bytes, MiB). Needs root (FUSE mounts), python3 and curl.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,6 +39,7 @@ if [[ $EUID -ne 0 ]]; then
     exit 1
 fi
 command -v python3 >/dev/null || { echo "bench-scale.sh: needs python3" >&2; exit 1; }
+command -v curl >/dev/null || { echo "bench-scale.sh: needs curl" >&2; exit 1; }
 if [[ -z "${STRAIT:-}" ]]; then
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}
     (cd "$ROOT" && cargo build --release --bin strait >&2)
@@ -92,7 +94,18 @@ memory() {
     if [[ -n "$NEW_PID" ]]; then
         out+=" new-mirror=$(rss_of "$STRAIT mirror --config $DIR/new-mirror")"
     fi
+    out+=" | engine parts, primary: $(engine_of "$DIR/region-a/etc/primary.toml")"
+    out+="; mirror: $(engine_of "$DIR/region-b/etc/mirror.toml")"
     echo "MiB: $out"
+}
+# what a daemon's metadata engine holds in memory, by part (its strait_engine_memory_bytes)
+engine_of() { # config file -> "block_cache=.. memtables=.. table_readers=.."
+    local addr
+    addr=$(awk -F'"' '/^metrics_listen/ {print $2}' "$1")
+    curl -s --max-time 5 "http://$addr/metrics" | awk '
+        /^strait_engine_memory_bytes\{part="(block_cache|memtables|table_readers)"\}/ {
+            split($1, p, "\""); printf "%s%s=%d", sep, p[2], $2 / 1048576; sep = " "
+        }'
 }
 now() { date +%s.%N; }
 report() { # what count start: the time since start, and count per second unless count is -

@@ -400,12 +400,13 @@ pub async fn run(cfg: MirrorConfig) -> Result<()> {
 async fn render(mirror: Arc<Mirror>) -> String {
     mirror.tick_gauges();
     let kv = mirror.kv.clone();
-    let twice = tokio::task::spawn_blocking(move || {
-        strait_fs_core::meta::requests::applied_twice(kv.as_ref())
+    let read = tokio::task::spawn_blocking(move || {
+        strait_fs_core::meta::requests::applied_twice(kv.as_ref()).map(|n| (n, kv.memory()))
     })
     .await;
-    if let Ok(Ok(n)) = twice {
-        mirror.metrics.base.requests_applied_twice.set(n);
+    if let Ok(Ok((twice, memory))) = read {
+        mirror.metrics.base.requests_applied_twice.set(twice);
+        mirror.metrics.base.note_memory(&memory);
     }
     mirror.metrics.base.render()
 }

@@ -298,12 +298,14 @@ async fn render(metrics: Arc<Metrics>, engine: Arc<Meta>) -> String {
         Ok::<_, strait_fs_core::Error>((
             kv.last_version()?,
             strait_fs_core::meta::requests::applied_twice(kv.as_ref())?,
+            kv.memory(),
         ))
     })
     .await;
-    if let Ok(Ok((v, twice))) = read {
+    if let Ok(Ok((v, twice, memory))) = read {
         metrics.version.set(v.0 as i64);
         metrics.requests_applied_twice.set(twice);
+        metrics.note_memory(&memory);
     }
     metrics.render()
 }

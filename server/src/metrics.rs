@@ -55,6 +55,10 @@ pub struct Metrics {
     pub request_records_evicted: IntCounter,
     /// When the certificates the daemon presents or trusts expire, by file.
     pub tls_expiry: prometheus::IntGaugeVec,
+    /// What the metadata engine holds in memory, by part (see [`Metrics::note_memory`]).
+    pub engine_memory: prometheus::IntGaugeVec,
+    /// The daemon's resident memory.
+    pub resident_memory: IntGauge,
 }
 
 /// The gauge of when a daemon's certificates expire (one series per file: `cert`,
@@ -199,6 +203,20 @@ impl Metrics {
         ))
         .expect("valid counter");
         let tls_expiry = tls_expiry_gauge();
+        let engine_memory = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "strait_engine_memory_bytes",
+                "What the metadata engine holds in this daemon's memory, by part (RocksDB: \
+                 block_cache, block_cache_pinned, memtables, table_readers)",
+            ),
+            &["part"],
+        )
+        .expect("valid gauge");
+        let resident_memory = IntGauge::with_opts(Opts::new(
+            "strait_resident_memory_bytes",
+            "The daemon's resident memory (RSS), as the kernel counts it",
+        ))
+        .expect("valid gauge");
         for c in [
             Box::new(rpc_seconds.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(caught_up_versions.clone()),
@@ -220,6 +238,8 @@ impl Metrics {
             Box::new(ship_errors.clone()),
             Box::new(replication_timeouts.clone()),
             Box::new(tls_expiry.clone()),
+            Box::new(engine_memory.clone()),
+            Box::new(resident_memory.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -245,6 +265,8 @@ impl Metrics {
             request_records_expired,
             request_records_evicted,
             tls_expiry,
+            engine_memory,
+            resident_memory,
         })
     }
 
@@ -252,6 +274,22 @@ impl Metrics {
         self.rpc_seconds
             .with_label_values(&[op, outcome])
             .observe(took.as_secs_f64());
+    }
+
+    /// Set the memory gauges: the engine's parts (from [`KvEngine::memory`]) and the
+    /// daemon's resident memory.
+    ///
+    /// [`KvEngine::memory`]: strait_fs_core::kv::KvEngine::memory
+    pub fn note_memory(&self, engine: &[(&str, u64)]) {
+        for (part, bytes) in engine {
+            self.engine_memory
+                .with_label_values(&[*part])
+                .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+        }
+        if let Some(bytes) = resident_bytes() {
+            self.resident_memory
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
     }
 
     /// The text exposition of every metric.
@@ -262,6 +300,15 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// This process's resident memory, from `/proc/self/statm` (its second field, in pages).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
 }
 
 /// The one HTTP listener of a site daemon: `/metrics` answers `render()` (the text

@@ -298,6 +298,9 @@ impl KvEngine for WatchedKv {
         self.hub.publish(Change::Reset { version });
         r
     }
+    fn memory(&self) -> Vec<(&'static str, u64)> {
+        self.inner.memory()
+    }
 }
 
 /// One subscriber's stream: batches of the hub's changes, a heartbeat while idle, a reset

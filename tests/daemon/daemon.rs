@@ -494,6 +494,22 @@ fn metrics_and_health_are_served() {
         "{text}"
     );
     assert!(text.contains("strait_sessions 1"), "{text}");
+    // what the RocksDB engine holds in memory, by part, and the daemon's resident memory
+    let gauge = |name: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    let memtables = gauge("strait_engine_memory_bytes{part=\"memtables\"} ");
+    assert!(memtables > 0, "the writes made are in a memtable: {memtables}");
+    gauge("strait_engine_memory_bytes{part=\"block_cache\"} ");
+    gauge("strait_engine_memory_bytes{part=\"table_readers\"} ");
+    let resident = gauge("strait_resident_memory_bytes ");
+    assert!(
+        resident > memtables && resident < 4 << 30,
+        "resident {resident} bytes, memtables {memtables}"
+    );
     let missing = crate::support::undocumented_metrics(&text);
     assert!(missing.is_empty(), "not in docs/metrics.md: {missing:?}");
     let version: i64 = text

@@ -94,6 +94,12 @@ pub trait KvEngine: Send + Sync + 'static {
     fn last_version(&self) -> Result<Version>;
     /// Delete every key of this store (used by `load` into a fresh engine and by tests).
     fn wipe(&self) -> Result<()>;
+    /// What the engine holds in this process's memory, in bytes by part (RocksDB: its block
+    /// cache, memtables and table readers); empty for an engine that keeps nothing here or
+    /// does not say.
+    fn memory(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 pub type DynKv = Arc<dyn KvEngine>;

@@ -299,7 +299,24 @@ impl KvEngine for RocksKv {
         }
         self.db.write(batch).map_err(|e| err("wipe", e))
     }
+    fn memory(&self) -> Vec<(&'static str, u64)> {
+        MEMORY_PROPERTIES
+            .iter()
+            .filter_map(|(part, property)| {
+                let bytes = self.db.property_int_value(*property).ok().flatten()?;
+                Some((*part, bytes))
+            })
+            .collect()
+    }
 }
+
+/// The parts of [`KvEngine::memory`] and the RocksDB properties that measure them.
+const MEMORY_PROPERTIES: [(&str, &str); 4] = [
+    ("block_cache", "rocksdb.block-cache-usage"),
+    ("block_cache_pinned", "rocksdb.block-cache-pinned-usage"),
+    ("memtables", "rocksdb.cur-size-all-mem-tables"),
+    ("table_readers", "rocksdb.estimate-table-readers-mem"),
+];
 
 #[cfg(test)]
 mod tests {

@@ -107,4 +107,7 @@ impl KvEngine for TappedKv {
     fn wipe(&self) -> strait_fs_core::Result<()> {
         self.inner.wipe()
     }
+    fn memory(&self) -> Vec<(&'static str, u64)> {
+        self.inner.memory()
+    }
 }

@@ -1,15 +1,10 @@
 //! The digest of a whole tree, to compare engines whatever their backend.
 
-use std::collections::{BTreeMap, HashSet};
-
 use sha2::{Digest, Sha256};
 
 use super::Meta;
-use crate::changelog::{self, encode, get_attr};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv::{self, DynKv, KvTxn};
-use crate::meta::keys;
-use crate::meta::types::*;
 use crate::Version;
 
 impl Meta {
@@ -29,61 +24,13 @@ impl Meta {
         })
     }
 
-    /// [`Meta::digest`] inside a transaction.
+    /// [`Meta::digest`] inside a transaction: the SHA-256 of every reachable inode's
+    /// attributes, xattrs, entries, chunks and symlink target, in the order of a depth-first
+    /// walk from the unlinked-but-open inodes, then from the root
+    /// ([`crate::snapshot::walk_tree`], which a snapshot shares).
     pub fn digest_in(t: &mut dyn KvTxn) -> Result<String> {
-        {
-            let mut h = Sha256::new();
-            let mut seen = HashSet::new();
-            let mut stack = vec![ROOT_INO];
-            let mut extra: BTreeMap<Ino, ()> = BTreeMap::new();
-            for (k, _) in t.scan(&keys::group(keys::DELFILE, 0), None, usize::MAX)? {
-                if let Some(ino) = keys::u64_at(&k, 9) {
-                    extra.insert(ino, ());
-                }
-            }
-            stack.extend(extra.keys().rev().copied());
-            while let Some(ino) = stack.pop() {
-                if !seen.insert(ino) {
-                    continue;
-                }
-                let a = get_attr(t, ino)?.ok_or_else(|| {
-                    Error::corrupt(format!("inode {ino} is referenced but missing"))
-                })?;
-                h.update(b"I");
-                h.update(ino.to_be_bytes());
-                h.update(encode(&a)?);
-                for (k, v) in t.scan(&keys::group(keys::XATTR, ino), None, usize::MAX)? {
-                    h.update(b"X");
-                    h.update(&k);
-                    h.update(&v);
-                }
-                match a.kind {
-                    FileKind::Dir => {
-                        let entries = t.scan(&keys::group(keys::DENTRY, ino), None, usize::MAX)?;
-                        let mut children = vec![];
-                        for (k, v) in entries {
-                            h.update(b"D");
-                            h.update(&k);
-                            h.update(&v);
-                            children.push(changelog::decode_dentry(&v)?.0);
-                        }
-                        stack.extend(children.into_iter().rev());
-                    }
-                    FileKind::File => {
-                        for (k, v) in t.scan(&keys::group(keys::CHUNK, ino), None, usize::MAX)? {
-                            h.update(b"C");
-                            h.update(&k);
-                            h.update(&v);
-                        }
-                    }
-                    FileKind::Symlink => {
-                        h.update(b"S");
-                        h.update(t.get(&keys::symlink(ino))?.unwrap_or_default());
-                    }
-                    _ => {}
-                }
-            }
-            Ok(hex::encode(h.finalize()))
-        }
+        let mut h = Sha256::new();
+        crate::snapshot::walk_tree(t, None, Some(&mut h))?;
+        Ok(hex::encode(h.finalize()))
     }
 }
