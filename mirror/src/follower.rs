@@ -267,16 +267,34 @@ async fn load_snapshot(
         Ok(None)
     });
     let mut end = None;
+    // progress of a long load, in the log
+    let started = std::time::Instant::now();
+    let mut received = 0u64;
+    let mut told = started;
     while let Some(chunk) = stream.next().await {
         match chunk.context("read the snapshot stream")?.kind {
             Some(s::snapshot_chunk::Kind::Pairs(p)) => {
+                received += p.pairs.len() as u64;
                 let pairs = p.pairs.into_iter().map(|kv| (kv.key, kv.value)).collect();
                 if tx.send(Msg::Pairs(pairs)).await.is_err() {
                     break;
                 }
+                if told.elapsed() >= BOOTSTRAP_PROGRESS_EVERY {
+                    told = std::time::Instant::now();
+                    tracing::info!(
+                        "bootstrapping: {received} pairs received in {:.0} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
             }
             Some(s::snapshot_chunk::Kind::End(e)) => {
                 let _ = tx.send(Msg::End(e.pairs)).await;
+                tracing::info!(
+                    "bootstrapping: all {} pairs received in {:.1} s; checking the loaded tree \
+                     (its pairs and digest)",
+                    e.pairs,
+                    started.elapsed().as_secs_f64()
+                );
                 end = Some(e);
                 break;
             }
@@ -297,11 +315,16 @@ async fn load_snapshot(
         );
     }
     tracing::info!(
-        "bootstrapped at version {version}: {} pairs, digest {digest} (equal to the primary's)",
-        end.pairs
+        "bootstrapped at version {version}: {} pairs in {:.1} s, digest {digest} (equal to the \
+         primary's)",
+        end.pairs,
+        started.elapsed().as_secs_f64()
     );
     Ok(version)
 }
+
+/// How often a bootstrap says in the log how far its load has come.
+const BOOTSTRAP_PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// Follow the log until `stop`: bootstrap when needed, subscribe, apply.
 pub async fn run(mirror: Arc<Mirror>, primary: Primary, stop: CancellationToken) {

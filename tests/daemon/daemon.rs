@@ -502,7 +502,10 @@ fn metrics_and_health_are_served() {
             .unwrap_or_else(|| panic!("{name} in {text}"))
     };
     let memtables = gauge("strait_engine_memory_bytes{part=\"memtables\"} ");
-    assert!(memtables > 0, "the writes made are in a memtable: {memtables}");
+    assert!(
+        memtables > 0,
+        "the writes made are in a memtable: {memtables}"
+    );
     gauge("strait_engine_memory_bytes{part=\"block_cache\"} ");
     gauge("strait_engine_memory_bytes{part=\"table_readers\"} ");
     let resident = gauge("strait_resident_memory_bytes ");

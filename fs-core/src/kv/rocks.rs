@@ -24,24 +24,38 @@ const BLOCK_CACHE_BYTES: usize = 256 << 20;
 /// Bits of bloom filter per key: about 1 % false positives, so a lookup of a name that does
 /// not exist (every create asks) reads no table that cannot hold it.
 const BLOOM_BITS_PER_KEY: f64 = 10.0;
+/// The size of one partition of a table's index or filter (RocksDB's advice: 4 KiB).
+const METADATA_BLOCK_BYTES: usize = 4096;
 
-/// Tables with bloom filters, their data blocks read through a bounded cache.
+/// Tables with bloom filters, everything they read kept in one bounded cache.
 ///
 /// Measured with `scripts/bench-scale.sh` (many files in 10,000 directories through `dev up`):
 /// - RocksDB's defaults (no filters, a small cache): at 3 million files the mirror's CPU per
 ///   create had grown from 38 to 218 µs, most of it reading and decompressing blocks;
-/// - filters kept in the block cache too (`cache_index_and_filter_blocks`): a table's filter
-///   is one block of several MiB, larger than a shard of the cache can hold, so it was read
-///   again and its checksum computed on every lookup: 3.3 ms of the primary's CPU per create
-///   at 1.4 million files.
+/// - whole filters kept in the block cache (`cache_index_and_filter_blocks` alone): a
+///   table's filter is one block of several MiB, larger than a shard of the cache can hold,
+///   so it was read again and its checksum computed on every lookup: 3.3 ms of the primary's
+///   CPU per create at 1.4 million files;
+/// - filters and indexes kept with the table readers, outside the cache: fast, but their
+///   memory grows with the number of keys (about 1.25 bytes of filter per key, and the
+///   indexes), without bound.
 ///
-/// So the index and filter blocks stay with the table readers (loaded once per table, about
-/// 1.25 bytes of filter per key), and the cache bounds the data blocks.
+/// So the indexes and filters are partitioned ([`METADATA_BLOCK_BYTES`] a partition, as
+/// RocksDB advises for large databases): the partitions live in the cache like data blocks,
+/// and only each table's top-level index of its partitions stays pinned (a few bytes per
+/// partition). What the engine holds is then the cache, the memtables and those top levels,
+/// whatever the number of files.
 fn table_options() -> rocksdb::BlockBasedOptions {
     let mut t = rocksdb::BlockBasedOptions::default();
     t.set_block_cache(&rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES));
     t.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
-    t.set_cache_index_and_filter_blocks(false);
+    t.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+    t.set_partition_filters(true);
+    t.set_metadata_block_size(METADATA_BLOCK_BYTES);
+    t.set_cache_index_and_filter_blocks(true);
+    t.set_cache_index_and_filter_blocks_with_high_priority(true);
+    t.set_pin_top_level_index_and_filter(true);
+    t.set_pin_l0_filter_and_index_blocks_in_cache(true);
     t
 }
 
@@ -344,7 +358,7 @@ mod tests {
     /// rather than in the block cache (see `table_options`); what RocksDB writes in its
     /// OPTIONS file says how it runs.
     #[test]
-    fn tables_have_bloom_filters_kept_out_of_the_block_cache() {
+    fn tables_have_partitioned_bloom_filters_read_through_the_block_cache() {
         let dir = tempfile::tempdir().expect("create a temporary directory");
         let kv = RocksKv::open(dir.path()).expect("open rocksdb");
         drop(kv);
@@ -370,7 +384,13 @@ mod tests {
             "filter_policy={}",
             setting("filter_policy")
         );
-        assert_eq!(setting("cache_index_and_filter_blocks"), "false");
+        // the filters and indexes in partitions, read through the cache (bounded), and each
+        // table's top level pinned
+        assert_eq!(setting("cache_index_and_filter_blocks"), "true");
+        assert_eq!(setting("partition_filters"), "true");
+        assert_eq!(setting("index_type"), "kTwoLevelIndexSearch");
+        assert_eq!(setting("metadata_block_size"), "4096");
+        assert_eq!(setting("pin_top_level_index_and_filter"), "true");
         assert_eq!(setting("no_block_cache"), "false");
     }
 }
