@@ -668,7 +668,7 @@ mod tests {
     /// The walk and the digest as they were before they shared one pass: every pair of the
     /// tree, and the digest, each by a walk of its own. [`walk_tree`] must give the same pairs
     /// once each and the same digest (the digests of daemons of two releases are compared).
-    fn reference(t: &mut dyn KvTxn) -> (Vec<(Vec<u8>, Vec<u8>)>, String) {
+    fn reference(t: &mut dyn KvTxn) -> (KvPairs, String) {
         let mut pairs = vec![];
         let mut roots = vec![ROOT_INO];
         for tag in GLOBAL_GROUPS {
