@@ -36,6 +36,35 @@ pub struct Caller {
     pub roles: Roles,
     /// The certificate's `CN`, when the caller presented one that names roles.
     pub name: Option<String>,
+    /// Who the caller is, for what it owns at the daemon (its sessions, its cursor): the
+    /// certificate's name (`cert:<CN>`) when it presented one that names roles, else the token
+    /// it presented, as a digest (`token:<16 hex digits of its SHA-256>`) so logs and memory
+    /// never hold the token. Two callers with the same certificate name, or the same token,
+    /// are one principal.
+    pub principal: String,
+}
+
+impl Caller {
+    /// A caller known only by its roles and name (a test, an in-process call).
+    pub fn new(roles: Roles, name: Option<String>) -> Self {
+        let principal = match &name {
+            Some(n) => format!("cert:{n}"),
+            None => String::new(),
+        };
+        Caller {
+            roles,
+            name,
+            principal,
+        }
+    }
+}
+
+/// The principal of a caller known by the `authorization` header `given`.
+fn token_principal(given: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(given);
+    let hex: String = d.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("token:{hex}")
 }
 
 /// Why a call was refused, for a daemon's metrics.
@@ -118,12 +147,18 @@ impl Guard {
         ext: &http::Extensions,
     ) -> Result<Caller, Status> {
         let (mut roles, mut name) = (Roles::NONE, None);
+        let mut principal = String::new();
         let tls = ext.get::<TlsConnectInfo<TcpConnectInfo>>();
         if let Some(certs) = tls.and_then(|t| t.peer_certs()) {
             if let Some(leaf) = certs.first() {
                 let (r, n) = self.identity(leaf.as_ref());
                 if !r.is_empty() {
                     roles = r;
+                    principal = match &n {
+                        Some(n) => format!("cert:{n}"),
+                        // a certificate without a name is known by its own bytes
+                        None => token_principal(leaf.as_ref()).replacen("token:", "cert#", 1),
+                    };
                     name = n;
                 }
             }
@@ -146,6 +181,9 @@ impl Guard {
                 ));
             }
             roles = roles.union(r);
+            if principal.is_empty() {
+                principal = token_principal(given.as_bytes());
+            }
         }
         if roles.is_empty() {
             return Err(self.refuse(
@@ -181,7 +219,11 @@ impl Guard {
                 Status::permission_denied(msg),
             ));
         }
-        Ok(Caller { roles, name })
+        Ok(Caller {
+            roles,
+            name,
+            principal,
+        })
     }
 
     fn refuse(

@@ -435,7 +435,10 @@ impl Router {
         self.mirror.metrics.forwarded_reads.inc();
         // the mount's session here, checked as the local open would check it
         let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
-        let mount = match self.server.held_session(&md) {
+        let mount = match self
+            .server
+            .held_session(&md, req.extensions().get::<strait_auth::Caller>())
+        {
             Ok(sid) => sid,
             Err(s) => return status_reply(s),
         };
@@ -553,7 +556,10 @@ impl Router {
         // it (the local service asks for itself); it is never forwarded under the mirror's
         if class != Class::Local {
             let md = tonic::metadata::MetadataMap::from_headers(req.headers().clone());
-            if let Err(s) = self.server.held_session(&md) {
+            if let Err(s) = self
+                .server
+                .held_session(&md, req.extensions().get::<strait_auth::Caller>())
+            {
                 return status_reply(s);
             }
         }

@@ -650,18 +650,9 @@ mod tests {
     #[test]
     fn a_caller_moves_only_the_cursors_it_owns() {
         use strait_auth::Roles;
-        let primary = Caller {
-            roles: Roles::of(&[Role::Primary]),
-            name: None,
-        };
-        let named = Caller {
-            roles: Roles::of(&[Role::Mirror]),
-            name: Some("b".into()),
-        };
-        let token_only = Caller {
-            roles: Roles::of(&[Role::Mirror]),
-            name: None,
-        };
+        let primary = Caller::new(Roles::of(&[Role::Primary]), None);
+        let named = Caller::new(Roles::of(&[Role::Mirror]), Some("b".into()));
+        let token_only = Caller::new(Roles::of(&[Role::Mirror]), None);
         assert!(check_ack(Some(&primary), PRIMARY_CURSOR).is_ok());
         assert!(check_ack(Some(&named), "b").is_ok());
         assert!(check_ack(Some(&named), "c").is_err());

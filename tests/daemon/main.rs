@@ -12,6 +12,7 @@ mod daemon_hostile;
 mod daemon_tracing;
 mod names_kept;
 mod request_ids;
+mod sessions_owned;
 mod site_hostile;
 mod slice_ids;
 mod slice_ids_restart;

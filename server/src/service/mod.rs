@@ -109,7 +109,9 @@ pub struct MetaServer {
     /// on the serving thread instead of handing them to the blocking pool, which costs two
     /// thread switches per call. Network engines (Redis) go to the blocking pool.
     inline: bool,
-    sessions: RwLock<HashMap<u64, Arc<Meta>>>,
+    /// Each session this daemon holds: its view of the engine, and who opened it (a call
+    /// naming it from anyone else is refused).
+    sessions: RwLock<HashMap<u64, (Arc<Meta>, String)>>,
     session_timeout_ms: u64,
     metrics: Arc<Metrics>,
     /// In `replicated` durability: waits until the replicator holds a version.
@@ -323,15 +325,30 @@ impl MetaServer {
         self.metrics.sessions.set(s.len() as i64);
     }
 
-    /// The session `md` names, when this daemon holds it; else the status a call without
-    /// one gets (FAILED_PRECONDITION, asking the mount to open or resume its session). A
-    /// mirror asks before it forwards a mount's call, as the primary would ask.
-    pub fn held_session(&self, md: &MetadataMap) -> Result<u64, Status> {
-        self.session(md).map(|m| m.session_id())
+    /// The session `md` names, when this daemon holds it and `caller` opened it; else the
+    /// status a call without one gets (FAILED_PRECONDITION, asking the mount to open or resume
+    /// its session), or PERMISSION_DENIED for a session another credential opened. A mirror
+    /// asks before it forwards a mount's call, as the primary would ask.
+    pub fn held_session(
+        &self,
+        md: &MetadataMap,
+        caller: Option<&strait_auth::Caller>,
+    ) -> Result<u64, Status> {
+        self.session(md, caller).map(|m| m.session_id())
     }
 
-    /// The caller's session view, or a status asking it to open (or resume) its session.
-    fn session(&self, md: &MetadataMap) -> Result<Arc<Meta>, Status> {
+    /// The session of `req`, as [`MetaServer::held_session`] finds it.
+    fn session_of<T>(&self, req: &Request<T>) -> Result<Arc<Meta>, Status> {
+        self.session(req.metadata(), strait_auth::caller(req))
+    }
+
+    /// The caller's session view, or a status asking it to open (or resume) its session, or
+    /// refusing it someone else's.
+    fn session(
+        &self,
+        md: &MetadataMap,
+        caller: Option<&strait_auth::Caller>,
+    ) -> Result<Arc<Meta>, Status> {
         let sid = md
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -341,7 +358,8 @@ impl MetaServer {
                 "the call names no session (metadata entry {SESSION_HEADER}): call OpenSession first"
             )));
         };
-        if let Some(m) = self.sessions.read().get(&sid) {
+        if let Some((m, owner)) = self.sessions.read().get(&sid) {
+            check_owner(sid, owner, caller)?;
             return Ok(m.clone());
         }
         let mut s = Status::failed_precondition(format!(
@@ -351,6 +369,22 @@ impl MetaServer {
             .insert(RESUME_HEADER, "1".parse().expect("ascii"));
         Err(s)
     }
+}
+
+/// Who a caller is, for the sessions it opens (empty behind no guard).
+fn principal_of(caller: Option<&strait_auth::Caller>) -> &str {
+    caller.map(|c| c.principal.as_str()).unwrap_or("")
+}
+
+/// Refuse a call naming session `sid`, which `owner` opened, from any other caller. A session
+/// of no owner (an earlier release's, kept across an upgrade) may be named by anyone, as before.
+fn check_owner(sid: u64, owner: &str, caller: Option<&strait_auth::Caller>) -> Result<(), Status> {
+    if owner.is_empty() || owner == principal_of(caller) {
+        return Ok(());
+    }
+    Err(Status::permission_denied(format!(
+        "session {sid} was opened with other credentials: a call may name only a session its own          credentials opened; nothing was changed"
+    )))
 }
 
 /// MkNod, MkDir and Create: one request, three kinds of entry.
@@ -403,7 +437,7 @@ macro_rules! mutation {
             } else {
                 $self.check_settled($op).await?;
             }
-            let $m = $self.session($req.metadata())?;
+            let $m = $self.session_of(&$req)?;
             let id = request_id($req.metadata())?;
             let retry = is_retry($req.metadata());
             let $r = $req.into_inner();
@@ -509,7 +543,33 @@ impl MetaService for MetaServer {
             .map(|a| a.to_string())
             .unwrap_or_else(|| "?".into());
         let ip = req.remote_addr().map(|a| a.ip());
+        let owner = principal_of(strait_auth::caller(&req)).to_string();
         let r = req.into_inner();
+        // a session another credential opened is not taken up, here or in the engine
+        if r.resume_session != 0 {
+            let held = self
+                .sessions
+                .read()
+                .get(&r.resume_session)
+                .map(|(_, o)| o.clone());
+            let recorded = match held {
+                Some(o) => Some(o),
+                None => {
+                    let (engine, sid) = (self.engine.clone(), r.resume_session);
+                    self.blocking("open_session", move || engine.session_owner(sid))
+                        .await?
+                }
+            };
+            if let Some(o) = recorded {
+                if !o.is_empty() && o != owner {
+                    return Err(Status::permission_denied(format!(
+                        "session {} was opened with other credentials: it can be resumed only \
+                         with them; nothing was changed",
+                        r.resume_session
+                    )));
+                }
+            }
+        }
         // a session this daemon holds keeps its slot; any other takes one, or is refused
         let slot = if r.resume_session != 0 && self.slot_of.lock().contains_key(&r.resume_session) {
             None
@@ -533,17 +593,19 @@ impl MetaService for MetaServer {
             .map(strait_proto::held_lock_from_wire)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Status::invalid_argument(format!("a held lock: {}", e.0)))?;
+        let owner_kept = owner.clone();
         let (sid, view, resumed, lost) = self
             .blocking("open_session", move || {
                 // a session the engine still lists is taken up again; any other is new
                 let listed = wanted != 0 && engine.sessions()?.iter().any(|s| s.0 == wanted);
                 let (sid, view) = if listed {
                     let view = engine.session_view(wanted);
-                    view.heartbeat()?;
+                    // one of an earlier release, owned by no one, is its resumer's from now
+                    view.claim_session(&owner_kept)?;
                     (wanted, view)
                 } else {
                     let view = engine.session_view(0);
-                    let sid = view.new_session(&info)?;
+                    let sid = view.new_session_owned(&info, &owner_kept)?;
                     (sid, view)
                 };
                 view.restore_open_handles(&handles);
@@ -564,7 +626,7 @@ impl MetaService for MetaServer {
         self.heard.note(sid, Instant::now());
         {
             let mut s = self.sessions.write();
-            s.insert(sid, view);
+            s.insert(sid, (view, owner));
             self.metrics.sessions.set(s.len() as i64);
         }
         if let Some(slot) = slot {
