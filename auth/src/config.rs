@@ -63,11 +63,19 @@ impl<'de> Deserialize<'de> for TokenList {
     }
 }
 
-/// The first line of `path`, a token file.
+/// The first line of `path`, a token file; refused when users other than its owner may read
+/// it (as ssh refuses a private key "too open").
 pub fn read_token_file(path: &Path) -> Result<String, Error> {
+    strait_ids::private::check_private(path, "token file").map_err(Error::Config)?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("read the token file {}: {e}", path.display())))?;
     Ok(text.lines().next().unwrap_or_default().trim().to_string())
+}
+
+/// A private key (PEM) from `path`; refused when users other than its owner may read it.
+pub fn read_key_file(path: &Path) -> Result<Vec<u8>, Error> {
+    strait_ids::private::check_private(path, "TLS key").map_err(Error::Config)?;
+    read(path, "TLS key")
 }
 
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, Error> {
@@ -161,7 +169,7 @@ impl Security {
         crate::use_ring_for_tls();
         let mut t = ServerTlsConfig::new().identity(Identity::from_pem(
             read(cert, "TLS certificate")?,
-            read(key, "TLS key")?,
+            read_key_file(key)?,
         ));
         if let Some(ca) = &self.tls_client_ca_file {
             t = t.client_ca_root(Certificate::from_pem(read(ca, "client CA")?));
@@ -185,7 +193,7 @@ impl Security {
             return Ok(None);
         };
         let identity = match (&self.tls_cert_file, &self.tls_key_file) {
-            (Some(c), Some(k)) => Some((read(c, "TLS certificate")?, read(k, "TLS key")?)),
+            (Some(c), Some(k)) => Some((read(c, "TLS certificate")?, read_key_file(k)?)),
             _ => None,
         };
         Ok(Some(ClientTls {
@@ -212,6 +220,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("admin.token");
         std::fs::write(&f, "admin-from-file-0123456789\nignored\n").unwrap();
+        // a token file others may read is refused, as ssh refuses such a key
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_token_file(&f).unwrap_err().to_string();
+        assert!(e.contains("other users") && e.contains("chmod 600"), "{e}");
+        // (0644 is refused whoever owns it: every user may read it)
+        strait_ids::private::write_private(&f, b"admin-from-file-0123456789\nignored\n").unwrap();
         let s: Security = toml::from_str(
             r#"
             [tokens]

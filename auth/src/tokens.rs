@@ -25,6 +25,13 @@ pub fn check_token(token: &str) -> Result<(), Error> {
             token.len()
         )));
     }
+    if token.chars().all(|c| token.starts_with(c)) {
+        return Err(Error::Config(format!(
+            "a token of one character repeated ({} times) is guessed first; `strait certs \
+             token` makes a random one",
+            token.len()
+        )));
+    }
     if token.len() > TOKEN_LEN_MAX {
         return Err(Error::Config(format!(
             "a token must have at most {TOKEN_LEN_MAX} characters (this one has {})",
@@ -127,6 +134,10 @@ mod tests {
             .add(Role::Mount, "has a space in it, long enough")
             .is_err());
         assert!(t.add(Role::Mount, &"x".repeat(TOKEN_LEN_MAX + 1)).is_err());
+        // one character repeated: long enough, and the first guess
+        let e = t.add(Role::Mount, &"a".repeat(32)).unwrap_err();
+        assert!(e.to_string().contains("repeated"), "{e}");
+        assert!(t.add(Role::Mount, &"0".repeat(TOKEN_LEN_MIN)).is_err());
         assert!(t.is_empty());
         let n = new_token();
         assert_eq!(n.len(), 32);

@@ -17,6 +17,7 @@
 //!   before. Versions and slice ids are kept far from the limit by their counters.
 
 pub mod clock;
+pub mod private;
 pub mod units;
 
 use serde::{Deserialize, Serialize};

@@ -315,7 +315,8 @@ fn write_list(
     lost: &[(Version, strait_fs_core::changelog::ChangeRecord)],
 ) -> Result<()> {
     let tmp = a.out.with_extension("partial");
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let mut f = strait_ids::private::create_private(&tmp)
+        .with_context(|| format!("create {}", tmp.display()))?;
     let mut text = format!(
         "# strait primary {} of {} at {} s since 1970\n\
          # this primary's change log ended at version {local}; the replicator's leader ({}) held \

@@ -66,7 +66,8 @@ pub fn run(a: Args) -> Result<()> {
                     dir.display()
                 );
             }
-            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+            // the CA's key lives here: its owner's alone
+            strait_ids::private::private_dir(&dir, "PKI directory").map_err(anyhow::Error::msg)?;
             let (cert, key) = certs::new_ca(&name, days)?.write(&dir, "ca")?;
             println!(
                 "created the CA {name:?}, valid {days} days: {} (for every daemon and client) \
@@ -89,10 +90,11 @@ pub fn run(a: Args) -> Result<()> {
                 .collect::<Result<Vec<_>>>()?;
             let ca = Pem {
                 cert: read(&dir.join("ca.pem"))?,
-                key: read(&dir.join("ca.key"))?,
+                key: String::from_utf8(strait_auth::read_key_file(&dir.join("ca.key"))?)
+                    .context("the CA key is not text (PEM)")?,
             };
             let out = out.unwrap_or(dir);
-            std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+            strait_ids::private::private_dir(&out, "PKI directory").map_err(anyhow::Error::msg)?;
             let (cert_path, key_path) =
                 certs::issue(&ca, &name, &roles, &host, days)?.write(&out, &name)?;
             let roles: Vec<&str> = roles.iter().map(|r| r.name()).collect();

@@ -44,9 +44,10 @@ impl ClientArgs {
             Some(ca) => Some(ClientTls {
                 ca_pem: read(ca, "CA certificate")?,
                 identity: match (&self.tls_cert, &self.tls_key) {
-                    (Some(c), Some(k)) => {
-                        Some((read(c, "client certificate")?, read(k, "client key")?))
-                    }
+                    (Some(c), Some(k)) => Some((
+                        read(c, "client certificate")?,
+                        strait_auth::read_key_file(k)?,
+                    )),
                     _ => None,
                 },
                 domain: self.tls_domain.clone(),

@@ -29,7 +29,8 @@ pub fn dump(a: DumpArgs) -> Result<()> {
         strait_fs_core::snapshot::dump(kv.as_ref(), &mut w)?
     } else {
         let tmp = a.file.with_extension("partial");
-        let f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        let f = strait_ids::private::create_private(&tmp)
+            .with_context(|| format!("create {}", tmp.display()))?;
         let mut w = BufWriter::new(f);
         let r = strait_fs_core::snapshot::dump(kv.as_ref(), &mut w)?;
         let f = w.into_inner().context("flush the dump")?;

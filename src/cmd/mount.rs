@@ -105,9 +105,10 @@ impl RemoteArgs {
             Some(ca) => Some(strait_site_client::ClientTls {
                 ca_pem: read(ca, "CA certificate")?,
                 identity: match (&self.tls_cert, &self.tls_key) {
-                    (Some(c), Some(k)) => {
-                        Some((read(c, "client certificate")?, read(k, "client key")?))
-                    }
+                    (Some(c), Some(k)) => Some((
+                        read(c, "client certificate")?,
+                        strait_auth::read_key_file(k)?,
+                    )),
                     (None, None) => None,
                     _ => bail!("--tls-cert and --tls-key go together"),
                 },

@@ -692,7 +692,8 @@ impl Pki {
             ("client.pem", client_cert),
             ("client.key", client_key),
         ] {
-            std::fs::write(dir.path().join(name), text).unwrap();
+            // keys are their owner's alone: a daemon refuses one others may read
+            strait_ids::private::write_private(&dir.path().join(name), text.as_bytes()).unwrap();
         }
         Pki { dir }
     }
@@ -708,6 +709,33 @@ fn tls_with_client_certificates_admits_only_certified_mounts() {
     }
     let pki = Pki::new();
     let fs = TestFs::rocks_local(&[]);
+    // issue 43, item 6: a key other users may read is refused at start, with the reason and
+    // the fix (it was used)
+    let open_key = pki.dir.path().join("open.key");
+    std::fs::copy(pki.path("server.key"), &open_key).unwrap();
+    std::fs::set_permissions(
+        &open_key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let (ok, out) = crate::support::strait(&[
+        "primary",
+        "--meta-url",
+        &fs.meta_url,
+        "--listen",
+        "127.0.0.1:1",
+        "--token",
+        "tls-open-key-token-0123",
+        "--tls-cert",
+        &pki.path("server.pem"),
+        "--tls-key",
+        open_key.to_str().unwrap(),
+    ]);
+    assert!(!ok, "a primary started with a key others may read: {out}");
+    assert!(
+        out.contains("can be read or written by other users") && out.contains("chmod 600"),
+        "{out}"
+    );
     let daemon = Primary::start(
         &fs.meta_url,
         &[],

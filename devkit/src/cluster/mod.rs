@@ -126,7 +126,8 @@ impl Cluster {
         // the operators' copy of the tokens, by the guide's names
         let tokens = install.tokens().clone();
         let tokens_dir = cfg.dir.join("tokens");
-        std::fs::create_dir_all(&tokens_dir).context("create the tokens directory")?;
+        strait_ids::private::private_dir(&tokens_dir, "tokens directory")
+            .map_err(anyhow::Error::msg)?;
         for (name, t) in &tokens {
             crate::install::write_private(&tokens_dir.join(format!("{name}.token")), t.as_bytes())?;
         }
@@ -197,7 +198,8 @@ impl Cluster {
             mirror_data_a: l.mirror_data_a()?,
         };
         let json = serde_json::to_string_pretty(&topo)?;
-        std::fs::write(cfg.dir.join("dev.json"), &json).context("write dev.json")?;
+        // it holds the admin token: its owner's alone
+        crate::install::write_private(&cfg.dir.join("dev.json"), json.as_bytes())?;
         Ok(Cluster {
             topology: topo,
             dir: cfg.dir.clone(),

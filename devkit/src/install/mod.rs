@@ -226,16 +226,7 @@ pub(crate) fn tail(log: &Path) -> String {
 
 /// Write `bytes` to `path`, readable by its owner only.
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("create {}", path.display()))?;
-    f.write_all(bytes)
+    strait_ids::private::write_private(path, bytes)
         .with_context(|| format!("write {}", path.display()))
 }
 

@@ -9,6 +9,7 @@
 //! a file in the same directory.
 
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -26,9 +27,10 @@ pub struct LocalStore {
 impl LocalStore {
     /// Open (and create if needed) the directory that holds the objects.
     pub fn open(path: &Path) -> crate::Result<Self> {
-        std::fs::create_dir_all(path).map_err(|e| {
-            crate::Error::io(format!("create object directory {}", path.display()), e)
-        })?;
+        // the store holds the file system's bytes: its owner's alone (0700), and refused
+        // where other users could plant objects in it
+        strait_ids::private::private_dir(path, "object directory")
+            .map_err(crate::Error::Invalid)?;
         let meta = std::fs::metadata(path).map_err(|e| {
             crate::Error::io(format!("stat object directory {}", path.display()), e)
         })?;
@@ -121,12 +123,17 @@ fn put_blocking(path: &Path, data: &[u8], what: &str, place: Place) -> ObjResult
     let dir = path
         .parent()
         .ok_or_else(|| ObjectError::Fatal(format!("write {what}: key has no parent directory")))?;
-    std::fs::create_dir_all(dir).map_err(|e| map_io(format!("create directory for {what}"), e))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(strait_ids::private::DIR_MODE)
+        .create(dir)
+        .map_err(|e| map_io(format!("create directory for {what}"), e))?;
     let tmp = dir.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
     let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(strait_ids::private::FILE_MODE)
             .open(&tmp)?;
         f.write_all(data)?;
         // Start writing the object back now, without waiting for it, so that the next
@@ -430,5 +437,30 @@ mod tests {
         let busy = map_io("write x".into(), io::Error::from_raw_os_error(libc::EMFILE));
         assert!(matches!(busy, ObjectError::Transient(_)), "{busy:?}");
         assert!(busy.to_string().contains("write x: "), "{busy}");
+    }
+
+    /// Issue 43, item 3, for `file://` stores: objects were written 0644 under 0755
+    /// directories, readable by every user of the host, and a directory others may write was
+    /// used. Now the store is 0700, its objects 0600, and a directory others may write is
+    /// refused.
+    #[tokio::test]
+    async fn a_local_store_is_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("objects");
+        let store = LocalStore::open(&root).unwrap();
+        assert_eq!(mode(&root), 0o700);
+        store
+            .put("chunks/0/0/1_0_5", Bytes::from_static(b"hello"))
+            .await
+            .unwrap();
+        assert_eq!(mode(&root.join("chunks/0/0/1_0_5")), 0o600);
+        assert_eq!(mode(&root.join("chunks/0")), 0o700);
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = LocalStore::open(&shared).err().unwrap();
+        assert!(e.to_string().contains("written by other users"), "{e}");
     }
 }

@@ -104,9 +104,9 @@ impl BlockCache {
     pub fn new(mem_bytes: u64, disk_dir: Option<&Path>, disk_bytes: u64) -> Result<Self> {
         let disk = match disk_dir {
             Some(dir) if disk_bytes > 0 => {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    Error::io(format!("create cache directory {}", dir.display()), e)
-                })?;
+                // the cache holds the file system's bytes: its owner's alone (0700), and
+                // refused where other users could plant blocks in it
+                strait_ids::private::private_dir(dir, "cache directory").map_err(Error::Invalid)?;
                 let mut index = Lru::new(disk_bytes);
                 // rebuild the index from what an earlier mount left, oldest first
                 let mut found = vec![];
@@ -168,11 +168,22 @@ impl BlockCache {
         };
         let path = disk.dir.join(key);
         let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(strait_ids::private::DIR_MODE)
+                    .create(parent)?;
             }
             let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, data)?;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(strait_ids::private::FILE_MODE)
+                .open(&tmp)?
+                .write_all(data)?;
             std::fs::rename(&tmp, &path)
         };
         if let Err(e) = write() {
@@ -265,5 +276,33 @@ mod tests {
         drop(c);
         let c = BlockCache::new(0, Some(dir.path()), 10).unwrap();
         assert!(c.get_disk("k3", 5, crc32fast::hash(b"12345")).is_some());
+    }
+
+    /// Issue 43, item 3: cached blocks were written with the default mode (0644) under a
+    /// 0755 directory, readable by every user of the host; and a directory others may write
+    /// was used, where anyone could plant blocks. Now the directory is 0700 (an earlier one
+    /// narrowed), blocks 0600, and a directory others may write is refused.
+    #[test]
+    fn the_disk_cache_is_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let c = BlockCache::new(0, Some(&cache), 1 << 20).unwrap();
+        assert_eq!(mode(&cache), 0o700);
+        c.put_disk("chunks/0/0/1_0_5", b"hello");
+        assert_eq!(mode(&cache.join("chunks/0/0/1_0_5")), 0o600);
+        assert_eq!(mode(&cache.join("chunks/0/0")), 0o700);
+        drop(c);
+        // a directory other users may write: refused, and left as it was
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = BlockCache::new(0, Some(&shared), 1 << 20).err().unwrap();
+        assert!(e.to_string().contains("written by other users"), "{e}");
+        assert_eq!(mode(&shared), 0o1777);
+        assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 0);
     }
 }
