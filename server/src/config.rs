@@ -185,7 +185,7 @@ mod tests {
             "a space"
         );
         let f = std::env::temp_dir().join(format!("strait-server-token-{}", std::process::id()));
-        std::fs::write(&f, "from-file-0123456789\nsecond line\n").unwrap();
+        strait_ids::private::write_private(&f, b"from-file-0123456789\nsecond line\n").unwrap();
         let c = SiteConfig {
             token: "ignored".into(),
             token_file: Some(f.clone()),
