@@ -82,7 +82,19 @@ pub enum Command {
     /// mirror), so that the other mirrors forward their writes there. Appended last, as
     /// `ForgetMirror` was.
     Promote { epoch: Epoch, primary: PrimaryAt },
+    /// [`Command::Ack`] from the caller `owner` (its principal, `strait_auth::Caller`): a
+    /// cursor belongs to the first owner that acks it, and only that owner moves it after
+    /// (until it is forgotten). Appended last, as `Promote` was.
+    AckAs {
+        mirror: String,
+        applied_version: Version,
+        owner: String,
+    },
 }
+
+/// Most cursors one owner may hold: one region's credentials cannot fill the log's table of
+/// cursors (then no other mirror could register).
+pub const CURSORS_PER_OWNER_MAX: usize = 64;
 
 /// Where the primary of an epoch serves, as the other regions reach it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +180,12 @@ pub enum AppendError {
     FutureEpoch { current: Epoch, got: Epoch },
     #[error("malformed: {0}")]
     Malformed(String),
+    /// Appended last: the variants before keep their numbers in replies.
+    #[error(
+        "the cursor {cursor:?} belongs to other credentials: a mirror moves only the cursors it \
+         registered (`strait replicator forget-mirror` releases one)"
+    )]
+    NotOwner { cursor: String },
 }
 
 impl AppendError {
@@ -179,6 +197,7 @@ impl AppendError {
             AppendError::StaleEpoch { .. } => "stale-epoch",
             AppendError::FutureEpoch { .. } => "future-epoch",
             AppendError::Malformed(_) => "malformed",
+            AppendError::NotOwner { .. } => "not-owner",
         }
     }
 }
@@ -238,6 +257,11 @@ pub struct LogState {
     /// promotion names one, and again after an epoch raised without a name.
     #[serde(default)]
     pub primary: Option<(Epoch, PrimaryAt)>,
+    /// Who registered each cursor (the principal of the mirror's credentials): only it moves
+    /// the cursor. Cursors registered before owners were kept, and those the primary acks,
+    /// have none here until a mirror acks them.
+    #[serde(default)]
+    pub cursor_owners: BTreeMap<String, String>,
 }
 
 impl LogState {
@@ -369,6 +393,57 @@ pub struct Effect {
     pub purge_below: Option<Version>,
 }
 
+/// A mirror has applied everything up to `applied_version`: its cursor moves there (never
+/// back, nor past the log's end), registered first when new.
+fn ack(state: &mut LogState, mirror: String, applied_version: Version) -> Effect {
+    if mirror.is_empty() || mirror.len() > MIRROR_NAME_MAX {
+        return refused(AppendError::Malformed(format!(
+            "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
+        )));
+    }
+    if !state.cursors.contains_key(&mirror) && state.cursors.len() >= CURSORS_MAX {
+        return refused(AppendError::Malformed(format!(
+            "the log keeps {CURSORS_MAX} cursors, its most: forget a mirror first"
+        )));
+    }
+    let c = state.cursors.entry(mirror).or_default();
+    // a cursor never moves back, nor past the log's end
+    c.applied_version = c
+        .applied_version
+        .max(applied_version.min(state.last_version));
+    // the versions after its position were purged: it cannot follow from there (a
+    // mirror that bootstrapped again acks its new position and follows again)
+    c.needs_bootstrap = c.applied_version.next() < state.earliest_version;
+    // keep everything above the lowest cursor of the mirrors still following
+    Effect {
+        outcome: Outcome::Done,
+        purge_below: state.enforce(),
+        ..Effect::default()
+    }
+}
+
+/// Refuse `owner` a cursor another owner registered, and a new cursor to an owner that holds
+/// [`CURSORS_PER_OWNER_MAX`] already.
+pub fn check_cursor_owner(state: &LogState, mirror: &str, owner: &str) -> Result<(), AppendError> {
+    match state.cursor_owners.get(mirror) {
+        Some(o) if o != owner => Err(AppendError::NotOwner {
+            cursor: mirror.to_string(),
+        }),
+        Some(_) => Ok(()),
+        None if owner.is_empty() || state.cursors.contains_key(mirror) => Ok(()),
+        None => {
+            let held = state.cursor_owners.values().filter(|o| *o == owner).count();
+            if held >= CURSORS_PER_OWNER_MAX {
+                return Err(AppendError::Malformed(format!(
+                    "these credentials hold {held} cursors, the most one mirror's may: forget \
+                     one (strait replicator forget-mirror) before registering another"
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
 fn check_epoch(state: &LogState, epoch: Epoch) -> Result<(), AppendError> {
     if epoch < state.epoch {
         Err(AppendError::StaleEpoch {
@@ -462,35 +537,24 @@ fn apply_command(
                 ..Effect::default()
             }
         }
+        Command::AckAs {
+            mirror,
+            applied_version,
+            owner,
+        } => {
+            if let Err(e) = check_cursor_owner(state, &mirror, &owner) {
+                return refused(e);
+            }
+            let effect = ack(state, mirror.clone(), applied_version);
+            if effect.outcome == Outcome::Done && !owner.is_empty() {
+                state.cursor_owners.entry(mirror).or_insert(owner);
+            }
+            effect
+        }
         Command::Ack {
             mirror,
             applied_version,
-        } => {
-            if mirror.is_empty() || mirror.len() > MIRROR_NAME_MAX {
-                return refused(AppendError::Malformed(format!(
-                    "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
-                )));
-            }
-            if !state.cursors.contains_key(&mirror) && state.cursors.len() >= CURSORS_MAX {
-                return refused(AppendError::Malformed(format!(
-                    "the log keeps {CURSORS_MAX} cursors, its most: forget a mirror first"
-                )));
-            }
-            let c = state.cursors.entry(mirror).or_default();
-            // a cursor never moves back, nor past the log's end
-            c.applied_version = c
-                .applied_version
-                .max(applied_version.min(state.last_version));
-            // the versions after its position were purged: it cannot follow from there (a
-            // mirror that bootstrapped again acks its new position and follows again)
-            c.needs_bootstrap = c.applied_version.next() < state.earliest_version;
-            // keep everything above the lowest cursor of the mirrors still following
-            Effect {
-                outcome: Outcome::Done,
-                purge_below: state.enforce(),
-                ..Effect::default()
-            }
-        }
+        } => ack(state, mirror, applied_version),
         Command::SetRetention(r) => {
             if r.max_bytes == 0 || r.max_age_ms == 0 {
                 return refused(AppendError::Malformed(
@@ -505,6 +569,7 @@ fn apply_command(
             }
         }
         Command::ForgetMirror { mirror } => {
+            state.cursor_owners.remove(&mirror);
             if state.cursors.remove(&mirror).is_none() {
                 return refused(AppendError::Malformed(format!(
                     "no mirror named {mirror:?} has a cursor here"
@@ -702,12 +767,13 @@ mod tests {
             marks: [(Version(7), mark)].into(),
             purged_last: None,
             primary: None,
+            cursor_owners: BTreeMap::new(),
         };
-        // `purged_last` and `primary` came later, as the last fields: the old bytes and a None
-        // each (one zero byte) are the new encoding (the store completes old states so when
-        // it reads them)
+        // `purged_last`, `primary` and `cursor_owners` came later, as the last fields: the old
+        // bytes and a None or an empty map each (one zero byte) are the new encoding (the
+        // store completes old states so when it reads them)
         let mut bytes = postcard::to_stdvec(&old).unwrap();
-        bytes.extend([0, 0]);
+        bytes.extend([0, 0, 0]);
         assert_eq!(postcard::to_stdvec(&new).unwrap(), bytes);
         assert_eq!(postcard::from_bytes::<LogState>(&bytes).unwrap(), new);
 
@@ -1085,6 +1151,71 @@ mod tests {
         assert_eq!(run(&mut s, &mut log, forget), Outcome::Done);
         assert_eq!(
             run(&mut s, &mut log, ack("one-too-many".into())),
+            Outcome::Done
+        );
+    }
+
+    /// Issue 43, item 5: any mirror's credentials moved any mirror's cursor, and registered
+    /// up to the log's 1,024 (one region could release another's GC horizon, or leave no
+    /// room). Now a cursor belongs to the credentials that registered it, and one owner holds
+    /// at most 64.
+    #[test]
+    fn a_cursor_belongs_to_the_owner_that_registered_it() {
+        let mut s = LogState::new();
+        let mut log = BTreeMap::new();
+        run(&mut s, &mut log, app(0, 1, &["a", "b", "c"]));
+        let ack = |m: &str, v: u64, owner: &str| Command::AckAs {
+            mirror: m.into(),
+            applied_version: Version(v),
+            owner: owner.into(),
+        };
+        assert_eq!(run(&mut s, &mut log, ack("b", 1, "token:b")), Outcome::Done);
+        // another owner may not move it, forward or back; nothing changes
+        let before = s.clone();
+        assert_eq!(
+            run(&mut s, &mut log, ack("b", 3, "token:c")),
+            Outcome::Refused(AppendError::NotOwner { cursor: "b".into() })
+        );
+        assert_eq!(s, before);
+        // its owner moves it
+        assert_eq!(run(&mut s, &mut log, ack("b", 2, "token:b")), Outcome::Done);
+        assert_eq!(s.cursors["b"].applied_version, Version(2));
+        // a cursor of no owner (an earlier release's, or the primary's plain ack) is taken by
+        // the first owner that acks it
+        let plain = Command::Ack {
+            mirror: "old".into(),
+            applied_version: Version(1),
+        };
+        assert_eq!(run(&mut s, &mut log, plain), Outcome::Done);
+        assert_eq!(
+            run(&mut s, &mut log, ack("old", 2, "cert:c")),
+            Outcome::Done
+        );
+        assert!(matches!(
+            run(&mut s, &mut log, ack("old", 3, "token:b")),
+            Outcome::Refused(AppendError::NotOwner { .. })
+        ));
+        // forgetting a cursor releases it to the next owner
+        let forget = Command::ForgetMirror { mirror: "b".into() };
+        assert_eq!(run(&mut s, &mut log, forget), Outcome::Done);
+        assert_eq!(run(&mut s, &mut log, ack("b", 1, "token:c")), Outcome::Done);
+        assert_eq!(s.cursor_owners["b"], "token:c");
+        // one owner holds at most CURSORS_PER_OWNER_MAX (it has "b" already)
+        for i in 1..CURSORS_PER_OWNER_MAX {
+            let name = format!("c{i}");
+            assert_eq!(
+                run(&mut s, &mut log, ack(&name, 1, "token:c")),
+                Outcome::Done
+            );
+        }
+        assert!(matches!(
+            run(&mut s, &mut log, ack("one-more", 1, "token:c")),
+            Outcome::Refused(AppendError::Malformed(_))
+        ));
+        // ... while another owner still registers, and the first still moves its own
+        assert_eq!(run(&mut s, &mut log, ack("d", 1, "token:d")), Outcome::Done);
+        assert_eq!(
+            run(&mut s, &mut log, ack("c1", 3, "token:c")),
             Outcome::Done
         );
     }

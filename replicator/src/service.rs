@@ -15,7 +15,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::early::Early;
-use crate::log::{Command, Outcome, Retention, CURSORS_MAX, MIRROR_NAME_MAX};
+use crate::log::{AppendError, Command, Outcome, Retention, CURSORS_MAX, MIRROR_NAME_MAX};
 use crate::metrics::Metrics;
 use crate::network::{KIND_APPEND, KIND_SNAPSHOT, KIND_VOTE};
 use crate::pb;
@@ -94,6 +94,9 @@ impl ReplicatorService {
     async fn write(&self, cmd: Command) -> Result<Outcome, Status> {
         match self.raft.client_write(cmd).await {
             Ok(r) => match r.data {
+                Outcome::Refused(e @ AppendError::NotOwner { .. }) => {
+                    Err(refused(&e, Status::permission_denied(e.to_string())))
+                }
                 Outcome::Refused(e) => Err(refused(&e, Status::failed_precondition(e.to_string()))),
                 o => Ok(o),
             },
@@ -170,9 +173,9 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Response<pb::RaftReply>, Status>
 }
 
 /// Whether `caller` may move the cursor named `cursor`: the primary's own (`@primary`) only
-/// the primary, and a mirror whose certificate names it only its own. (A mirror that proves
-/// its role with a token alone has no name to check: give each mirror a certificate to hold it
-/// to its own cursor.)
+/// the primary, and a mirror whose certificate names it only its own. A mirror known by a
+/// token alone is held to the cursors its token registered by the log's rules
+/// ([`crate::log::check_cursor_owner`]).
 pub fn check_ack(caller: Option<&Caller>, cursor: &str) -> Result<(), Status> {
     let Some(c) = caller else { return Ok(()) };
     if c.roles.contains(Role::Primary) {
@@ -283,7 +286,13 @@ impl pb::replicator_server::Replicator for ReplicatorService {
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::Empty>, Status> {
-        check_ack(strait_auth::caller(&req), &req.get_ref().mirror)?;
+        let caller = strait_auth::caller(&req).cloned();
+        check_ack(caller.as_ref(), &req.get_ref().mirror)?;
+        // a mirror's ack names its credentials: the cursor is theirs from its first ack on.
+        // The primary's (its durable mark, or any it makes) are owned by no one.
+        let owner = caller
+            .filter(|c| !c.roles.contains(Role::Primary) && !c.principal.is_empty())
+            .map(|c| c.principal);
         {
             let state = self.log.state();
             let name = &req.get_ref().mirror;
@@ -294,6 +303,16 @@ impl pb::replicator_server::Replicator for ReplicatorService {
                     state.cursors.len()
                 )));
             }
+            // refused here with its own status; the log's rules refuse it again when two
+            // first acks race
+            if let Some(owner) = &owner {
+                if let Err(e) = crate::log::check_cursor_owner(&state, name, owner) {
+                    return Err(match e {
+                        AppendError::NotOwner { .. } => Status::permission_denied(e.to_string()),
+                        e => Status::resource_exhausted(e.to_string()),
+                    });
+                }
+            }
         }
         let r = req.into_inner();
         if r.mirror.is_empty() || r.mirror.len() > MIRROR_NAME_MAX {
@@ -301,11 +320,18 @@ impl pb::replicator_server::Replicator for ReplicatorService {
                 "a mirror name has 1 to {MIRROR_NAME_MAX} bytes"
             )));
         }
-        self.write(Command::Ack {
-            mirror: r.mirror,
-            applied_version: Version(r.applied_version),
-        })
-        .await?;
+        let cmd = match owner {
+            Some(owner) => Command::AckAs {
+                mirror: r.mirror,
+                applied_version: Version(r.applied_version),
+                owner,
+            },
+            None => Command::Ack {
+                mirror: r.mirror,
+                applied_version: Version(r.applied_version),
+            },
+        };
+        self.write(cmd).await?;
         Ok(Response::new(pb::Empty {}))
     }
 

@@ -186,3 +186,121 @@ fn a_session_answers_only_the_credentials_that_opened_it() {
             .expect("team A closes its own session");
     });
 }
+
+/// The hostile side of the same (issue 43's acceptance): calls naming random session ids, and
+/// the session of another team, from a team's own credentials. Every one is refused (the ids
+/// no one holds with FAILED_PRECONDITION, the other team's with PERMISSION_DENIED), the other
+/// team's session is still held afterwards, and the tree is unchanged. Printed: the tally.
+#[test]
+fn calls_naming_guessed_or_foreign_sessions_are_all_refused_and_change_nothing() {
+    let fs = TestFs::rocks_local(&[]);
+    let daemon = Primary::start(
+        &fs.meta_url,
+        &[],
+        &[
+            "--role-token",
+            &format!("mount={TEAM_A}"),
+            "--role-token",
+            &format!("mount={TEAM_B}"),
+        ],
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = client(&daemon.addr).await;
+        let sa = open(&mut c, TEAM_A, 0).await.unwrap();
+        let sb = open(&mut c, TEAM_B, 0).await.unwrap();
+        c.create(create("kept", TEAM_A, sa)).await.unwrap();
+        let listing = |c: &mut MetaServiceClient<Channel>| {
+            let mut c = c.clone();
+            async move {
+                let mut names: Vec<Vec<u8>> = c
+                    .read_dir(req(
+                        w::InodeRequest {
+                            ctx: Some(w::Ctx::default()),
+                            ino: 1,
+                        },
+                        TEAM_A,
+                        sa,
+                    ))
+                    .await
+                    .expect("readdir")
+                    .into_inner()
+                    .entries
+                    .into_iter()
+                    .map(|e| e.name)
+                    .collect();
+                names.sort();
+                names
+            }
+        };
+        let before = listing(&mut c).await;
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+        let mut tally: std::collections::BTreeMap<String, usize> = Default::default();
+        for i in 0..600u32 {
+            // a random id (small ones too: the old ids were 1, 2, 3, ...), or team A's
+            let sid = match i % 3 {
+                0 => sa,
+                1 => rand::Rng::random_range(&mut rng, 1..1_000u64),
+                _ => rand::Rng::random::<u64>(&mut rng) >> 1,
+            };
+            if sid == sb {
+                continue;
+            }
+            let name = format!("planted-{i}");
+            let got = match i % 5 {
+                0 => c
+                    .close_session(req(w::Empty {}, TEAM_B, sid))
+                    .await
+                    .map(|_| ()),
+                1 => open(&mut c, TEAM_B, sid).await.map(|_| ()),
+                2 => c.create(create(&name, TEAM_B, sid)).await.map(|_| ()),
+                3 => c
+                    .heartbeat(req(w::HeartbeatRequest::default(), TEAM_B, sid))
+                    .await
+                    .map(|_| ()),
+                _ => c
+                    .unlink(req(
+                        w::NameRequest {
+                            ctx: Some(w::Ctx::default()),
+                            parent: 1,
+                            name: b"kept".to_vec(),
+                        },
+                        TEAM_B,
+                        sid,
+                    ))
+                    .await
+                    .map(|_| ()),
+            };
+            let code = match &got {
+                Ok(()) if i % 5 == 1 => {
+                    // OpenSession resuming an id no one holds opens a new session of B's own
+                    "OK (a new session of its own)".to_string()
+                }
+                Ok(()) => panic!("call {i} under session {sid} was answered OK"),
+                Err(s) => format!("{:?}", s.code()),
+            };
+            if sid == sa {
+                assert_eq!(
+                    got.as_ref().err().map(|s| s.code()),
+                    Some(Code::PermissionDenied),
+                    "call {i} under team A's session: {got:?}"
+                );
+            }
+            *tally.entry(code).or_default() += 1;
+        }
+        println!("| answered | calls |\n|---|---|");
+        for (code, n) in &tally {
+            println!("| {code} | {n} |");
+        }
+        // nothing changed: A's session is held, the tree is as it was
+        c.heartbeat(req(w::HeartbeatRequest::default(), TEAM_A, sa))
+            .await
+            .expect("team A's session is still held");
+        assert_eq!(listing(&mut c).await, before);
+    });
+}

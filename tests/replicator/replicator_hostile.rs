@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::support::raw_grpc;
-use crate::support::replicator::{Cluster, ADMIN_TOKEN, MIRROR_TOKEN, PEER_TOKEN, PRIMARY_TOKEN};
+use crate::support::replicator::{
+    Cluster, ADMIN_TOKEN, MIRROR_TOKEN, MIRROR_TOKEN_2, PEER_TOKEN, PRIMARY_TOKEN,
+};
 use crate::support::wait_until;
 use prost::Message;
 use strait_auth::{policy, Credentials, Role};
@@ -797,4 +799,77 @@ fn assert_node_lives(cluster: &Cluster, addr: SocketAddr, rt: &tokio::runtime::R
         let log = n.log_text();
         assert!(!log.contains("panicked"), "node {} panicked:\n{log}", n.id);
     }
+}
+
+/// Issue 43, item 5: a mirror's token moved any mirror's cursor (one region could release
+/// another's hold on the log and on the primary's GC) and registered cursors up to the log's
+/// 1,024. Now a cursor belongs to the credentials that registered it: another mirror's
+/// credentials are refused, PERMISSION_DENIED, and change nothing; one mirror's credentials
+/// hold at most 64 cursors; forgetting a cursor releases it.
+#[test]
+fn a_cursor_belongs_to_the_credentials_that_registered_it() {
+    let work = tempfile::tempdir().unwrap();
+    let rt = crate::support::runtime();
+    // the cluster's mirror "b" registered its cursor at 2 with MIRROR_TOKEN
+    let (_cluster, addr) = cluster(work.path(), &rt);
+    let b = as_role(Role::Mirror);
+    let c = Credentials::token(MIRROR_TOKEN_2).expect("token");
+    let admin = as_role(Role::Admin);
+    let ack = |name: &str, v: u64| {
+        pb::AckRequest {
+            mirror: name.into(),
+            applied_version: v,
+        }
+        .encode_to_vec()
+    };
+    rt.block_on(async {
+        let (before, _) = state(addr).await;
+        assert!(before.cursors.contains(&("b".to_string(), 2)), "{before:?}");
+        // another mirror's credentials may not move "b", forward or back
+        for v in [3, 1] {
+            let s = call(addr, &c, "Ack", ack("b", v)).await.unwrap_err();
+            assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+            assert!(s.message().contains("other credentials"), "{s:?}");
+        }
+        let (after, _) = state(addr).await;
+        assert_eq!(after, before, "a refused ack changed the log's state");
+        // each moves its own
+        call(addr, &c, "Ack", ack("c", 1))
+            .await
+            .expect("c registers its own");
+        let s = call(addr, &b, "Ack", ack("c", 3)).await.unwrap_err();
+        assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+        call(addr, &b, "Ack", ack("b", 3))
+            .await
+            .expect("b moves its own");
+        // forgetting "c" releases it
+        let forget = pb::ForgetMirrorRequest { mirror: "c".into() }.encode_to_vec();
+        call(addr, &admin, "ForgetMirror", forget)
+            .await
+            .expect("forget c");
+        call(addr, &b, "Ack", ack("c", 2))
+            .await
+            .expect("c, released, registered by b");
+        // one mirror's credentials hold at most 64 cursors ("b" and "c" are two of them)
+        for i in 2..64 {
+            call(addr, &b, "Ack", ack(&format!("x{i}"), 1))
+                .await
+                .unwrap_or_else(|s| panic!("cursor {i}: {s:?}"));
+        }
+        let s = call(addr, &b, "Ack", ack("one-too-many", 1))
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        // ... and the other's still register
+        call(addr, &c, "Ack", ack("d", 1)).await.expect("d");
+        let (end, _) = state(addr).await;
+        println!("cursors at the end: {}", end.cursors.len());
+        // "b" was there; b's credentials added 63 more, c's "d"
+        assert_eq!(
+            end.cursors.len(),
+            before.cursors.len() + 64,
+            "{:?}",
+            end.cursors
+        );
+    });
 }

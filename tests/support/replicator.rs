@@ -17,7 +17,7 @@ use strait_proto::replicator::replicator_client::ReplicatorClient;
 use super::{free_port, strait_bin};
 
 pub use super::tokens::{
-    token_args, ADMIN_TOKEN, HARNESS_TOKEN, MIRROR_TOKEN, PEER_TOKEN, PRIMARY_TOKEN,
+    token_args, ADMIN_TOKEN, HARNESS_TOKEN, MIRROR_TOKEN, MIRROR_TOKEN_2, PEER_TOKEN, PRIMARY_TOKEN,
 };
 
 /// The harness's credentials ([`HARNESS_TOKEN`]).

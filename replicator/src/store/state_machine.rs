@@ -30,15 +30,16 @@ pub(super) struct SmState {
     pub(super) log: ChangeLogState,
 }
 
-/// Decode a stored [`SmState`]. A state written before [`ChangeLogState::purged_last`] or
-/// [`ChangeLogState::primary`] existed ends one or two fields short; those `Option`s are the
-/// encoding's last fields, so a `None` each (postcard: one zero byte) completes it.
+/// Decode a stored [`SmState`]. A state written before [`ChangeLogState::purged_last`],
+/// [`ChangeLogState::primary`] or [`ChangeLogState::cursor_owners`] existed ends one to three
+/// fields short; those are the encoding's last fields, so a `None` or an empty map each
+/// (postcard: one zero byte) completes it.
 pub(super) fn decode_state(what: &str, b: &[u8]) -> Result<SmState, SErr> {
     let e = match decode(what, b) {
         Ok(s) => return Ok(s),
         Err(e) => e,
     };
-    (1..=2)
+    (1..=3)
         .find_map(|missing| {
             let mut longer = b.to_vec();
             longer.resize(b.len() + missing, 0);
@@ -337,14 +338,24 @@ mod tests {
         };
         state.log.earliest_version = Version(7);
         let mut old = encode(&state).unwrap();
-        assert_eq!(old.pop(), Some(0), "the None of primary ends the encoding");
-        assert_eq!(old.pop(), Some(0), "the None of purged_last before it");
+        assert_eq!(
+            old.pop(),
+            Some(0),
+            "the empty cursor_owners ends the encoding"
+        );
+        assert_eq!(old.pop(), Some(0), "the None of primary before it");
+        assert_eq!(old.pop(), Some(0), "the None of purged_last before that");
         let read = decode_state("an old state", &old).unwrap();
         assert_eq!(read.log, state.log);
         state.log.purged_last = Some((Version(6), vec![1; 32]));
         // one written before `primary` existed
         let mut old = encode(&state).unwrap();
-        assert_eq!(old.pop(), Some(0), "the None of primary ends the encoding");
+        assert_eq!(
+            old.pop(),
+            Some(0),
+            "the empty cursor_owners ends the encoding"
+        );
+        assert_eq!(old.pop(), Some(0), "the None of primary before it");
         let read = decode_state("a state without primary", &old).unwrap();
         assert_eq!(read.log, state.log);
         state.log.primary = Some((
@@ -355,6 +366,19 @@ mod tests {
                 data_url: "s3://b".into(),
             },
         ));
+        // one written before `cursor_owners` existed
+        let mut old = encode(&state).unwrap();
+        assert_eq!(
+            old.pop(),
+            Some(0),
+            "the empty cursor_owners ends the encoding"
+        );
+        let read = decode_state("a state without cursor owners", &old).unwrap();
+        assert_eq!(read.log, state.log);
+        state
+            .log
+            .cursor_owners
+            .insert("b".into(), "token:0123456789abcdef".into());
         let read = decode_state("a new state", &encode(&state).unwrap()).unwrap();
         assert_eq!(read.log, state.log);
         assert!(decode_state("garbage", &[0xff; 3]).is_err());
