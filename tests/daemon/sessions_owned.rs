@@ -4,10 +4,9 @@
 //! unlinked files it held open. Now ids are random, and a call naming a session that other
 //! credentials opened is refused, PERMISSION_DENIED, and changes nothing, also after a restart.
 
-use std::time::Duration;
-
 use crate::support::daemon::Primary;
 use crate::support::mount::TestFs;
+use crate::support::site::{meta_client as client, request as req};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use tonic::transport::Channel;
@@ -16,25 +15,10 @@ use tonic::{Code, Request};
 const TEAM_A: &str = "sessions-owned-team-a-token";
 const TEAM_B: &str = "sessions-owned-team-b-token";
 
-fn req<T>(msg: T, token: &str, session: u64) -> Request<T> {
-    let mut r = Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    if session != 0 {
-        r.metadata_mut()
-            .insert("x-strait-session", session.to_string().parse().unwrap());
-    }
-    r
-}
-
-async fn client(addr: &str) -> MetaServiceClient<Channel> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("connect to the daemon");
-    MetaServiceClient::new(ch)
+/// A primary that takes two mount tokens, one per team, and a runtime to call it from.
+fn two_teams() -> (TestFs, Primary, tokio::runtime::Runtime) {
+    let (_fs, daemon, rt) = two_teams();
+    (fs, daemon, rt)
 }
 
 async fn open(
@@ -90,21 +74,7 @@ async fn exists(c: &mut MetaServiceClient<Channel>, name: &str, token: &str, sid
 
 #[test]
 fn a_session_answers_only_the_credentials_that_opened_it() {
-    let fs = TestFs::rocks_local(&[]);
-    let mut daemon = Primary::start(
-        &fs.meta_url,
-        &[],
-        &[
-            "--role-token",
-            &format!("mount={TEAM_A}"),
-            "--role-token",
-            &format!("mount={TEAM_B}"),
-        ],
-    );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (_fs, mut daemon, rt) = two_teams();
     let sa = rt.block_on(async {
         let mut c = client(&daemon.addr).await;
         let sa = open(&mut c, TEAM_A, 0)
@@ -193,21 +163,7 @@ fn a_session_answers_only_the_credentials_that_opened_it() {
 /// team's session is still held afterwards, and the tree is unchanged. Printed: the tally.
 #[test]
 fn calls_naming_guessed_or_foreign_sessions_are_all_refused_and_change_nothing() {
-    let fs = TestFs::rocks_local(&[]);
-    let daemon = Primary::start(
-        &fs.meta_url,
-        &[],
-        &[
-            "--role-token",
-            &format!("mount={TEAM_A}"),
-            "--role-token",
-            &format!("mount={TEAM_B}"),
-        ],
-    );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (_fs, daemon, rt) = two_teams();
     rt.block_on(async {
         let mut c = client(&daemon.addr).await;
         let sa = open(&mut c, TEAM_A, 0).await.unwrap();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::daemon::Primary;
 use crate::support::replicator::RegionA;
+use crate::support::site::{meta_client as connect, request as req};
 use crate::support::{later, wait_until};
 use parking_lot::Mutex;
 use strait_fs_core::changelog::{Change, ChangeRecord};
@@ -24,27 +25,6 @@ use tonic::transport::Channel;
 use tonic::Request;
 
 const WRITERS: usize = 4;
-
-fn req<T>(msg: T, token: &str, session: u64) -> Request<T> {
-    let mut r = Request::new(msg);
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    if session != 0 {
-        r.metadata_mut()
-            .insert("x-strait-session", session.to_string().parse().unwrap());
-    }
-    r
-}
-
-async fn connect(addr: &str) -> MetaServiceClient<Channel> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .timeout(Duration::from_secs(60))
-        .connect()
-        .await
-        .expect("connect to the primary");
-    MetaServiceClient::new(ch)
-}
 
 async fn session(c: &mut MetaServiceClient<Channel>, token: &str) -> u64 {
     c.open_session(req(

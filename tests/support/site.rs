@@ -24,17 +24,34 @@ fn ctx() -> Option<w::Ctx> {
     Some(w::Ctx::default())
 }
 
+/// A client of the metadata service at `addr` (each call's time bounded to 60 s).
+pub async fn meta_client(addr: &str) -> MetaServiceClient<Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .timeout(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    MetaServiceClient::new(ch)
+}
+
+/// `msg` with `token` and, unless 0, `session` in its metadata.
+pub fn request<T>(msg: T, token: &str, session: u64) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    if session != 0 {
+        r.metadata_mut()
+            .insert("x-strait-session", session.to_string().parse().unwrap());
+    }
+    r
+}
+
 impl Site {
     /// Connect to the daemon at `addr` and open a session.
     pub async fn connect(addr: &str, token: &str) -> Site {
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .timeout(Duration::from_secs(60))
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
         let mut s = Site {
-            c: MetaServiceClient::new(ch),
+            c: meta_client(addr).await,
             token: token.to_string(),
             sid: 0,
         };
@@ -50,16 +67,7 @@ impl Site {
     }
 
     pub fn req<T>(&self, msg: T) -> Request<T> {
-        let mut r = Request::new(msg);
-        r.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", self.token).parse().unwrap(),
-        );
-        if self.sid != 0 {
-            r.metadata_mut()
-                .insert("x-strait-session", self.sid.to_string().parse().unwrap());
-        }
-        r
+        request(msg, &self.token, self.sid)
     }
 
     pub async fn mkdir(&mut self, parent: u64, name: &str) -> Result<u64, Status> {
