@@ -17,7 +17,21 @@ const TEAM_B: &str = "sessions-owned-team-b-token";
 
 /// A primary that takes two mount tokens, one per team, and a runtime to call it from.
 fn two_teams() -> (TestFs, Primary, tokio::runtime::Runtime) {
-    let (_fs, daemon, rt) = two_teams();
+    let fs = TestFs::rocks_local(&[]);
+    let daemon = Primary::start(
+        &fs.meta_url,
+        &[],
+        &[
+            "--role-token",
+            &format!("mount={TEAM_A}"),
+            "--role-token",
+            &format!("mount={TEAM_B}"),
+        ],
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     (fs, daemon, rt)
 }
 

@@ -22,7 +22,6 @@ use strait_fs_core::changelog::{Change, ChangeRecord};
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_client::MetaServiceClient;
 use tonic::transport::Channel;
-use tonic::Request;
 
 const WRITERS: usize = 4;
 
