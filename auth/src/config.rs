@@ -33,6 +33,59 @@ pub struct Security {
     /// The CA that the certificates of the daemons this one calls must chain to; set it to
     /// call them over TLS.
     pub tls_ca_file: Option<PathBuf>,
+    /// Serve, or call other daemons, in plain text on addresses other than loopback: the
+    /// tokens then cross the network readable and replayable. Refused unless set, for a
+    /// network the operator trusts (`--insecure-plaintext`).
+    pub insecure_plaintext: bool,
+}
+
+/// Whether `addr` (`host:port`, `[v6]:port`, or an address without a port) names this
+/// machine's loopback: `127.0.0.0/8`, `::1` or `localhost`. An unspecified address
+/// (`0.0.0.0`) listens on every interface, so it is not.
+pub fn is_loopback(addr: &str) -> bool {
+    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
+        return a.ip().is_loopback();
+    }
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return ip.is_loopback();
+    }
+    let host = match addr.rsplit_once(':') {
+        Some((h, p)) if p.parse::<u16>().is_ok() => h,
+        _ => addr,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// One network link of a daemon, as `--check-config` reports it and the start checks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// What the link is for: `listen`, `to the replicator`, `to the primary`.
+    pub what: String,
+    pub addr: String,
+    /// Whether it runs TLS.
+    pub tls: bool,
+}
+
+impl Link {
+    /// A plain-text link off this machine: its tokens cross the network in clear.
+    pub fn exposed(&self) -> bool {
+        !self.tls && !self.addr.is_empty() && !is_loopback(&self.addr)
+    }
+}
+
+impl std::fmt::Display for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = match (self.tls, self.exposed()) {
+            (true, _) => "TLS",
+            (false, true) => "PLAIN TEXT, tokens readable on the network",
+            (false, false) => "plain text, loopback",
+        };
+        write!(f, "{} {} ({how})", self.what, self.addr)
+    }
 }
 
 /// The tokens of one role: one (`admin = "..."`) or several (`admin = ["...", "..."]`, while
@@ -156,6 +209,51 @@ impl Security {
         Ok(out)
     }
 
+    /// The links of a daemon that listens on `listen` and calls each `(what, addr)` of
+    /// `calls`: its listener runs TLS with `tls_cert_file`, its calls with `tls_ca_file`.
+    pub fn links(&self, listen: &str, calls: &[(&str, &str)]) -> Vec<Link> {
+        let mut out = vec![Link {
+            what: "listen".into(),
+            addr: listen.to_string(),
+            tls: self.tls_cert_file.is_some(),
+        }];
+        for (what, addr) in calls {
+            out.push(Link {
+                what: what.to_string(),
+                addr: addr.to_string(),
+                tls: self.tls_ca_file.is_some(),
+            });
+        }
+        out
+    }
+
+    /// Refuse `links` that would carry tokens in plain text across the network, unless
+    /// `insecure_plaintext` says the network is trusted. `daemon` names the daemon.
+    pub fn refuse_exposed(&self, daemon: &str, links: &[Link]) -> Result<(), Error> {
+        if self.insecure_plaintext {
+            return Ok(());
+        }
+        let exposed: Vec<String> = links
+            .iter()
+            .filter(|l| l.exposed())
+            .map(|l| format!("{} {}", l.what, l.addr))
+            .collect();
+        if exposed.is_empty() {
+            return Ok(());
+        }
+        let fix = if links.iter().any(|l| l.what == "listen" && l.exposed()) {
+            "serve TLS (tls_cert_file and tls_key_file, from `strait certs issue`)"
+        } else {
+            "call over TLS (tls_ca_file, the CA of the daemons it calls)"
+        };
+        Err(Error::Config(format!(
+            "{daemon} would carry tokens in plain text across the network ({}): anyone on the \
+             path could read and replay them. Use TLS: {fix}, as deploy/README.md does; or, on a \
+             network you trust, set insecure_plaintext = true (--insecure-plaintext)",
+            exposed.join(", ")
+        )))
+    }
+
     /// Whether callers must present a client certificate.
     pub fn mutual_tls(&self) -> bool {
         self.tls_client_ca_file.is_some()
@@ -267,6 +365,68 @@ mod tests {
         let short: Security = toml::from_str("[tokens]\nmount = \"x\"").unwrap();
         assert!(short.validate().is_err());
         assert!(short.accepted(None, &[]).is_err());
+    }
+
+    #[test]
+    fn plain_links_off_loopback_are_refused_unless_told() {
+        for a in [
+            "127.0.0.1:7420",
+            "127.3.4.5:1",
+            "[::1]:7420",
+            "localhost:7430",
+            "::1",
+        ] {
+            assert!(is_loopback(a), "{a}");
+        }
+        for a in [
+            "10.0.1.10:7420",
+            "0.0.0.0:7420",
+            "[::]:1",
+            "replicator-a.example:7430",
+            "",
+        ] {
+            assert!(!is_loopback(a), "{a}");
+        }
+        let plain = Security::default();
+        let on_loopback = plain.links("127.0.0.1:7420", &[("to the replicator", "127.0.0.1:7430")]);
+        plain.refuse_exposed("the primary", &on_loopback).unwrap();
+        // a listener off loopback, then a call off loopback
+        let e = plain
+            .refuse_exposed("the primary", &plain.links("10.0.1.10:7420", &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("listen 10.0.1.10:7420") && e.contains("insecure_plaintext"),
+            "{e}"
+        );
+        let links = plain.links("127.0.0.1:7420", &[("to the replicator", "10.0.3.10:7430")]);
+        let e = plain
+            .refuse_exposed("the primary", &links)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("to the replicator 10.0.3.10:7430") && e.contains("tls_ca_file"),
+            "{e}"
+        );
+        assert!(links[1].to_string().contains("PLAIN TEXT"), "{}", links[1]);
+        // told the network is trusted
+        let trusted = Security {
+            insecure_plaintext: true,
+            ..Default::default()
+        };
+        trusted
+            .refuse_exposed("the primary", &trusted.links("0.0.0.0:7420", &[]))
+            .unwrap();
+        // TLS both ways
+        let tls = Security {
+            tls_cert_file: Some("c".into()),
+            tls_key_file: Some("k".into()),
+            tls_ca_file: Some("ca".into()),
+            ..Default::default()
+        };
+        let links = tls.links("10.0.1.10:7420", &[("to the replicator", "10.0.3.10:7430")]);
+        tls.refuse_exposed("the primary", &links).unwrap();
+        assert_eq!(links[0].to_string(), "listen 10.0.1.10:7420 (TLS)");
     }
 
     #[test]

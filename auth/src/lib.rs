@@ -28,7 +28,7 @@ mod tokens;
 pub mod trace;
 
 pub use client::{host_of, Bearer, ClientTls, Conn, Credentials};
-pub use config::{read_key_file, read_token_file, Security, TokenList};
+pub use config::{is_loopback, read_key_file, read_token_file, Link, Security, TokenList};
 pub use guard::{caller, Caller, Guard, Guarded, Refusal};
 pub use role::{Role, Roles};
 pub use slots::{Slot, Slots};

@@ -404,6 +404,17 @@ impl MirrorConfig {
             .context("the credentials for the primary")
     }
 
+    /// Its network links: the listener, to the primary, and to each replicator node.
+    pub fn links(&self) -> Vec<strait_auth::Link> {
+        let mut calls = vec![("to the primary", self.primary.as_str())];
+        calls.extend(
+            self.replicator
+                .iter()
+                .map(|a| ("to the replicator", a.as_str())),
+        );
+        self.security.links(&self.listen, &calls)
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.id.is_empty() || self.id.len() > ID_LEN_MAX {
             bail!("id (the mirror's name) must have 1 to {ID_LEN_MAX} bytes");
@@ -442,6 +453,7 @@ impl MirrorConfig {
         }
         self.site.validate(&self.security)?;
         self.primary_credentials()?;
+        self.security.refuse_exposed("the mirror", &self.links())?;
         for (name, url) in [
             ("data_url", &self.data_url),
             ("primary_data_url", &self.primary_data_url),
@@ -533,6 +545,9 @@ primary_token = ""
 # tls_key_file = "/etc/strait/pki/mirror-b.key"
 # tls_client_ca_file = "/etc/strait/pki/ca.pem"
 # tls_ca_file = "/etc/strait/pki/ca.pem"
+# Without TLS, a listen, primary or replicator address other than loopback is refused (tokens
+# would cross the network readable); true allows it, for a network you trust.
+# insecure_plaintext = false
 # Replicator nodes, this region's first.
 replicator = []
 # Token presented to the replicator (one it accepts for the role "mirror"); required.

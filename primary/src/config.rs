@@ -159,7 +159,18 @@ impl PrimaryConfig {
         if self.read_only && !self.replicator.is_empty() {
             bail!("a read-only primary writes no change records: leave `replicator` empty");
         }
+        self.security.refuse_exposed("the primary", &self.links())?;
         Ok(())
+    }
+
+    /// Its network links: the listener, and one to each replicator node.
+    pub fn links(&self) -> Vec<strait_auth::Link> {
+        let calls: Vec<(&str, &str)> = self
+            .replicator
+            .iter()
+            .map(|a| ("to the replicator", a.as_str()))
+            .collect();
+        self.security.links(&self.listen, &calls)
     }
 
     /// The number of serving threads `serve_threads` stands for on this machine.
@@ -203,6 +214,9 @@ replicator_token = ""
 # tls_client_ca_file = "/etc/strait/pki/ca.pem"
 # The CA the replicator's certificates chain to: the calls to it go over TLS.
 # tls_ca_file = "/etc/strait/pki/ca.pem"
+# Without TLS, a listen or replicator address other than loopback is refused (tokens would
+# cross the network readable); true allows it, for a network you trust.
+# insecure_plaintext = false
 # Prometheus /metrics and /health; "" disables.
 metrics_listen = "127.0.0.1:7421"
 # A mount silent for longer than this is dead: its locks and open unlinked files are freed.

@@ -47,6 +47,10 @@ pub struct SiteArgs {
     /// The CA the certificates of the daemons this one calls chain to (calls go over TLS).
     #[arg(long, env = "STRAIT_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+    /// Allow plain-text gRPC on addresses other than loopback (tokens cross the network
+    /// readable): for a network you trust only.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
 }
 
 /// `ROLE=VALUE`.
@@ -85,7 +89,17 @@ impl SiteArgs {
                 &self.tls_ca,
             ],
         )?;
+        if self.insecure_plaintext {
+            sec.insecure_plaintext = true;
+        }
         Ok(())
+    }
+}
+
+/// `--check-config`'s lines on a daemon's links: each, and whether it runs TLS.
+pub fn print_links(links: &[strait_auth::Link]) {
+    for l in links {
+        println!("  link: {l}");
     }
 }
 

@@ -344,6 +344,7 @@ pub fn run(a: Args) -> Result<()> {
                     cfg.promotion.durability,
                     format!("{:?}", cfg.promotion.failover).to_lowercase(),
                 );
+                super::daemon_flags::print_links(&cfg.links());
                 if cfg.promotion.failover == strait_mirror::config::Failover::Auto {
                     println!(
                         "failover auto: this mirror promotes itself once the replicator has \

@@ -213,6 +213,7 @@ pub fn run(a: Args) -> Result<()> {
             cfg.durability,
             cfg.lease_ms
         );
+        super::daemon_flags::print_links(&cfg.links());
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// The CA the other nodes' certificates chain to (to reach them over TLS).
     #[arg(long)]
     pub tls_ca: Option<PathBuf>,
+    /// Allow plain-text gRPC on addresses other than loopback (tokens cross the network
+    /// readable): for a network you trust only.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -175,6 +179,9 @@ fn merged_security(mut sec: Security, a: &ServeArgs) -> Result<Security> {
         ("--token-file", &a.token_files),
         [&a.tls_cert, &a.tls_key, &a.tls_client_ca, &a.tls_ca],
     )?;
+    if a.insecure_plaintext {
+        sec.insecure_plaintext = true;
+    }
     sec.validate()?;
     Ok(sec)
 }
@@ -268,6 +275,12 @@ async fn serve(a: ServeArgs) -> Result<()> {
         let (id, addr) = parse_member(&p).with_context(|| format!("peer {p:?}"))?;
         cfg.peers.insert(id, addr);
     }
+    // its listener, and the peers it was told of (it reaches the others at their membership
+    // addresses, which their own nodes' listeners are)
+    let peers: Vec<String> = cfg.peers.values().map(|a| a.to_string()).collect();
+    let calls: Vec<(&str, &str)> = peers.iter().map(|a| ("to a peer", a.as_str())).collect();
+    let links = sec.links(&cfg.listen.to_string(), &calls);
+    sec.refuse_exposed(&format!("replicator node {id}"), &links)?;
     let metrics_listen = a.metrics_listen.or(file.metrics_listen).unwrap_or_default();
     if a.check_config {
         println!(
@@ -288,6 +301,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        super::daemon_flags::print_links(&links);
         return Ok(());
     }
     let node = Node::start(cfg).await?;

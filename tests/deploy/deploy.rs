@@ -97,6 +97,23 @@ fn the_example_configurations_pass_check_config() {
         strait_ids::private::write_private(&tokens.join(format!("{t}.token")), &out.stdout)
             .unwrap();
     }
+    // the guide's certificates, as section 2 makes them (each host's key is its own)
+    let pki = root.path().join("etc/strait/pki");
+    let certs = |args: &[&str]| {
+        let out = Command::new(strait_bin())
+            .arg("certs")
+            .args(args)
+            .arg("--dir")
+            .arg(&pki)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "strait certs {args:?}: {out:?}");
+    };
+    certs(&["ca"]);
+    for (name, roles) in strait_devkit::install::CERTIFICATES {
+        let ip = strait_devkit::install::host(name).unwrap().ip.to_string();
+        certs(&["issue", "--name", name, "--role", roles, "--host", &ip]);
+    }
     let config = deploy_dir().join("config");
     let mut checked = vec![];
     for region in ["region-a", "region-b", "region-c"] {
@@ -122,6 +139,11 @@ fn the_example_configurations_pass_check_config() {
             );
             assert!(out.status.success(), "{region}/{role}.toml: {said}");
             assert!(said.contains("the configuration"), "{said}");
+            // every link it has runs TLS, and the check says so
+            assert!(said.contains("link: listen 10.0."), "{said}");
+            for l in said.lines().filter(|l| l.contains("link: ")) {
+                assert!(l.ends_with("(TLS)"), "{region}/{role}.toml: {l}");
+            }
             eprintln!("{region}/{role}.toml: {}", said.trim());
             checked.push(format!("{region}/{role}"));
         }
@@ -152,6 +174,48 @@ fn the_example_configurations_pass_check_config() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no_such_setting"), "{err}");
+    // without its TLS lines, the primary's file is refused (its address is not loopback),
+    // naming each plain link, unless told the network is trusted
+    let plain: String = text
+        .lines()
+        .filter(|l| !l.starts_with("tls_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&bad, &plain).unwrap();
+    let check = |extra: &[&str]| {
+        let out = Command::new(strait_bin())
+            .args(["primary", "--config"])
+            .arg(&bad)
+            .arg("--check-config")
+            .args(extra)
+            .env_remove("STRAIT_TOKEN")
+            .env_remove("STRAIT_TOKEN_FILE")
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    };
+    let (ok, said) = check(&[]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("plain text across the network")
+            && said.contains("listen 10.0.1.10:7420")
+            && said.contains("to the replicator 10.0.3.10:7430")
+            && said.contains("--insecure-plaintext"),
+        "{said}"
+    );
+    eprintln!("without TLS: {}", said.trim());
+    let (ok, said) = check(&["--insecure-plaintext"]);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains("link: listen 10.0.1.10:7420 (PLAIN TEXT"),
+        "{said}"
+    );
+    eprintln!("told the network is trusted: {}", said.trim());
 }
 
 /// Each region's mount file names a daemon the region's configuration serves.

@@ -161,7 +161,10 @@ fn the_deploy_guide_on_three_namespace_hosts_serves_both_regions_and_leaves_noth
     for (host, unit, pid) in d.services() {
         eprintln!("  {host}: {unit} (pid {pid})");
     }
-    let admin = [("STRAIT_TOKEN_FILE", "/etc/strait/tokens/admin.token")];
+    let admin = [
+        ("STRAIT_TOKEN_FILE", "/etc/strait/tokens/admin.token"),
+        ("STRAIT_TLS_CA", "/etc/strait/pki/ca.pem"),
+    ];
 
     // 5. Check that it works, as the guide says
     let status = d

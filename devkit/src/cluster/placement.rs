@@ -376,6 +376,12 @@ impl Placement for Loopback {
             .ends_with(".env")
             .then(|| usize::from(host.region != "a"))
         {
+            // every link is on loopback: the guide's TLS is left out (`--tls` gives its own)
+            let text: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("STRAIT_TLS_"))
+                .map(|l| format!("{l}\n"))
+                .collect();
             // a mount's environment: its cache directory may be elsewhere
             return Ok(match &self.cfg.hooks.cache_dirs[i] {
                 Some(d) => text.replace(
@@ -392,6 +398,10 @@ impl Placement for Loopback {
             return Ok(text);
         }
         let mut t: toml::Table = toml::from_str(&text).with_context(|| format!("parse {name}"))?;
+        // every link is on loopback: the guide's TLS is left out (`--tls` gives its own)
+        for k in GUIDE_TLS_KEYS {
+            t.remove(k);
+        }
         self.settings(host, name, &mut t)?;
         Ok(format!(
             "# deploy/config/region-{}/{name}, with strait dev up's settings\n{}",
@@ -421,6 +431,13 @@ impl Placement for Loopback {
         Ok(args)
     }
 
+    fn operator_env(&self, env: Vec<(String, String)>) -> Vec<(String, String)> {
+        // the guide's CA is not this cluster's (`--tls` passes its own as flags)
+        env.into_iter()
+            .filter(|(k, _)| !k.starts_with("STRAIT_TLS_"))
+            .collect()
+    }
+
     fn service_args(&self, name: &str) -> Vec<String> {
         let c = &self.cfg;
         match name {
@@ -444,6 +461,10 @@ impl Placement for Loopback {
         self.cfg.env.iter().cloned().chain(own).collect()
     }
 }
+
+/// The TLS settings of the guide's configuration files, which dev up leaves out: its links are
+/// on loopback, and `--tls` gives each daemon its own certificate as flags.
+const GUIDE_TLS_KEYS: [&str; 3] = ["tls_cert_file", "tls_key_file", "tls_ca_file"];
 
 /// The guide's listener of `port` on host `h`.
 pub(super) fn guide(h: &Host, port: u16) -> SocketAddrV4 {

@@ -78,6 +78,13 @@ pub fn host(name: &str) -> Result<&'static Host> {
         .with_context(|| format!("no host {name:?} in the guide (a1, b1, c1)"))
 }
 
+/// The certificates of the guide's section 2: each host's, with the roles of what runs there.
+pub const CERTIFICATES: [(&str, &str); 3] = [
+    ("a1", "primary,peer"),
+    ("b1", "mirror,peer"),
+    ("c1", "peer"),
+];
+
 /// The tokens of the guide's section 2, each in `/etc/strait/tokens/NAME.token`.
 pub const TOKENS: [&str; 6] = [
     "mount",
@@ -141,6 +148,11 @@ pub trait Placement {
     /// here. By default as the guide wrote it.
     fn operator_args(&mut self, _host: &Host, args: Vec<String>) -> Result<Vec<String>> {
         Ok(args)
+    }
+    /// The environment of an operator's command, as it runs here. By default as the guide
+    /// wrote it.
+    fn operator_env(&self, env: Vec<(String, String)>) -> Vec<(String, String)> {
+        env
     }
     /// More arguments for service `name`, after its unit's.
     fn service_args(&self, _name: &str) -> Vec<String> {
@@ -286,6 +298,41 @@ impl<P: Placement> Installation<P> {
             self.tokens.insert(t.to_string(), token);
         }
         self.commands.push("strait certs token".into());
+        // TLS: a CA and a certificate per host, made on a1, copied to each host's pki
+        progress("making the certificates (strait certs)");
+        let a1 = &HOSTS[0];
+        self.operator(a1, &["certs", "ca", "--dir", "/etc/strait/ca"], &[])?;
+        for (name, roles) in CERTIFICATES {
+            let ip = host(name)?.ip.to_string();
+            self.operator(
+                a1,
+                &[
+                    "certs",
+                    "issue",
+                    "--dir",
+                    "/etc/strait/ca",
+                    "--name",
+                    name,
+                    "--role",
+                    roles,
+                    "--host",
+                    &ip,
+                ],
+                &[],
+            )?;
+        }
+        let ca = PathBuf::from(self.local(a1, "/etc/strait/ca"));
+        for h in &HOSTS {
+            let pki = PathBuf::from(self.local(h, "/etc/strait/pki"));
+            std::fs::create_dir_all(&pki).with_context(|| format!("create {}", pki.display()))?;
+            for f in ["ca.pem".to_string(), format!("{}.pem", h.name)] {
+                std::fs::copy(ca.join(&f), pki.join(&f))
+                    .with_context(|| format!("copy {f} to {}", pki.display()))?;
+            }
+            let key = format!("{}.key", h.name);
+            let bytes = std::fs::read(ca.join(&key)).with_context(|| format!("read {key}"))?;
+            write_private(&pki.join(&key), &bytes)?;
+        }
         // each region's S3 store (the guide's "an S3 store")
         for (h, bucket) in [(&HOSTS[0], "strait-a"), (&HOSTS[1], "strait-b")] {
             if self.placement.has_stores() {
@@ -351,7 +398,10 @@ impl<P: Placement> Installation<P> {
                 Some("/etc/strait/replicator.toml"),
             )?;
         }
-        let admin = [("STRAIT_TOKEN_FILE", "/etc/strait/tokens/admin.token")];
+        let admin = [
+            ("STRAIT_TOKEN_FILE", "/etc/strait/tokens/admin.token"),
+            ("STRAIT_TLS_CA", "/etc/strait/pki/ca.pem"),
+        ];
         let a1 = &HOSTS[0];
         let init = [
             "replicator",
@@ -469,6 +519,7 @@ impl<P: Placement> Installation<P> {
             .iter()
             .map(|(k, v)| (k.to_string(), self.local(host, v)))
             .collect();
+        let env = self.placement.operator_env(env);
         self.strait(host, &args, &env)
     }
 

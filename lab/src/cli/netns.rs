@@ -81,8 +81,9 @@ pub fn run(a: Args, strait: Option<&std::path::Path>) -> Result<()> {
         );
     }
     println!(
-        "  try: nsenter --net=/run/netns/strait-ops strait mirror status --addr 10.0.2.10:7440 --token-file {}",
-        d.local("a1", "/etc/strait/tokens/admin.token")
+        "  try: nsenter --net=/run/netns/strait-ops strait mirror status --addr 10.0.2.10:7440 --token-file {} --tls-ca {}",
+        d.local("a1", "/etc/strait/tokens/admin.token"),
+        d.local("a1", "/etc/strait/pki/ca.pem")
     );
     println!("strait-lab netns: ready");
     std::io::stdout().flush().ok();
