@@ -13,7 +13,21 @@ use rcgen::{
 use time::{Duration, OffsetDateTime};
 
 use crate::role::Role;
+use crate::rules::Rules;
 use crate::Error;
+
+/// `text` as a DER UTF8String (the value of strait's rules extension).
+fn der_utf8(text: &str) -> Vec<u8> {
+    let b = text.as_bytes();
+    let mut out = vec![0x0c];
+    match b.len() {
+        n if n < 0x80 => out.push(n as u8),
+        n if n <= 0xff => out.extend([0x81, n as u8]),
+        n => out.extend([0x82, (n >> 8) as u8, n as u8]),
+    }
+    out.extend_from_slice(b);
+    out
+}
 
 /// Default lifetime of a CA, in days.
 pub const CA_DAYS_DEFAULT: u32 = 3650;
@@ -120,6 +134,22 @@ pub fn issue(
     hosts: &[String],
     days: u32,
 ) -> Result<Pem, Error> {
+    issue_with_rules(ca, name, roles, hosts, days, &Rules::default())
+}
+
+/// [`issue`], the certificate carrying `rules` (squashing, a fixed uid and gid, a subtree) in
+/// strait's extension ([`crate::rules::EXTENSION_OID`]) when they restrict anything.
+pub fn issue_with_rules(
+    ca: &Pem,
+    name: &str,
+    roles: &[Role],
+    hosts: &[String],
+    days: u32,
+    rules: &Rules,
+) -> Result<Pem, Error> {
+    rules
+        .validate()
+        .map_err(|e| Error::Config(format!("the certificate's rules: {e}")))?;
     if name.is_empty() || name.chars().any(|c| c.is_control()) {
         return Err(Error::Config(format!(
             "{name:?} cannot name a certificate: give a non-empty name without control characters"
@@ -159,6 +189,13 @@ pub fn issue(
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     p.use_authority_key_identifier_extension = true;
+    if !rules.is_open() {
+        p.custom_extensions
+            .push(rcgen::CustomExtension::from_oid_content(
+                crate::rules::EXTENSION_OID,
+                der_utf8(&rules.to_text()),
+            ));
+    }
     validity(&mut p, days)?;
     let cert = p
         .signed_by(&key, &issuer)
@@ -193,12 +230,38 @@ mod tests {
             5,
         )
         .unwrap();
-        let (roles, name) = from_certificate(&der(&c.cert));
+        let (roles, name, rules) = from_certificate(&der(&c.cert));
         assert_eq!(roles, Roles::of(&[Role::Mirror, Role::Peer]));
         assert_eq!(name.as_deref(), Some("mirror-b"));
+        assert!(rules.is_open());
         // the CA itself names no role
-        let (roles, _) = from_certificate(&der(&ca.cert));
+        let (roles, _, _) = from_certificate(&der(&ca.cert));
         assert!(roles.is_empty());
+    }
+
+    #[test]
+    fn a_certificate_carries_its_holders_rules() {
+        let ca = new_ca("test CA", 10).unwrap();
+        // a subtree long enough for a two-byte DER length
+        let long = format!("/team-a/{}", "x".repeat(300));
+        for subtree in ["/team-a".to_string(), long] {
+            let rules = Rules {
+                subtree: Some(subtree),
+                root_squash: true,
+                uid: Some(1000),
+                ..Default::default()
+            };
+            let c = issue_with_rules(&ca, "team-a-1", &[Role::Mount], &[], 5, &rules).unwrap();
+            let (roles, name, read) = from_certificate(&der(&c.cert));
+            assert_eq!(roles, Roles::of(&[Role::Mount]));
+            assert_eq!(name.as_deref(), Some("team-a-1"));
+            assert_eq!(*read, rules);
+        }
+        let bad = Rules {
+            subtree: Some("team-a".into()),
+            ..Default::default()
+        };
+        assert!(issue_with_rules(&ca, "x", &[Role::Mount], &[], 5, &bad).is_err());
     }
 
     #[test]

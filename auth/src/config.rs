@@ -9,6 +9,7 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::client::{ClientTls, Credentials};
 use crate::role::Role;
+use crate::rules::Rules;
 use crate::tokens::{check_token, Tokens};
 use crate::Error;
 
@@ -33,10 +34,102 @@ pub struct Security {
     /// The CA that the certificates of the daemons this one calls must chain to; set it to
     /// call them over TLS.
     pub tls_ca_file: Option<PathBuf>,
+    /// Credentials with a name and rules of their own (`[[credentials]]`): a token, its
+    /// roles, and what it may do inside them (squashing, a subtree): see [`NamedCredential`].
+    pub credentials: Vec<NamedCredential>,
     /// Serve, or call other daemons, in plain text on addresses other than loopback: the
     /// tokens then cross the network readable and replayable. Refused unless set, for a
     /// network the operator trusts (`--insecure-plaintext`).
     pub insecure_plaintext: bool,
+}
+
+/// A credential with a name and rules (`[[credentials]]` in a daemon's TOML):
+///
+/// ```toml
+/// [[credentials]]
+/// name = "team-a"                 # its principal: `cred:team-a` (sessions, cursors, logs)
+/// roles = ["mount"]               # the default
+/// token_file = "/etc/strait/tokens/team-a.token"
+/// subtree = "/team-a"             # its mounts see /team-a as their root, and nothing else
+/// root_squash = true              # uid 0 and gid 0 act as anon_uid and anon_gid (65534)
+/// ```
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamedCredential {
+    pub name: String,
+    pub roles: Vec<Role>,
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub root_squash: bool,
+    pub all_squash: bool,
+    pub anon_uid: Option<u32>,
+    pub anon_gid: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub subtree: Option<String>,
+}
+
+impl NamedCredential {
+    /// Its rules.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            root_squash: self.root_squash,
+            all_squash: self.all_squash,
+            anon_uid: self.anon_uid,
+            anon_gid: self.anon_gid,
+            uid: self.uid,
+            gid: self.gid,
+            subtree: self.subtree.clone(),
+        }
+    }
+
+    /// Its roles: `mount` unless it names others.
+    pub fn roles(&self) -> Vec<Role> {
+        if self.roles.is_empty() {
+            vec![Role::Mount]
+        } else {
+            self.roles.clone()
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        let what = format!("credential {:?}", self.name);
+        if self.name.is_empty()
+            || self.name.len() > 64
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(Error::Config(format!(
+                "{what}: a name of 1 to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        match (&self.token, &self.token_file) {
+            (None, None) => return Err(Error::Config(format!("{what}: give token or token_file"))),
+            (Some(_), Some(_)) => {
+                return Err(Error::Config(format!(
+                    "{what}: token and token_file exclude each other"
+                )))
+            }
+            (Some(t), None) => check_token(t).map_err(|e| Error::Config(format!("{what}: {e}")))?,
+            (None, Some(_)) => {}
+        }
+        self.rules()
+            .validate()
+            .map_err(|e| Error::Config(format!("{what}: {e}")))
+    }
+
+    fn token(&self) -> Result<String, Error> {
+        match (&self.token, &self.token_file) {
+            (Some(t), _) => Ok(t.clone()),
+            (None, Some(f)) => read_token_file(f),
+            (None, None) => Err(Error::Config(format!(
+                "credential {:?}: give token or token_file",
+                self.name
+            ))),
+        }
+    }
 }
 
 /// Whether `addr` (`host:port`, `[v6]:port`, or an address without a port) names this
@@ -155,6 +248,16 @@ impl Security {
         for t in self.tokens.values().flat_map(|l| l.0.iter()) {
             check_token(t)?;
         }
+        let mut names = std::collections::BTreeSet::new();
+        for c in &self.credentials {
+            c.validate()?;
+            if !names.insert(c.name.as_str()) {
+                return Err(Error::Config(format!(
+                    "two credentials are named {:?}: a name is one principal",
+                    c.name
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -173,6 +276,11 @@ impl Security {
                     .add(*r, t)
                     .map_err(|e| Error::Config(format!("the {r} token: {e}")))?;
             }
+        }
+        for c in &self.credentials {
+            tokens
+                .add_named(&c.roles(), &c.token()?, &c.name, c.rules())
+                .map_err(|e| Error::Config(format!("credential {:?}: {e}", c.name)))?;
         }
         if let Some(s) = shared.filter(|s| !s.is_empty()) {
             for r in shared_roles.iter().filter(|r| !own.contains_key(r)) {

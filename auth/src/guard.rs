@@ -24,6 +24,7 @@ use crate::identity;
 use crate::limit::LimitedBody;
 use crate::policy;
 use crate::role::Roles;
+use crate::rules::Rules;
 use crate::tokens::Tokens;
 
 /// Distinct peer addresses remembered for logging a refusal once each.
@@ -40,8 +41,12 @@ pub struct Caller {
     /// certificate's name (`cert:<CN>`) when it presented one that names roles, else the token
     /// it presented, as a digest (`token:<16 hex digits of its SHA-256>`) so logs and memory
     /// never hold the token. Two callers with the same certificate name, or the same token,
-    /// are one principal.
+    /// are one principal. A named credential's token (`[[credentials]]`) is `cred:<name>`,
+    /// whichever of its tokens it presents (one may replace another).
     pub principal: String,
+    /// What it may do inside its roles (squashing, a subtree); open for a credential without
+    /// rules.
+    pub rules: Arc<Rules>,
 }
 
 impl Caller {
@@ -55,6 +60,7 @@ impl Caller {
             roles,
             name,
             principal,
+            rules: Arc::new(Rules::default()),
         }
     }
 }
@@ -89,8 +95,8 @@ struct Inner {
     identities: Mutex<HashMap<Vec<u8>, Identity>>,
 }
 
-/// What a client certificate says: its roles and its holder's name.
-type Identity = (Roles, Option<String>);
+/// What a client certificate says: its roles, its holder's name and rules.
+type Identity = (Roles, Option<String>, Arc<Rules>);
 
 /// Certificates whose reading is kept; past it the table starts again empty.
 const IDENTITIES_MAX: usize = 1024;
@@ -148,12 +154,14 @@ impl Guard {
     ) -> Result<Caller, Status> {
         let (mut roles, mut name) = (Roles::NONE, None);
         let mut principal = String::new();
+        let mut rules = Arc::new(Rules::default());
         let tls = ext.get::<TlsConnectInfo<TcpConnectInfo>>();
         if let Some(certs) = tls.and_then(|t| t.peer_certs()) {
             if let Some(leaf) = certs.first() {
-                let (r, n) = self.identity(leaf.as_ref());
+                let (r, n, cert_rules) = self.identity(leaf.as_ref());
                 if !r.is_empty() {
                     roles = r;
+                    rules = cert_rules;
                     principal = match &n {
                         Some(n) => format!("cert:{n}"),
                         // a certificate without a name is known by its own bytes
@@ -167,7 +175,32 @@ impl Guard {
             .and_then(|t| t.get_ref().remote_addr())
             .or_else(|| ext.get::<TcpConnectInfo>().and_then(|t| t.remote_addr()));
         if let Some(given) = headers.get(http::header::AUTHORIZATION) {
-            let r = self.0.tokens.roles_of(given.as_bytes());
+            let named = self.0.tokens.named_of(given.as_bytes());
+            let r = match named {
+                Some((r, _)) => r,
+                None => self.0.tokens.roles_of(given.as_bytes()),
+            };
+            if let Some((_, n)) = named {
+                // a certificate's rules and a token's that differ: which would hold is unclear
+                if !rules.is_open() && !n.rules.is_open() && rules != n.rules {
+                    return Err(self.refuse(
+                        Refusal::PermissionDenied,
+                        peer,
+                        path,
+                        "a certificate and a token with different rules",
+                        Status::permission_denied(
+                            "the certificate and the token name different rules (subtree, \
+                             squashing): present one of them",
+                        ),
+                    ));
+                }
+                if rules.is_open() {
+                    rules = n.rules.clone();
+                }
+                if principal.is_empty() {
+                    principal = format!("cred:{}", n.name);
+                }
+            }
             if r.is_empty() {
                 return Err(self.refuse(
                     Refusal::Unauthenticated,
@@ -223,6 +256,7 @@ impl Guard {
             roles,
             name,
             principal,
+            rules,
         })
     }
 
@@ -374,6 +408,65 @@ mod tests {
                 &headers(Some("admin-token-0123456789")),
                 &ext,
             )
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    }
+
+    #[test]
+    fn a_named_credentials_token_brings_its_name_and_rules() {
+        let mut t = Tokens::new();
+        t.add(Role::Mount, "mount-token-0123456789").unwrap();
+        let rules = Rules {
+            subtree: Some("/team-a".into()),
+            root_squash: true,
+            ..Default::default()
+        };
+        t.add_named(
+            &[Role::Mount],
+            "team-a-token-0123456789",
+            "team-a",
+            rules.clone(),
+        )
+        .unwrap();
+        t.add_named(
+            &[Role::Mount],
+            "team-a-token-new-0123456",
+            "team-a",
+            rules.clone(),
+        )
+        .unwrap();
+        // a token is one credential's only
+        assert!(t
+            .add_named(
+                &[Role::Mount],
+                "mount-token-0123456789",
+                "b",
+                Rules::default()
+            )
+            .is_err());
+        let g = Guard::new("d", t);
+        let ext = http::Extensions::new();
+        let create = "/strait.meta.v1.MetaService/Create";
+        let c = g
+            .admit(create, &headers(Some("team-a-token-0123456789")), &ext)
+            .unwrap();
+        assert_eq!(c.roles, Roles::of(&[Role::Mount]));
+        assert_eq!(c.principal, "cred:team-a");
+        assert_eq!(*c.rules, rules);
+        // its other token is the same principal (a token replaced keeps its sessions)
+        let c2 = g
+            .admit(create, &headers(Some("team-a-token-new-0123456")), &ext)
+            .unwrap();
+        assert_eq!(c2.principal, c.principal);
+        let plain = g
+            .admit(create, &headers(Some("mount-token-0123456789")), &ext)
+            .unwrap();
+        assert!(plain.rules.is_open());
+        assert!(plain.principal.starts_with("token:"));
+        // a named mount credential has no other role
+        let pause = "/strait.site.v1.SiteService/Pause";
+        let e = g
+            .admit(pause, &headers(Some("team-a-token-0123456789")), &ext)
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
     }

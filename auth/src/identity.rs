@@ -5,13 +5,25 @@
 
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::role::{Role, Roles};
+use std::sync::Arc;
 
-/// The roles and name a certificate (DER) carries; no roles when it names none (or cannot be
-/// read, which rustls would have refused already).
-pub fn from_certificate(der: &[u8]) -> (Roles, Option<String>) {
+use crate::role::{Role, Roles};
+use crate::rules::Rules;
+
+/// The roles, name and rules a certificate (DER) carries; no roles when it names none, or
+/// cannot be read (which rustls would have refused already), or carries rules that cannot be
+/// read: a holder whose restrictions are not understood gets nothing.
+pub fn from_certificate(der: &[u8]) -> (Roles, Option<String>, Arc<Rules>) {
+    let none = || (Roles::NONE, None, Arc::new(Rules::default()));
     let Ok((_, cert)) = X509Certificate::from_der(der) else {
-        return (Roles::NONE, None);
+        return none();
+    };
+    let rules = match rules_of(&cert) {
+        Ok(r) => Arc::new(r),
+        Err(e) => {
+            tracing::warn!("a client certificate's rules cannot be read ({e}): it gets no role");
+            return none();
+        }
     };
     let subject = cert.subject();
     let roles = subject
@@ -25,7 +37,40 @@ pub fn from_certificate(der: &[u8]) -> (Roles, Option<String>) {
         .next()
         .and_then(|a| a.as_str().ok())
         .map(str::to_string);
-    (roles, name)
+    (roles, name, rules)
+}
+
+/// The rules in strait's extension of `cert` ([`crate::rules::EXTENSION_OID`]), none without it.
+fn rules_of(cert: &X509Certificate<'_>) -> Result<Rules, String> {
+    let oid = x509_parser::der_parser::oid::Oid::from(crate::rules::EXTENSION_OID)
+        .map_err(|e| format!("the rules' OID: {e:?}"))?;
+    let Some(ext) = cert.extensions().iter().find(|e| e.oid == oid) else {
+        return Ok(Rules::default());
+    };
+    let text = utf8_of_der(ext.value).ok_or("the extension is not a DER UTF8String")?;
+    Rules::from_text(text)
+}
+
+/// The text of a DER UTF8String (`0x0c`, a length, the bytes), nothing after it.
+fn utf8_of_der(b: &[u8]) -> Option<&str> {
+    let (&tag, rest) = b.split_first()?;
+    if tag != 0x0c {
+        return None;
+    }
+    let (&l0, rest) = rest.split_first()?;
+    let (len, rest) = match l0 {
+        n if n < 0x80 => (usize::from(n), rest),
+        0x81 => (usize::from(*rest.first()?), rest.get(1..)?),
+        0x82 => (
+            usize::from(*rest.first()?) << 8 | usize::from(*rest.get(1)?),
+            rest.get(2..)?,
+        ),
+        _ => return None,
+    };
+    if rest.len() != len {
+        return None;
+    }
+    std::str::from_utf8(rest).ok()
 }
 
 /// When each certificate in the PEM text `pem` expires (its `notAfter`, seconds since the

@@ -23,14 +23,18 @@ pub mod identity;
 pub mod limit;
 pub mod policy;
 mod role;
+pub mod rules;
 mod slots;
 mod tokens;
 pub mod trace;
 
 pub use client::{host_of, Bearer, ClientTls, Conn, Credentials};
-pub use config::{is_loopback, read_key_file, read_token_file, Link, Security, TokenList};
+pub use config::{
+    is_loopback, read_key_file, read_token_file, Link, NamedCredential, Security, TokenList,
+};
 pub use guard::{caller, Caller, Guard, Guarded, Refusal};
 pub use role::{Role, Roles};
+pub use rules::Rules;
 pub use slots::{Slot, Slots};
 pub use tokens::{check_token, new_token, Tokens, TOKEN_LEN_MAX, TOKEN_LEN_MIN};
 

@@ -54,6 +54,15 @@ pub fn new_token() -> String {
 pub struct Tokens {
     /// `authorization` header values (`Bearer <token>`), each with its roles.
     entries: Vec<(Vec<u8>, Roles)>,
+    /// The tokens of named credentials (`[[credentials]]`), each with its roles.
+    named: Vec<(Vec<u8>, Roles, Named)>,
+}
+
+/// A token of a named credential: its name and rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    pub name: String,
+    pub rules: std::sync::Arc<crate::rules::Rules>,
 }
 
 impl Tokens {
@@ -72,8 +81,49 @@ impl Tokens {
         Ok(())
     }
 
+    /// Accept `token` for `roles` as the credential `name`, under `rules`. A token may
+    /// belong to one credential only, and not also to a role without a name.
+    pub fn add_named(
+        &mut self,
+        roles: &[Role],
+        token: &str,
+        name: &str,
+        rules: crate::rules::Rules,
+    ) -> Result<(), Error> {
+        check_token(token)?;
+        let header = format!("Bearer {token}").into_bytes();
+        if self.entries.iter().any(|(h, _)| *h == header)
+            || self.named.iter().any(|(h, _, _)| *h == header)
+        {
+            return Err(Error::Config(
+                "its token is another credential's too: each credential needs its own".into(),
+            ));
+        }
+        let roles = roles.iter().fold(Roles::NONE, |r, x| r.with(*x));
+        self.named.push((
+            header,
+            roles,
+            Named {
+                name: name.to_string(),
+                rules: std::sync::Arc::new(rules),
+            },
+        ));
+        Ok(())
+    }
+
+    /// The named credential whose token the header `given` carries, with its roles.
+    pub fn named_of(&self, given: &[u8]) -> Option<(Roles, &Named)> {
+        let mut found = None;
+        for (h, r, n) in &self.named {
+            if bool::from(given.ct_eq(h)) {
+                found = Some((*r, n));
+            }
+        }
+        found
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.named.is_empty()
     }
 
     /// Whether two tokens are equal, compared in constant time (the time says only whether
@@ -97,9 +147,11 @@ impl Tokens {
 
     /// Every role some token grants.
     pub fn roles(&self) -> Roles {
-        self.entries
+        let named = self
+            .named
             .iter()
-            .fold(Roles::NONE, |a, (_, r)| a.union(*r))
+            .fold(Roles::NONE, |a, (_, r, _)| a.union(*r));
+        self.entries.iter().fold(named, |a, (_, r)| a.union(*r))
     }
 }
 

@@ -178,6 +178,19 @@ impl Router {
         let mut headers = parts.headers.clone();
         // the primary's span of the call is a child of this mirror's
         strait_auth::trace::inject(&mut headers);
+        // the mount's rules (its squashing, its subtree) go with its call: the primary holds
+        // the call to them; a mount's own header of that name is never passed on
+        headers.remove(strait_auth::rules::RULES_HEADER);
+        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
+        let rules = self
+            .server
+            .rules_of(&md, parts.extensions.get::<strait_auth::Caller>())
+            .map_err(|s| Forwarding::NotSent(s.message().to_string()))?;
+        if !rules.is_open() {
+            let v = http::HeaderValue::from_str(&rules.to_text())
+                .map_err(|e| Forwarding::NotSent(format!("the mount's rules: {e}")))?;
+            headers.insert(strait_auth::rules::RULES_HEADER, v);
+        }
         if let Some(n) = resend {
             // a change sent again after an attempt that may have arrived: the primary answers
             // it from its request record, and never runs it when the record may be gone
@@ -324,6 +337,25 @@ impl Router {
             Err(s) => return status_reply(s),
         };
         let mount = mount_session(&parts.headers);
+        // a mount whose ids are squashed or fixed writes a file's data only through a handle
+        // it opened for writing (the primary takes the mirror's word for it)
+        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
+        let writers = match self
+            .server
+            .data_rules_of(&md, parts.extensions.get::<strait_auth::Caller>())
+        {
+            Ok((_, w)) => w,
+            Err(s) => return status_reply(s),
+        };
+        match data_written(method, &bytes) {
+            Ok(Some(ino)) => {
+                if let Err(e) = writers.check(mount, ino) {
+                    return status_reply(strait_proto::to_status(&e));
+                }
+            }
+            Ok(None) => {}
+            Err(s) => return status_reply(s),
+        }
         // a file this region holds open must be held at the primary before an unlink or a
         // rename over it arrives there
         if method == "Unlink" || method == "Rename" {
@@ -386,7 +418,8 @@ impl Router {
         let version = reply_version(&reply);
         self.mirror.metrics.forwarded_writes.inc();
         let reply = if method == "Create" {
-            self.created(Some(mount).filter(|&m| m != 0), reply).await
+            self.created(Some(mount).filter(|&m| m != 0), reply, &writers)
+                .await
         } else {
             reply
         };
@@ -447,8 +480,15 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
-        let ino = match decode::<w::OpenRequest>(&bytes) {
-            Ok(o) => o.ino,
+        let (ino, flags) = match decode::<w::OpenRequest>(&bytes) {
+            Ok(o) => (o.ino, o.flags),
+            Err(s) => return status_reply(s),
+        };
+        let writers = match self
+            .server
+            .data_rules_of(&md, parts.extensions.get::<strait_auth::Caller>())
+        {
+            Ok((_, w)) => w,
             Err(s) => return status_reply(s),
         };
         let reply = match self.send_to_primary(&parts, bytes, true, None).await {
@@ -468,6 +508,9 @@ impl Router {
         // mount here and held at the primary until the region closes the file
         if !data.is_empty() && decode::<w::AttrReply>(&data).is_ok() {
             self.forward.created(Some(mount), ino).await;
+            if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+                writers.note(mount, ino);
+            }
         }
         rebuild(rparts, data, trailers)
     }
@@ -491,7 +534,12 @@ impl Router {
     /// A file created through the mirror is opened at the primary under the mirror's session
     /// there: count that handle in the region for the creating mount's session, and keep it
     /// held at the primary until the region closes the file (see [`crate::forward`]).
-    async fn created(&self, mount_sid: Option<u64>, reply: Reply) -> Reply {
+    async fn created(
+        &self,
+        mount_sid: Option<u64>,
+        reply: Reply,
+        writers: &strait_server::Writers,
+    ) -> Reply {
         let (parts, data, trailers) = match collect_reply(reply).await {
             Ok(got) => got,
             Err(failed) => return failed,
@@ -499,6 +547,9 @@ impl Router {
         if !data.is_empty() {
             if let Ok(r) = decode::<w::EntryReply>(&data) {
                 self.forward.created(mount_sid, r.ino).await;
+                if let Some(sid) = mount_sid {
+                    writers.note(sid, r.ino);
+                }
             }
         }
         rebuild(parts, data, trailers)
@@ -639,6 +690,20 @@ fn written_slices(
         _ => return Ok(vec![]),
     };
     strait_proto::slices_from_wire(slices).map_err(|e| Status::invalid_argument(e.0))
+}
+
+/// The inode whose data a forwarded call writes: a slice, a compaction, or a truncate through
+/// a handle (None for any other call).
+fn data_written(method: &str, bytes: &[u8]) -> Result<Option<u64>, Status> {
+    Ok(match method {
+        "WriteSlice" => Some(decode::<w::WriteSliceRequest>(bytes)?.ino),
+        "CompactChunk" => Some(decode::<w::CompactChunkRequest>(bytes)?.ino),
+        "SetAttr" => {
+            let r = decode::<w::SetAttrRequest>(bytes)?;
+            (r.size.is_some() && r.via_handle).then_some(r.ino)
+        }
+        _ => None,
+    })
 }
 
 /// The mount's session at this mirror, as its call names it (0: none).

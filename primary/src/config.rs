@@ -306,6 +306,10 @@ mod tests {
         assert!(c5.validate().is_err(), "no replicator token");
         let mut c5 = c5;
         c5.site.replicator_token = "primary-token-0123456789".into();
+        // a replicator off this machine is not called in plain text unless told
+        let e = c5.validate().unwrap_err().to_string();
+        assert!(e.contains("to the replicator node-b.example:7430"), "{e}");
+        c5.security.insecure_plaintext = true;
         assert!(c5.validate().is_ok());
         let c6 = PrimaryConfig {
             replicator: vec!["nowhere".into()],

@@ -34,7 +34,7 @@ pub mod workers;
 pub use config::SiteConfig;
 pub use in_flight::{InFlight, InFlightGuard};
 pub use metrics::Metrics;
-pub use service::{BlockSource, MetaServer, ReplicationWait, WriteFence};
+pub use service::{BlockSource, MetaServer, ReplicationWait, WriteFence, Writers};
 pub use signal::wait_for_signal;
 
 /// Largest request or reply message a site daemon's services accept or send: the one limit

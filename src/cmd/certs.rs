@@ -52,9 +52,51 @@ pub enum Action {
         /// Directory to write the certificate and key into (default: --dir).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// What the holder may do inside its roles, carried in the certificate and enforced
+        /// by every daemon that admits it (docs/security.md, "Rules per credential").
+        #[command(flatten)]
+        rules: RuleArgs,
     },
     /// Print a new random token (32 hex digits) for a role's `[tokens]` entry or token file.
     Token,
+}
+
+/// A credential's rules, as flags (`strait certs issue`).
+#[derive(clap::Args, Default)]
+pub struct RuleArgs {
+    /// Confine the holder to this directory (/team-a): its mounts see it as their root.
+    #[arg(long)]
+    pub subtree: Option<String>,
+    /// Calls as uid 0 (and gid 0) act as --anon-uid (and --anon-gid), 65534 by default.
+    #[arg(long)]
+    pub root_squash: bool,
+    /// Every call acts as --anon-uid and --anon-gid.
+    #[arg(long)]
+    pub all_squash: bool,
+    #[arg(long)]
+    pub anon_uid: Option<u32>,
+    #[arg(long)]
+    pub anon_gid: Option<u32>,
+    /// Every call acts as this uid, whatever the mount says.
+    #[arg(long)]
+    pub uid: Option<u32>,
+    /// Every call acts as this gid, whatever the mount says.
+    #[arg(long)]
+    pub gid: Option<u32>,
+}
+
+impl RuleArgs {
+    pub fn rules(&self) -> strait_auth::Rules {
+        strait_auth::Rules {
+            root_squash: self.root_squash,
+            all_squash: self.all_squash,
+            anon_uid: self.anon_uid,
+            anon_gid: self.anon_gid,
+            uid: self.uid,
+            gid: self.gid,
+            subtree: self.subtree.clone(),
+        }
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -83,7 +125,12 @@ pub fn run(a: Args) -> Result<()> {
             host,
             days,
             out,
+            rules,
         } => {
+            let rules = rules.rules();
+            rules
+                .validate()
+                .map_err(|e| anyhow::anyhow!("the certificate's rules: {e}"))?;
             let roles = role
                 .iter()
                 .map(|r| r.parse::<Role>().map_err(anyhow::Error::msg))
@@ -96,10 +143,11 @@ pub fn run(a: Args) -> Result<()> {
             let out = out.unwrap_or(dir);
             strait_ids::private::private_dir(&out, "PKI directory").map_err(anyhow::Error::msg)?;
             let (cert_path, key_path) =
-                certs::issue(&ca, &name, &roles, &host, days)?.write(&out, &name)?;
+                certs::issue_with_rules(&ca, &name, &roles, &host, days, &rules)?
+                    .write(&out, &name)?;
             let roles: Vec<&str> = roles.iter().map(|r| r.name()).collect();
             println!(
-                "issued {} for {name:?} (roles {}; hosts {}), valid {days} days; key in {}",
+                "issued {} for {name:?} (roles {}; {rules}; hosts {}), valid {days} days; key in {}",
                 cert_path.display(),
                 roles.join(", "),
                 if host.is_empty() {

@@ -16,3 +16,4 @@ mod sessions_owned;
 mod site_hostile;
 mod slice_ids;
 mod slice_ids_restart;
+mod tenants;

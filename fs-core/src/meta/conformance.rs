@@ -47,6 +47,7 @@ pub fn run_all(make: &dyn Fn() -> DynKv) {
     directories_and_link_counts(make);
     rename_rules(make);
     hard_links_and_symlinks(make);
+    every_kind_knows_its_directory(make);
     permissions(make);
     setattr_rules(make);
     xattrs(make);
@@ -233,6 +234,40 @@ pub fn hard_links_and_symlinks(make: &dyn Fn() -> DynKv) {
         errno(m.symlink(&root, ROOT_INO, b"s2", &[b'x'; 4097])),
         libc::ENAMETOOLONG
     );
+}
+
+/// Every kind of inode records the directory of its entry, and a rename moves it (a
+/// subtree's confinement checks an inode number by its parents).
+pub fn every_kind_knows_its_directory(make: &dyn Fn() -> DynKv) {
+    let (_, m) = fresh(make);
+    let root = Ctx::root();
+    let (a, _) = m.mkdir(&root, ROOT_INO, b"a", 0o755, 0).unwrap();
+    let (b, _) = m.mkdir(&root, ROOT_INO, b"b", 0o755, 0).unwrap();
+    let (f, fa) = m.create(&root, a, b"f", 0o644, 0).unwrap();
+    assert_eq!(fa.parent, a);
+    let (s, sa) = m.symlink(&root, a, b"s", b"t").unwrap();
+    assert_eq!(sa.parent, a);
+    let (n, na) = m
+        .mknod(&root, a, b"n", libc::S_IFIFO | 0o644, 0, 0)
+        .unwrap();
+    assert_eq!(na.parent, a);
+    // a rename moves it; within one directory it stays
+    m.rename(&root, a, b"f", b, b"f", 0).unwrap();
+    assert_eq!(m.getattr(f).unwrap().parent, b);
+    m.rename(&root, b, b"f", b, b"g", 0).unwrap();
+    assert_eq!(m.getattr(f).unwrap().parent, b);
+    // an exchange moves both
+    m.rename(&root, a, b"s", b, b"g", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(m.getattr(s).unwrap().parent, b);
+    assert_eq!(m.getattr(f).unwrap().parent, a);
+    // a second link leaves it at the first; moving the second link does not move it
+    m.link(&root, n, b, b"n2").unwrap();
+    assert_eq!(m.getattr(n).unwrap().parent, a);
+    m.rename(&root, b, b"n2", ROOT_INO, b"n3", 0).unwrap();
+    assert_eq!(m.getattr(n).unwrap().parent, a);
+    m.rename(&root, a, b"n", ROOT_INO, b"n4", 0).unwrap();
+    assert_eq!(m.getattr(n).unwrap().parent, ROOT_INO);
 }
 
 pub fn permissions(make: &dyn Fn() -> DynKv) {

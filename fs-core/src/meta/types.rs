@@ -88,7 +88,11 @@ pub struct Attr {
     pub atime_ns: i64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
-    /// For directories, the parent directory (the root is its own parent); 0 otherwise.
+    /// The directory holding the inode's entry (the root is its own parent). Exact for a
+    /// directory; for another kind, the directory of its first link, moved with a rename of
+    /// that link: a hard-linked file may have entries elsewhere too. 0 for a file made by a
+    /// release before parents were kept for every kind (a confined credential cannot name
+    /// such a file by its inode number: docs/security.md, "Subtrees").
     pub parent: Ino,
 }
 

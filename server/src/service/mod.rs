@@ -18,7 +18,7 @@ use parking_lot::RwLock;
 use strait_auth::{Slot, Slots};
 use strait_fs_core::error::Error;
 use strait_fs_core::layout::written_by_compaction;
-use strait_fs_core::meta::{Attr, Committed, Ctx, Ino, Meta, SliceRef};
+use strait_fs_core::meta::{Attr, Committed, Ino, Meta, SliceRef};
 use strait_fs_core::Version;
 use strait_proto::meta as w;
 use strait_proto::meta::meta_service_server::MetaService;
@@ -33,10 +33,13 @@ use crate::slice_ranges::SliceRanges;
 
 mod replay;
 mod run;
+mod scope;
 
 use crate::requests::{is_retry, request_id, Requests};
 use replay::{replay, replay_create, Recorded, Replay};
 use run::unversioned;
+use scope::Scope;
+use strait_auth::Rules;
 
 /// Whether this daemon may commit mutations at all: a primary whose epoch was superseded may
 /// not (another primary was promoted), and every mutation then answers EROFS.
@@ -139,6 +142,9 @@ pub struct MetaServer {
     /// Why the mounts may not keep what the stream tells them now (a mirror outside its
     /// staleness window); None: they may.
     watch_refused: Option<WatchRefused>,
+    /// The inodes each session opened for writing (and still holds a handle on): a caller
+    /// whose ids are squashed or fixed may write a file's data only through one of them.
+    writers: Arc<parking_lot::Mutex<HashMap<u64, HashSet<Ino>>>>,
 }
 
 /// Why a Watch stream may not go on now, or None; see [`MetaServer::watch_while`].
@@ -189,10 +195,6 @@ fn own_slices<'a>(
              the session was replaced, or the id was never handed out); nothing was changed"
         ))),
     }
-}
-
-fn ctx_of(c: Option<w::Ctx>) -> Result<Ctx, Error> {
-    strait_proto::ctx_from_wire(c).map_err(invalid)
 }
 
 /// A chunk's slice list as ReadChunk answers it, with, at a mirror, the blocks its region's
@@ -251,6 +253,7 @@ impl MetaServer {
             slot_of: parking_lot::Mutex::new(HashMap::new()),
             watch: None,
             watch_refused: None,
+            writers: Arc::new(parking_lot::Mutex::new(HashMap::new())),
         }
     }
 
@@ -317,10 +320,12 @@ impl MetaServer {
         let mut s = self.sessions.write();
         let mut ranges = self.slice_ranges.lock();
         let mut slots = self.slot_of.lock();
+        let mut writers = self.writers.lock();
         for sid in closed {
             s.remove(sid);
             ranges.forget(*sid);
             slots.remove(sid);
+            writers.remove(sid);
         }
         self.metrics.sessions.set(s.len() as i64);
     }
@@ -335,6 +340,58 @@ impl MetaServer {
         caller: Option<&strait_auth::Caller>,
     ) -> Result<u64, Status> {
         self.session(md, caller).map(|m| m.session_id())
+    }
+
+    /// The rules a call is held to: its caller's ([`strait_auth::Caller::rules`]), or, from a
+    /// mirror forwarding a mount's call, the rules it names in [`strait_auth::rules::RULES_HEADER`]
+    /// (taken from no other caller).
+    pub fn rules_of(
+        &self,
+        md: &MetadataMap,
+        caller: Option<&strait_auth::Caller>,
+    ) -> Result<Arc<Rules>, Status> {
+        let Some(c) = caller else {
+            return Ok(Arc::new(Rules::default()));
+        };
+        if c.roles.contains(strait_auth::Role::Mirror) {
+            if let Some(v) = md.get(strait_auth::rules::RULES_HEADER) {
+                let text = v
+                    .to_str()
+                    .map_err(|_| Status::invalid_argument("the forwarded rules are not ASCII"))?;
+                let rules = Rules::from_text(text)
+                    .map_err(|e| Status::invalid_argument(format!("the forwarded rules: {e}")))?;
+                return Ok(Arc::new(rules));
+            }
+        }
+        Ok(c.rules.clone())
+    }
+
+    fn rules_of_req<T>(&self, req: &Request<T>) -> Result<Arc<Rules>, Status> {
+        self.rules_of(req.metadata(), strait_auth::caller(req))
+    }
+
+    /// The rules of a call, and how its session's writes of file data are checked
+    /// ([`Writers`]): against what it opened for writing when the caller's ids are squashed or
+    /// fixed, unless a mirror forwards the call (the mirror checked its mount's session).
+    pub fn data_rules_of(
+        &self,
+        md: &MetadataMap,
+        caller: Option<&strait_auth::Caller>,
+    ) -> Result<(Arc<Rules>, Writers), Status> {
+        let rules = self.rules_of(md, caller)?;
+        let forwarded = caller.is_some_and(|c| c.roles.contains(strait_auth::Role::Mirror));
+        let enforce = rules.restricts_ids() && !forwarded;
+        Ok((
+            rules,
+            Writers {
+                set: self.writers.clone(),
+                enforce,
+            },
+        ))
+    }
+
+    fn data_rules<T>(&self, req: &Request<T>) -> Result<(Arc<Rules>, Writers), Status> {
+        self.data_rules_of(req.metadata(), strait_auth::caller(req))
     }
 
     /// The session of `req`, as [`MetaServer::held_session`] finds it.
@@ -371,6 +428,45 @@ impl MetaServer {
     }
 }
 
+/// The inodes each session opened for writing, for one call: a caller whose ids are squashed
+/// or fixed may write a file's data (a slice, a compaction, a truncate through a handle) only
+/// through a handle it opened for writing, since its word on who it is is not taken and those
+/// calls carry no ids: the permission its open was checked for is what allows them.
+pub struct Writers {
+    set: Arc<parking_lot::Mutex<HashMap<u64, HashSet<Ino>>>>,
+    /// Whether this call's session is checked (and its opens for writing noted).
+    enforce: bool,
+}
+
+impl Writers {
+    /// Session `sid` opened `ino` for writing (a create, an open for writing).
+    pub fn note(&self, sid: u64, ino: Ino) {
+        if self.enforce {
+            self.set.lock().entry(sid).or_default().insert(ino);
+        }
+    }
+
+    /// Session `sid` holds no handle on `ino` any more.
+    pub fn forget(&self, sid: u64, ino: Ino) {
+        let mut set = self.set.lock();
+        if let Some(s) = set.get_mut(&sid) {
+            s.remove(&ino);
+            if s.is_empty() {
+                set.remove(&sid);
+            }
+        }
+    }
+
+    /// Refuse a write of `ino`'s data from session `sid` that did not open it for writing
+    /// (EBADF, as a write through a handle opened for reading).
+    pub fn check(&self, sid: u64, ino: Ino) -> Result<(), Error> {
+        if !self.enforce || self.set.lock().get(&sid).is_some_and(|s| s.contains(&ino)) {
+            return Ok(());
+        }
+        Err(Error::Sys(libc::EBADF))
+    }
+}
+
 /// Who a caller is, for the sessions it opens (empty behind no guard).
 fn principal_of(caller: Option<&strait_auth::Caller>) -> &str {
     caller.map(|c| c.principal.as_str()).unwrap_or("")
@@ -397,16 +493,28 @@ enum NewEntry {
 
 fn make_entry(
     m: &Meta,
+    sc: &Scope,
     what: NewEntry,
     r: w::MkNodRequest,
 ) -> Result<Committed<w::EntryReply>, Error> {
-    let ctx = ctx_of(r.ctx)?;
+    let ctx = sc.ctx(r.ctx)?;
+    let parent = sc.ino(m, r.parent)?;
     let made = match what {
-        NewEntry::Node => m.mknod_versioned(&ctx, r.parent, &r.name, r.mode, r.umask, r.rdev),
-        NewEntry::Dir => m.mkdir_versioned(&ctx, r.parent, &r.name, r.mode, r.umask),
-        NewEntry::File => m.create_versioned(&ctx, r.parent, &r.name, r.mode, r.umask),
+        NewEntry::Node => m.mknod_versioned(&ctx, parent, &r.name, r.mode, r.umask, r.rdev),
+        NewEntry::Dir => m.mkdir_versioned(&ctx, parent, &r.name, r.mode, r.umask),
+        NewEntry::File => m.create_versioned(&ctx, parent, &r.name, r.mode, r.umask),
     }?;
-    Ok(made.map(entry_reply))
+    Ok(made.map(|e| entry_out(sc, e)))
+}
+
+/// An entry as the caller of scope `sc` knows it.
+fn entry_out(sc: &Scope, (ino, a): (Ino, Attr)) -> w::EntryReply {
+    entry_reply((sc.out(ino), sc.attr_out(ino, a)))
+}
+
+/// Whether `flags` (open(2)'s) open a file for writing.
+fn opens_for_writing(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
 }
 
 /// One mutation: find the session, then run `$body` (with `$m` the session view and `$r` the
@@ -515,7 +623,14 @@ impl MetaService for MetaServer {
         // a state that may lack acknowledged changes, or one no longer read, is not told
         self.check_settled("watch").await?;
         self.check_reads("watch")?;
-        let _ = req;
+        // the stream tells every change of the whole tree: not to a credential confined to
+        // a part of it (its mounts ask for each lookup instead)
+        if self.rules_of_req(&req)?.subtree().is_some() {
+            return Err(Status::unimplemented(
+                "this credential is confined to a subtree: the stream of every change is not \
+                 told to it, and its mounts ask for every lookup",
+            ));
+        }
         let refused = self.watch_refused.clone();
         if let Some(why) = refused.as_ref().and_then(|r| r()) {
             return Err(Status::unavailable(format!("watch: {why}")));
@@ -544,7 +659,22 @@ impl MetaService for MetaServer {
             .unwrap_or_else(|| "?".into());
         let ip = req.remote_addr().map(|a| a.ip());
         let owner = principal_of(strait_auth::caller(&req)).to_string();
+        let rules = self.rules_of_req(&req)?;
         let r = req.into_inner();
+        // a confined credential's subtree must be there before a mount can use it
+        let scope = {
+            let (engine, wanted_rules) = (self.engine.clone(), rules.clone());
+            let found = self
+                .blocking("open_session", move || {
+                    match Scope::of(&engine, &wanted_rules) {
+                        Ok(s) => Ok(Some(s)),
+                        Err(Error::Sys(libc::ENOENT)) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+            found.ok_or_else(|| Status::failed_precondition(scope::missing_message(&rules)))?
+        };
         // a session another credential opened is not taken up, here or in the engine
         if r.resume_session != 0 {
             let held = self
@@ -580,14 +710,15 @@ impl MetaService for MetaServer {
         let mut info: String = r.info.chars().take(SESSION_INFO_LEN_MAX).collect();
         info.push_str(&format!(" (from {peer})"));
         let wanted = r.resume_session;
-        let handles: Vec<(Ino, u32)> = r.open_inodes.iter().map(|o| (o.ino, o.handles)).collect();
+        let mut handles: Vec<(Ino, u32)> =
+            r.open_inodes.iter().map(|o| (o.ino, o.handles)).collect();
         if r.locks.len() > HELD_LOCKS_MAX {
             return Err(Status::invalid_argument(format!(
                 "the session names {} held locks; at most {HELD_LOCKS_MAX}",
                 r.locks.len()
             )));
         }
-        let held = r
+        let mut held = r
             .locks
             .iter()
             .map(strait_proto::held_lock_from_wire)
@@ -608,6 +739,19 @@ impl MetaService for MetaServer {
                     let sid = view.new_session_owned(&info, &owner_kept)?;
                     (sid, view)
                 };
+                if scope.confined() {
+                    // a confined session takes back only what lies in its subtree: the
+                    // handles and locks it names are its word, not a proof
+                    let keep = |ino: &mut Ino| match scope.ino(&view, *ino) {
+                        Ok(i) => {
+                            *ino = i;
+                            true
+                        }
+                        Err(_) => false,
+                    };
+                    handles.retain_mut(|(ino, _)| keep(ino));
+                    held.retain_mut(|(ino, _)| keep(ino));
+                }
                 view.restore_open_handles(&handles);
                 // the locks it holds, taken again (its daemon's may be gone: a rejoin, a
                 // bootstrap, a power loss); one another holds now is lost
@@ -706,35 +850,64 @@ impl MetaService for MetaServer {
     }
 
     async fn lookup(&self, req: Request<w::LookupRequest>) -> Reply<w::EntryReply> {
+        let rules = self.rules_of_req(&req)?;
         rpc!(self, req, "lookup", |m, r| {
-            Ok(entry_reply(m.lookup(&ctx_of(r.ctx)?, r.parent, &r.name)?))
+            let sc = Scope::of(&m, &rules)?;
+            let ctx = sc.ctx(r.ctx)?;
+            let parent = sc.ino(&m, r.parent)?;
+            // the subtree's directory is its own parent
+            let name: &[u8] = if sc.is_top(parent) && r.name == b".." {
+                b"."
+            } else {
+                &r.name
+            };
+            Ok(entry_out(&sc, m.lookup(&ctx, parent, name)?))
         })
     }
 
     async fn get_attr(&self, req: Request<w::InodeRequest>) -> Reply<w::AttrReply> {
-        rpc!(self, req, "getattr", |m, r| Ok(attr_reply(
-            &m.getattr(r.ino)?
-        )))
+        let rules = self.rules_of_req(&req)?;
+        rpc!(self, req, "getattr", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
+            Ok(attr_reply(&sc.attr_out(ino, m.getattr(ino)?)))
+        })
     }
 
     async fn access(&self, req: Request<w::AccessRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         rpc!(self, req, "access", |m, r| {
-            m.access(&ctx_of(r.ctx)?, r.ino, r.mask)?;
+            let sc = Scope::of(&m, &rules)?;
+            m.access(&sc.ctx(r.ctx)?, sc.ino(&m, r.ino)?, r.mask)?;
             Ok(w::Empty {})
         })
     }
 
     async fn read_link(&self, req: Request<w::InodeRequest>) -> Reply<w::ReadLinkReply> {
-        rpc!(self, req, "readlink", |m, r| Ok(w::ReadLinkReply {
-            target: m.readlink(r.ino)?
-        }))
+        let rules = self.rules_of_req(&req)?;
+        rpc!(self, req, "readlink", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            Ok(w::ReadLinkReply {
+                target: m.readlink(sc.ino(&m, r.ino)?)?,
+            })
+        })
     }
 
     async fn read_dir(&self, req: Request<w::InodeRequest>) -> Reply<w::ReadDirReply> {
+        let rules = self.rules_of_req(&req)?;
         rpc!(self, req, "readdir", |m, r| {
-            let entries = m.readdir(&ctx_of(r.ctx)?, r.ino)?;
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
+            let entries = m.readdir(&sc.ctx(r.ctx)?, ino)?;
             Ok(w::ReadDirReply {
-                entries: entries.iter().map(Into::into).collect(),
+                entries: entries
+                    .iter()
+                    .map(|e| {
+                        let mut e: w::DirEntry = e.into();
+                        e.ino = sc.out(e.ino);
+                        e
+                    })
+                    .collect(),
             })
         })
     }
@@ -744,55 +917,97 @@ impl MetaService for MetaServer {
     }
 
     async fn set_attr(&self, req: Request<w::SetAttrRequest>) -> Reply<w::AttrReply> {
+        let (rules, writers) = self.data_rules(&req)?;
         mutation!(self, req, "setattr", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.held_or_inside(&m, r.ino)?;
             let set = strait_proto::setattr_from_wire(&r).map_err(invalid)?;
-            Ok(m.setattr_versioned(&ctx_of(r.ctx)?, r.ino, &set)?
-                .map(|a| attr_reply(&a)))
+            if set.size.is_some() && set.via_handle {
+                // a truncate through a handle skips the write check: the handle must be one
+                // opened for writing
+                writers.check(m.session_id(), ino)?;
+            }
+            Ok(m.setattr_versioned(&sc.ctx(r.ctx)?, ino, &set)?
+                .map(|a| attr_reply(&sc.attr_out(ino, a))))
         })
     }
 
     async fn mk_nod(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
-        mutation!(self, req, "mknod", |m, r| make_entry(&m, NewEntry::Node, r))
+        let rules = self.rules_of_req(&req)?;
+        mutation!(self, req, "mknod", |m, r| {
+            make_entry(&m, &Scope::of(&m, &rules)?, NewEntry::Node, r)
+        })
     }
 
     async fn mk_dir(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
-        mutation!(self, req, "mkdir", |m, r| make_entry(&m, NewEntry::Dir, r))
+        let rules = self.rules_of_req(&req)?;
+        mutation!(self, req, "mkdir", |m, r| {
+            make_entry(&m, &Scope::of(&m, &rules)?, NewEntry::Dir, r)
+        })
     }
 
     async fn create(&self, req: Request<w::MkNodRequest>) -> Reply<w::EntryReply> {
+        let (rules, writers) = self.data_rules(&req)?;
         mutation!(self, req, "create", replay = replay_create, |m, r| {
-            make_entry(&m, NewEntry::File, r)
+            let sc = Scope::of(&m, &rules)?;
+            let made = make_entry(&m, &sc, NewEntry::File, r)?;
+            // the handle a create opens is one for writing
+            let ino = if made.value.ino == strait_fs_core::meta::ROOT_INO {
+                sc.root()
+            } else {
+                made.value.ino
+            };
+            writers.note(m.session_id(), ino);
+            Ok(made)
         })
     }
 
     async fn symlink(&self, req: Request<w::SymlinkRequest>) -> Reply<w::EntryReply> {
-        mutation!(self, req, "symlink", |m, r| Ok(m
-            .symlink_versioned(&ctx_of(r.ctx)?, r.parent, &r.name, &r.target)?
-            .map(entry_reply)))
+        let rules = self.rules_of_req(&req)?;
+        mutation!(self, req, "symlink", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let parent = sc.ino(&m, r.parent)?;
+            Ok(
+                m.symlink_versioned(&sc.ctx(r.ctx)?, parent, &r.name, &r.target)?
+                    .map(|e| entry_out(&sc, e)),
+            )
+        })
     }
 
     async fn link(&self, req: Request<w::LinkRequest>) -> Reply<w::AttrReply> {
-        mutation!(self, req, "link", |m, r| Ok(m
-            .link_versioned(&ctx_of(r.ctx)?, r.ino, r.new_parent, &r.new_name)?
-            .map(|a| attr_reply(&a))))
+        let rules = self.rules_of_req(&req)?;
+        mutation!(self, req, "link", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let (ino, parent) = (sc.ino(&m, r.ino)?, sc.ino(&m, r.new_parent)?);
+            Ok(m.link_versioned(&sc.ctx(r.ctx)?, ino, parent, &r.new_name)?
+                .map(|a| attr_reply(&sc.attr_out(ino, a))))
+        })
     }
 
     async fn unlink(&self, req: Request<w::NameRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         mutation!(self, req, "unlink", |m, r| {
-            Ok(m.unlink_versioned(&ctx_of(r.ctx)?, r.parent, &r.name)?
+            let sc = Scope::of(&m, &rules)?;
+            let parent = sc.ino(&m, r.parent)?;
+            Ok(m.unlink_versioned(&sc.ctx(r.ctx)?, parent, &r.name)?
                 .map(|()| w::Empty {}))
         })
     }
 
     async fn rm_dir(&self, req: Request<w::NameRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         mutation!(self, req, "rmdir", |m, r| {
-            Ok(m.rmdir_versioned(&ctx_of(r.ctx)?, r.parent, &r.name)?
+            let sc = Scope::of(&m, &rules)?;
+            let parent = sc.ino(&m, r.parent)?;
+            Ok(m.rmdir_versioned(&sc.ctx(r.ctx)?, parent, &r.name)?
                 .map(|()| w::Empty {}))
         })
     }
 
     async fn rename(&self, req: Request<w::RenameRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         mutation!(self, req, "rename", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
             let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
             if r.flags & !known != 0 {
                 return Err(Error::Invalid(format!(
@@ -800,11 +1015,12 @@ impl MetaService for MetaServer {
                     r.flags
                 )));
             }
+            let (parent, new_parent) = (sc.ino(&m, r.parent)?, sc.ino(&m, r.new_parent)?);
             Ok(m.rename_versioned(
-                &ctx_of(r.ctx)?,
-                r.parent,
+                &sc.ctx(r.ctx)?,
+                parent,
                 &r.name,
-                r.new_parent,
+                new_parent,
                 &r.new_name,
                 r.flags,
             )?
@@ -814,11 +1030,16 @@ impl MetaService for MetaServer {
 
     async fn open(&self, req: Request<w::OpenRequest>) -> Reply<w::AttrReply> {
         let source = self.blocks.as_ref().map(|(_, s)| s.clone());
+        let (rules, writers) = self.data_rules(&req)?;
         rpc!(self, req, "open", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
             // chunk 0 in the same snapshot as the attributes (see Meta::open_inode_with_chunk0)
-            let (a, chunk0) =
-                m.open_inode_with_chunk0(&ctx_of(r.ctx)?, r.ino, r.flags, r.chunk0)?;
-            let mut reply = attr_reply(&a);
+            let (a, chunk0) = m.open_inode_with_chunk0(&sc.ctx(r.ctx)?, ino, r.flags, r.chunk0)?;
+            if opens_for_writing(r.flags) {
+                writers.note(m.session_id(), ino);
+            }
+            let mut reply = attr_reply(&sc.attr_out(ino, a));
             if let Some(slices) = chunk0 {
                 reply.chunk0 = Some(chunk_reply(source, &slices));
             }
@@ -827,7 +1048,11 @@ impl MetaService for MetaServer {
     }
 
     async fn release(&self, req: Request<w::ReleaseRequest>) -> Reply<w::Empty> {
+        let (rules, writers) = self.data_rules(&req)?;
         mutation!(@unrecorded self, req, "release", |m, r| {
+            // a handle is given back wherever its file is now (it may have moved out of the
+            // caller's subtree since it was opened): only the subtree's own number is mapped
+            let sc = Scope::of(&m, &rules)?;
             if r.inos.len() > strait_proto::RELEASE_BATCH_MAX {
                 return Err(Error::Invalid(format!(
                     "the request names {} handles; at most {} are allowed",
@@ -839,7 +1064,16 @@ impl MetaService for MetaServer {
             let mut first_err = None;
             let mut version = None;
             for ino in r.inos {
-                match m.release_versioned(ino) {
+                let ino = if ino == strait_fs_core::meta::ROOT_INO {
+                    sc.root()
+                } else {
+                    ino
+                };
+                let released = m.release_versioned(ino);
+                if m.holds(ino) == 0 {
+                    writers.forget(m.session_id(), ino);
+                }
+                match released {
                     Ok(c) => version = version.max(c.version),
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -852,23 +1086,29 @@ impl MetaService for MetaServer {
 
     async fn read_chunk(&self, req: Request<w::ChunkRequest>) -> Reply<w::ReadChunkReply> {
         let source = self.blocks.as_ref().map(|(_, s)| s.clone());
-        rpc!(self, req, "read_chunk", |m, r| Ok(chunk_reply(
-            source,
-            &m.read_chunk(r.ino, r.index)?
-        )))
+        let rules = self.rules_of_req(&req)?;
+        rpc!(self, req, "read_chunk", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.held_or_inside(&m, r.ino)?;
+            Ok(chunk_reply(source, &m.read_chunk(ino, r.index)?))
+        })
     }
 
     async fn write_slice(&self, req: Request<w::WriteSliceRequest>) -> Reply<w::AttrReply> {
         let ranges = self.slice_ranges.clone();
+        let (rules, writers) = self.data_rules(&req)?;
         mutation!(self, req, "write_slice", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.held_or_inside(&m, r.ino)?;
+            writers.check(m.session_id(), ino)?;
             let slice: SliceRef = r
                 .slice
                 .ok_or_else(|| Error::Invalid("the request names no slice".into()))?
                 .try_into()
                 .map_err(invalid)?;
             own_slices(&ranges, &m, [&slice])?;
-            Ok(m.write_slice_versioned(r.ino, r.index, slice, r.mtime_ns)?
-                .map(|a| attr_reply(&a)))
+            Ok(m.write_slice_versioned(ino, r.index, slice, r.mtime_ns)?
+                .map(|a| attr_reply(&sc.attr_out(ino, a))))
         })
     }
 
@@ -877,13 +1117,17 @@ impl MetaService for MetaServer {
         req: Request<w::CompactChunkRequest>,
     ) -> Reply<w::CompactChunkReply> {
         let ranges = self.slice_ranges.clone();
+        let (rules, writers) = self.data_rules(&req)?;
         mutation!(self, req, "compact_chunk", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.held_or_inside(&m, r.ino)?;
+            writers.check(m.session_id(), ino)?;
             let old = strait_proto::slices_from_wire(r.old).map_err(invalid)?;
             let new = strait_proto::slices_from_wire(r.new).map_err(invalid)?;
             // the slices it kept as they were are the chunk's already (the engine checks the
             // list starts with `old`); the ones it wrote must be under this session's ids
             own_slices(&ranges, &m, written_by_compaction(&old, &new))?;
-            Ok(m.compact_chunk_versioned(r.ino, r.index, &old, new)?
+            Ok(m.compact_chunk_versioned(ino, r.index, &old, new)?
                 .map(|done| w::CompactChunkReply { done }))
         })
     }
@@ -911,49 +1155,69 @@ impl MetaService for MetaServer {
     }
 
     async fn get_xattr(&self, req: Request<w::XattrRequest>) -> Reply<w::XattrValueReply> {
-        rpc!(self, req, "getxattr", |m, r| Ok(w::XattrValueReply {
-            value: m.getxattr(&ctx_of(r.ctx)?, r.ino, &r.name)?
-        }))
+        let rules = self.rules_of_req(&req)?;
+        rpc!(self, req, "getxattr", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
+            Ok(w::XattrValueReply {
+                value: m.getxattr(&sc.ctx(r.ctx)?, ino, &r.name)?,
+            })
+        })
     }
 
     async fn list_xattr(&self, req: Request<w::InodeRequest>) -> Reply<w::ListXattrReply> {
-        rpc!(self, req, "listxattr", |m, r| Ok(w::ListXattrReply {
-            names: m.listxattr(&ctx_of(r.ctx)?, r.ino)?
-        }))
+        let rules = self.rules_of_req(&req)?;
+        rpc!(self, req, "listxattr", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
+            Ok(w::ListXattrReply {
+                names: m.listxattr(&sc.ctx(r.ctx)?, ino)?,
+            })
+        })
     }
 
     async fn set_xattr(&self, req: Request<w::SetXattrRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         mutation!(self, req, "setxattr", |m, r| {
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
             Ok(
-                m.setxattr_versioned(&ctx_of(r.ctx)?, r.ino, &r.name, &r.value, r.flags)?
+                m.setxattr_versioned(&sc.ctx(r.ctx)?, ino, &r.name, &r.value, r.flags)?
                     .map(|()| w::Empty {}),
             )
         })
     }
 
     async fn remove_xattr(&self, req: Request<w::XattrRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         mutation!(self, req, "removexattr", |m, r| {
-            Ok(m.removexattr_versioned(&ctx_of(r.ctx)?, r.ino, &r.name)?
+            let sc = Scope::of(&m, &rules)?;
+            let ino = sc.ino(&m, r.ino)?;
+            Ok(m.removexattr_versioned(&sc.ctx(r.ctx)?, ino, &r.name)?
                 .map(|()| w::Empty {}))
         })
     }
 
     async fn flock(&self, req: Request<w::FlockRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         rpc!(self, req, "flock", |m, r| {
             let typ = strait_proto::lock_type_from_wire(r.typ).map_err(invalid)?;
-            m.getattr(r.ino)?;
-            m.flock(r.ino, r.owner, typ)?;
+            let ino = Scope::of(&m, &rules)?.held_or_inside(&m, r.ino)?;
+            m.getattr(ino)?;
+            m.flock(ino, r.owner, typ)?;
             Ok(w::Empty {})
         })
     }
 
     async fn get_lk(&self, req: Request<w::LockRequest>) -> Reply<w::GetLkReply> {
+        let rules = self.rules_of_req(&req)?;
         rpc!(self, req, "getlk", |m, r| {
             let typ = strait_proto::lock_type_from_wire(r.typ).map_err(invalid)?;
             if r.start > r.end {
                 return Err(Error::Sys(libc::EINVAL));
             }
-            let conflict = m.getlk(r.ino, r.owner, typ, r.start, r.end)?;
+            let ino = Scope::of(&m, &rules)?.held_or_inside(&m, r.ino)?;
+            let conflict = m.getlk(ino, r.owner, typ, r.start, r.end)?;
             Ok(w::GetLkReply {
                 conflict: conflict.as_ref().map(Into::into),
             })
@@ -961,13 +1225,15 @@ impl MetaService for MetaServer {
     }
 
     async fn set_lk(&self, req: Request<w::LockRequest>) -> Reply<w::Empty> {
+        let rules = self.rules_of_req(&req)?;
         rpc!(self, req, "setlk", |m, r| {
             let typ = strait_proto::lock_type_from_wire(r.typ).map_err(invalid)?;
+            let ino = Scope::of(&m, &rules)?.held_or_inside(&m, r.ino)?;
             if typ != strait_fs_core::meta::LockType::Unlock {
                 // a lock on an inode that does not exist would never be cleaned up
-                m.getattr(r.ino)?;
+                m.getattr(ino)?;
             }
-            m.setlk(r.ino, r.owner, r.pid, typ, r.start, r.end)?;
+            m.setlk(ino, r.owner, r.pid, typ, r.start, r.end)?;
             Ok(w::Empty {})
         })
     }

@@ -79,8 +79,9 @@ impl Meta {
             }
             let mut a = Self::new_attr(ctx, &pa, kind, mode, umask, now);
             a.rdev = rdev;
+            // every kind knows its directory (a subtree's confinement follows it)
+            a.parent = parent;
             if kind == FileKind::Dir {
-                a.parent = parent;
                 if pa.nlink >= NLINK_MAX {
                     return sys(libc::EMLINK);
                 }

@@ -38,6 +38,16 @@ impl Meta {
             .collect()
     }
 
+    /// The handles this view's session holds on `ino`.
+    pub fn holds(&self, ino: Ino) -> u32 {
+        let sid = self.session_id();
+        self.open_files
+            .lock()
+            .get(&ino)
+            .and_then(|by_session| by_session.get(&sid).copied())
+            .unwrap_or(0)
+    }
+
     pub fn open_count(&self, ino: Ino) -> u32 {
         self.open_files
             .lock()

@@ -182,7 +182,7 @@ impl Meta {
                         }
                         access(&ta, ctx, MAY_WRITE)?;
                     }
-                    if tkind == FileKind::Dir {
+                    if tkind == FileKind::Dir || ta.parent == dp {
                         ta.parent = sp;
                     }
                     ta.ctime_ns = now;
@@ -229,6 +229,10 @@ impl Meta {
                         });
                     }
                 }
+            }
+            // the link that moves is the one its parent names (or it named none yet)
+            if kind != FileKind::Dir && (a.parent == sp || a.parent == 0) {
+                a.parent = dp;
             }
             if kind == FileKind::Dir {
                 a.parent = dp;
