@@ -25,11 +25,15 @@
 #   PJ_TIMEOUT_S     limit for the whole pjdfstest run (default 1800)
 #   PJ_MOUNT_ARGS    extra arguments for `strait mount` (e.g. "--attr-ttl 0")
 #   PJ_DAEMON=1      serve the metadata with `strait primary` and mount through it over gRPC
+#   PJ_SQUASH=1      with PJ_DAEMON=1: the mount presents a credential with root_squash
+#                    ([[credentials]] in the daemon's TOML): root's calls act as 65534
 #   PJ_MIRROR=1      run the suite at a mirror's mount (`strait dev up --delay-ms 1`)
 #   PJ_TLS=1         with PJ_MIRROR=1: `strait dev up --tls` (mutual TLS on every link), the
 #                    mount presenting the mount's certificate as well as its token
 #   PJ_REGION=a      with PJ_MIRROR=1: mount region A (the primary) instead of B (the mirror)
 #   PJ_SUMMARY_FILE  write "PASSED FAILED SKIPPED" there at the end
+#   PJ_EXPECTED_FAILURES  a file naming the cases that must fail (one per line, # comments):
+#                    the run passes when the failing cases are exactly those
 #   PJ_MAX_SKIPPED   fail when more cases than this were skipped
 #   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY  for s3:// data URLs
 set -euo pipefail
@@ -217,8 +221,19 @@ elif [[ "${PJ_DAEMON:-0}" == 1 ]]; then
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     STRAIT_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     export STRAIT_TOKEN
+    DAEMON_ARGS=()
+    squash=
+    if [[ "${PJ_SQUASH:-0}" == 1 ]]; then
+        # a credential of its own, whose calls as root act as nobody (65534)
+        squashed_token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+        printf '[[credentials]]\nname = "pjdfstest-squashed"\ntoken = "%s"\nroot_squash = true\n' \
+            "$squashed_token" >"$WORK/primary.toml"
+        DAEMON_ARGS+=(--config "$WORK/primary.toml")
+        MOUNT_EXTRA+=(--token "$squashed_token")
+        squash=", root squashed"
+    fi
     "$STRAIT" primary --meta-url "$META_URL" --listen "127.0.0.1:$port" --metrics-listen "" \
-        >"$DAEMON_LOG" 2>&1 &
+        "${DAEMON_ARGS[@]}" >"$DAEMON_LOG" 2>&1 &
     DAEMON_PID=$!
     for _ in $(seq 1 300); do
         grep -q "strait primary: serving" "$DAEMON_LOG" && break
@@ -227,7 +242,7 @@ elif [[ "${PJ_DAEMON:-0}" == 1 ]]; then
     done
     grep -q "strait primary: serving" "$DAEMON_LOG" || die "strait primary did not start (log $DAEMON_LOG)"
     MOUNT_URL=strait://127.0.0.1:$port
-    echo "== through the site daemon at $MOUNT_URL (log $DAEMON_LOG)"
+    echo "== through the site daemon at $MOUNT_URL$squash (log $DAEMON_LOG)"
 fi
 "$STRAIT" mount -d "$MOUNT_URL" "$MNT" --cache-dir "$WORK/cache" --cache-size 1G \
     --log-file "$MOUNT_LOG" "${MOUNT_EXTRA[@]}" || {
@@ -280,6 +295,20 @@ too_many_skipped=0
 if [[ -n "${PJ_MAX_SKIPPED:-}" && -n "$summary" ]] && ((n_skipped > PJ_MAX_SKIPPED)); then
     echo "pjdfstest: $n_skipped cases skipped, more than the $PJ_MAX_SKIPPED allowed (PJ_MAX_SKIPPED)"
     too_many_skipped=1
+fi
+if [[ -n "${PJ_EXPECTED_FAILURES:-}" ]]; then
+    # the failures must be exactly the listed ones: none more, none fewer
+    expected=$(grep -vE '^[[:space:]]*(#|$)' "$PJ_EXPECTED_FAILURES" | sort -u)
+    got=$(echo "$failed_names" | grep -v '^$' | sort -u || true)
+    unexpected=$(comm -13 <(echo "$expected") <(echo "$got") | grep -v '^$' || true)
+    missing=$(comm -23 <(echo "$expected") <(echo "$got") | grep -v '^$' || true)
+    echo "pjdfstest: $(echo "$got" | grep -c . || true) failed, as $PJ_EXPECTED_FAILURES expects: $(echo "$expected" | grep -c .)"
+    [[ -z "$unexpected" ]] || echo "   failed, not expected to: $unexpected"
+    [[ -z "$missing" ]] || echo "   expected to fail, passed: $missing"
+    if [[ -z "$summary" || -n "$unexpected" || -n "$missing" || $mount_alive == 0 ]]; then
+        exit 1
+    fi
+    exit 0
 fi
 if ((pj_rc != 0 || n_failed != 0 || mount_alive == 0 || too_many_skipped)); then
     exit 1

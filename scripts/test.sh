@@ -145,6 +145,13 @@ pjdfstest_tls() {
     PJ_MIRROR=1 PJ_TLS=1 PJ_REGION=b "$ROOT/scripts/pjdfstest.sh"
 }
 
+# With root_squash on the mount's credential: the cases that fail must be exactly those of
+# tests/pjdfstest/root-squash-failures.txt (root's privileges, taken away).
+pjdfstest_root_squash() {
+    PJ_DAEMON=1 PJ_SQUASH=1 PJ_EXPECTED_FAILURES="$ROOT/tests/pjdfstest/root-squash-failures.txt" \
+        "$ROOT/scripts/pjdfstest.sh" "rocksdb://$WORK/pj-squash/meta" "file://$WORK/pj-squash/data"
+}
+
 # Runs in the stage's subshell: the servers it starts are stopped when the subshell exits.
 pjdfstest_daemon_redis() {
     trap stop_servers EXIT
@@ -243,6 +250,7 @@ stage pjdfstest-daemon-rocksdb require_build pjdfstest_daemon_rocksdb
 stage pjdfstest-daemon-redis require_build pjdfstest_daemon_redis
 stage pjdfstest-mirror require_build pjdfstest_mirror
 stage pjdfstest-tls require_build pjdfstest_tls
+stage pjdfstest-root-squash require_build pjdfstest_root_squash
 stage chaos require_build chaos_short
 
 echo

@@ -49,7 +49,8 @@ pub struct Security {
 /// [[credentials]]
 /// name = "team-a"                 # its principal: `cred:team-a` (sessions, cursors, logs)
 /// roles = ["mount"]               # the default
-/// token_file = "/etc/strait/tokens/team-a.token"
+/// token_file = "/etc/strait/tokens/team-a.token"   # or token = "..." (or a list, while
+///                                 # one replaces another: the same principal either way)
 /// subtree = "/team-a"             # its mounts see /team-a as their root, and nothing else
 /// root_squash = true              # uid 0 and gid 0 act as anon_uid and anon_gid (65534)
 /// ```
@@ -58,7 +59,7 @@ pub struct Security {
 pub struct NamedCredential {
     pub name: String,
     pub roles: Vec<Role>,
-    pub token: Option<String>,
+    pub token: Option<TokenList>,
     pub token_file: Option<PathBuf>,
     pub root_squash: bool,
     pub all_squash: bool,
@@ -112,7 +113,14 @@ impl NamedCredential {
                     "{what}: token and token_file exclude each other"
                 )))
             }
-            (Some(t), None) => check_token(t).map_err(|e| Error::Config(format!("{what}: {e}")))?,
+            (Some(list), None) => {
+                if list.0.is_empty() {
+                    return Err(Error::Config(format!("{what}: token is an empty list")));
+                }
+                for t in &list.0 {
+                    check_token(t).map_err(|e| Error::Config(format!("{what}: {e}")))?;
+                }
+            }
             (None, Some(_)) => {}
         }
         self.rules()
@@ -120,10 +128,10 @@ impl NamedCredential {
             .map_err(|e| Error::Config(format!("{what}: {e}")))
     }
 
-    fn token(&self) -> Result<String, Error> {
+    fn tokens(&self) -> Result<Vec<String>, Error> {
         match (&self.token, &self.token_file) {
-            (Some(t), _) => Ok(t.clone()),
-            (None, Some(f)) => read_token_file(f),
+            (Some(t), _) => Ok(t.0.clone()),
+            (None, Some(f)) => Ok(vec![read_token_file(f)?]),
             (None, None) => Err(Error::Config(format!(
                 "credential {:?}: give token or token_file",
                 self.name
@@ -278,9 +286,11 @@ impl Security {
             }
         }
         for c in &self.credentials {
-            tokens
-                .add_named(&c.roles(), &c.token()?, &c.name, c.rules())
-                .map_err(|e| Error::Config(format!("credential {:?}: {e}", c.name)))?;
+            for t in c.tokens()? {
+                tokens
+                    .add_named(&c.roles(), &t, &c.name, c.rules())
+                    .map_err(|e| Error::Config(format!("credential {:?}: {e}", c.name)))?;
+            }
         }
         if let Some(s) = shared.filter(|s| !s.is_empty()) {
             for r in shared_roles.iter().filter(|r| !own.contains_key(r)) {
@@ -535,6 +545,73 @@ mod tests {
         let links = tls.links("10.0.1.10:7420", &[("to the replicator", "10.0.3.10:7430")]);
         tls.refuse_exposed("the primary", &links).unwrap();
         assert_eq!(links[0].to_string(), "listen 10.0.1.10:7420 (TLS)");
+    }
+
+    #[test]
+    fn named_credentials_come_from_the_table_with_their_rules() {
+        let s: Security = toml::from_str(
+            r#"
+            [tokens]
+            mount = "mount-token-0123456789"
+            [[credentials]]
+            name = "team-a"
+            token = ["team-a-old-token-0123456", "team-a-new-token-0123456"]
+            subtree = "/team-a"
+            root_squash = true
+            [[credentials]]
+            name = "ops"
+            roles = ["mount", "admin"]
+            token = "ops-token-0123456789abc"
+            all_squash = true
+            anon_uid = 7
+            "#,
+        )
+        .unwrap();
+        s.validate().unwrap();
+        let t = s.accepted(None, &[]).unwrap();
+        for given in [
+            &b"Bearer team-a-old-token-0123456"[..],
+            b"Bearer team-a-new-token-0123456",
+        ] {
+            let (roles, n) = t.named_of(given).unwrap();
+            assert_eq!(roles, Roles::of(&[Role::Mount]));
+            assert_eq!(n.name, "team-a");
+            assert_eq!(n.rules.subtree(), Some("/team-a"));
+            assert!(n.rules.root_squash);
+        }
+        let (roles, n) = t.named_of(b"Bearer ops-token-0123456789abc").unwrap();
+        assert_eq!(roles, Roles::of(&[Role::Mount, Role::Admin]));
+        assert_eq!(n.rules.anon_uid, Some(7));
+        assert!(t.named_of(b"Bearer mount-token-0123456789").is_none());
+        // each is refused with a line that says why
+        for (bad, why) in [
+            ("[[credentials]]\nname = \"x\"", "token"),
+            (
+                "[[credentials]]\nname = \"a b\"\ntoken = \"abcdefabcdef0123456\"",
+                "name",
+            ),
+            (
+                "[[credentials]]\nname = \"x\"\ntoken = \"abcdefabcdef0123456\"\nsubtree = \"rel\"",
+                "absolute",
+            ),
+            (
+                "[[credentials]]\nname = \"x\"\ntoken = \"abcdefabcdef0123456\"\n\
+                 [[credentials]]\nname = \"x\"\ntoken = \"abcdefabcdef0123457\"",
+                "two credentials",
+            ),
+        ] {
+            let s: Security = toml::from_str(bad).unwrap();
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        // one token for two credentials is refused when the tokens are read
+        let s: Security = toml::from_str(
+            "[[credentials]]\nname = \"x\"\ntoken = \"abcdefabcdef0123456\"\n\
+             [[credentials]]\nname = \"y\"\ntoken = \"abcdefabcdef0123456\"",
+        )
+        .unwrap();
+        s.validate().unwrap();
+        assert!(s.accepted(None, &[]).is_err());
     }
 
     #[test]

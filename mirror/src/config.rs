@@ -548,6 +548,15 @@ primary_token = ""
 # Without TLS, a listen, primary or replicator address other than loopback is refused (tokens
 # would cross the network readable); true allows it, for a network you trust.
 # insecure_plaintext = false
+# Credentials with a name and rules (docs/security.md, "Rules per credential"): a token, its
+# roles (mount by default), a subtree its mounts are confined to (their root), and squashing
+# (root_squash; all_squash with anon_uid and anon_gid; or a fixed uid and gid). Repeat the table
+# for each; a mirror needs the same ones as the primary.
+# [[credentials]]
+# name = "team-a"
+# token_file = "/etc/strait/tokens/team-a.token"
+# subtree = "/team-a"
+# root_squash = true
 # Replicator nodes, this region's first.
 replicator = []
 # Token presented to the replicator (one it accepts for the role "mirror"); required.

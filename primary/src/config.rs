@@ -217,6 +217,15 @@ replicator_token = ""
 # Without TLS, a listen or replicator address other than loopback is refused (tokens would
 # cross the network readable); true allows it, for a network you trust.
 # insecure_plaintext = false
+# Credentials with a name and rules (docs/security.md, "Rules per credential"): a token, its
+# roles (mount by default), a subtree its mounts are confined to (their root), and squashing
+# (root_squash; all_squash with anon_uid and anon_gid; or a fixed uid and gid). Repeat the table
+# for each; a mirror needs the same ones as the primary.
+# [[credentials]]
+# name = "team-a"
+# token_file = "/etc/strait/tokens/team-a.token"
+# subtree = "/team-a"
+# root_squash = true
 # Prometheus /metrics and /health; "" disables.
 metrics_listen = "127.0.0.1:7421"
 # A mount silent for longer than this is dead: its locks and open unlinked files are freed.

@@ -310,11 +310,15 @@ pub(crate) async fn feed(
     hub: Arc<WatchHub>,
     out: tokio::sync::mpsc::Sender<Result<w::WatchBatch, tonic::Status>>,
     stop: impl Fn() -> Option<String> + Send + 'static,
+    filter: Option<BatchFilter>,
 ) {
     let (mut rx, mut version) = hub.subscribe();
     let mut batch = reset_batch(version);
     loop {
         batch.latest = hub.latest.load(Ordering::Acquire);
+        if let Some(f) = &filter {
+            f(&mut batch);
+        }
         if out.send(Ok(batch)).await.is_err() {
             return;
         }
@@ -384,6 +388,10 @@ pub(crate) async fn feed(
         }
     }
 }
+
+/// What a stream's batches go through before they leave (a confined caller's: only what lies in
+/// its subtree, numbered as it knows it).
+pub(crate) type BatchFilter = Box<dyn Fn(&mut w::WatchBatch) + Send + Sync>;
 
 fn reset_batch(version: u64) -> w::WatchBatch {
     w::WatchBatch {

@@ -103,6 +103,19 @@ pub fn print_links(links: &[strait_auth::Link]) {
     }
 }
 
+/// `--check-config`'s lines on a daemon's named credentials: each, its roles and its rules.
+pub fn print_credentials(sec: &Security) {
+    for c in &sec.credentials {
+        let roles: Vec<&str> = c.roles().iter().map(|r| r.name()).collect();
+        println!(
+            "  credential: {} (roles {}; {})",
+            c.name,
+            roles.join(", "),
+            c.rules()
+        );
+    }
+}
+
 /// Lay flags over a daemon's security settings: tokens (`ROLE=TOKEN`) and token files
 /// (`ROLE=FILE`) by role, each pair with its flag's name for messages, and the TLS files in the
 /// order certificate, key, client CA, CA.

@@ -345,6 +345,7 @@ pub fn run(a: Args) -> Result<()> {
                     format!("{:?}", cfg.promotion.failover).to_lowercase(),
                 );
                 super::daemon_flags::print_links(&cfg.links());
+                super::daemon_flags::print_credentials(&cfg.security);
                 if cfg.promotion.failover == strait_mirror::config::Failover::Auto {
                     println!(
                         "failover auto: this mirror promotes itself once the replicator has \

@@ -214,6 +214,7 @@ pub fn run(a: Args) -> Result<()> {
             cfg.lease_ms
         );
         super::daemon_flags::print_links(&cfg.links());
+        super::daemon_flags::print_credentials(&cfg.security);
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -680,7 +680,9 @@ fn two_teams_at_two_regions_over_mutual_tls_each_reach_only_their_own_subtree() 
             let mut answered = std::collections::BTreeMap::<String, usize>::new();
             let mut guesses: Vec<u64> = (2..400).collect();
             guesses.extend((0..200).map(|_| rand::random::<u64>() >> 1));
-            for ino in guesses.into_iter().filter(|i| !a_inodes.contains(i)) {
+            guesses.retain(|i| !a_inodes.contains(i));
+            let guessed = guesses.len();
+            for ino in guesses {
                 let r = a
                     .get_attr(req(w::InodeRequest { ctx: root(), ino }, sa))
                     .await;
@@ -694,10 +696,42 @@ fn two_teams_at_two_regions_over_mutual_tls_each_reach_only_their_own_subtree() 
                     .read_dir(req(w::InodeRequest { ctx: root(), ino }, sa))
                     .await;
                 assert!(r.is_err(), "{region}: ReadDir of inode {ino} answered");
+                let r = a
+                    .open(req(
+                        w::OpenRequest {
+                            ctx: root(),
+                            ino,
+                            flags: libc::O_RDWR,
+                            chunk0: true,
+                        },
+                        sa,
+                    ))
+                    .await;
+                assert!(r.is_err(), "{region}: Open of inode {ino} answered");
+                let r = a
+                    .read_chunk(req(w::ChunkRequest { ino, index: 0 }, sa))
+                    .await;
+                assert!(r.is_err(), "{region}: ReadChunk of inode {ino} answered");
+                let r = a
+                    .create(req(
+                        w::MkNodRequest {
+                            ctx: root(),
+                            parent: ino,
+                            name: b"planted".to_vec(),
+                            mode: 0o644,
+                            ..Default::default()
+                        },
+                        sa,
+                    ))
+                    .await;
+                assert!(r.is_err(), "{region}: Create under inode {ino} answered");
             }
             row(
-                "GetAttr and ReadDir of 598 guessed inode numbers outside /team-a",
-                format!("{answered:?}"),
+                &format!(
+                    "GetAttr, ReadDir, Open, ReadChunk and Create naming each of {guessed} \
+                     guessed inode numbers outside /team-a"
+                ),
+                format!("GetAttr: {answered:?}; every other call refused"),
             );
             a.close_session(req(w::Empty {}, sa)).await.unwrap();
             b.close_session(req(w::Empty {}, sb)).await.unwrap();
@@ -727,5 +761,151 @@ fn two_teams_at_two_regions_over_mutual_tls_each_reach_only_their_own_subtree() 
     });
     assert!(!ma.join("team-a/stolen").exists());
     assert!(!ma.join("team-b/planted").exists());
+    // nowhere else either: the top holds the two teams' directories alone, and nothing was
+    // planted in any directory
+    let top: BTreeSet<String> = std::fs::read_dir(&ma)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(top, BTreeSet::from(["team-a".into(), "team-b".into()]));
+    assert!(walk(&ma).iter().all(|(p, _)| !p.ends_with("planted")));
     drop(dev);
+}
+
+/// The same rules for a token, from `[[credentials]]` in the primary's TOML: a named
+/// credential is confined and squashed (`all_squash`), its principal is its name (a session
+/// opened with one of its tokens is resumed with the other, as when a token is replaced), and
+/// a plain mount token cannot take its session up.
+#[test]
+fn a_named_token_from_the_toml_is_confined_squashed_and_one_principal_across_its_tokens() {
+    use crate::support::daemon::Primary;
+    use crate::support::mount::TestFs;
+    use crate::support::site::Site;
+    const OLD: &str = "team-c-old-token-0123456789";
+    const NEW: &str = "team-c-new-token-0123456789";
+    let fs = TestFs::rocks_local(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("primary.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[credentials]]\nname = \"team-c\"\ntoken = [\"{OLD}\", \"{NEW}\"]\n\
+             subtree = \"/team-c\"\nall_squash = true\nanon_uid = 5000\nanon_gid = 5000\n"
+        ),
+    )
+    .unwrap();
+    let check = std::process::Command::new(crate::support::strait_bin())
+        .args([
+            "primary",
+            "--meta-url",
+            &fs.meta_url,
+            "--token",
+            "test-token-0123456789abc",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .arg("--check-config")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        said.contains(
+            "credential: team-c (roles mount; subtree=/team-c;all_squash;anon_uid=5000;anon_gid=5000)"
+        ),
+        "{said}"
+    );
+    let config_arg = config.display().to_string();
+    let daemon = Primary::start(&fs.meta_url, &[], &["--config", &config_arg]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut op = Site::connect(&daemon.addr, &daemon.token).await;
+        // before its subtree exists, the credential's session is refused, saying why
+        let mut early = crate::support::site::meta_client(&daemon.addr).await;
+        let e = early
+            .open_session(crate::support::site::request(
+                w::OpenSessionRequest::default(),
+                OLD,
+                0,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.message().contains("/team-c") && e.message().contains("does not exist"));
+        let c_dir = op.mkdir(1, "team-c").await.unwrap();
+        op.chmod(c_dir, 0o777).await.unwrap();
+        let other = op.mkdir(1, "other").await.unwrap();
+
+        let mut c = Site::connect(&daemon.addr, OLD).await;
+        let f = c.mknod(1, "f").await.unwrap();
+        assert_eq!(op.lookup(c_dir, "f").await.unwrap(), f);
+        let attr =
+            op.c.get_attr(op.req(w::InodeRequest {
+                ctx: root(),
+                ino: f,
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .attr
+            .unwrap();
+        assert_eq!((attr.uid, attr.gid), (5000, 5000), "all_squash");
+        assert_eq!(attr.parent, c_dir);
+        // its own view: the root is /team-c, whose entry's parent is 1
+        let own =
+            c.c.get_attr(c.req(w::InodeRequest {
+                ctx: root(),
+                ino: f,
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .attr
+            .unwrap();
+        assert_eq!(own.parent, 1);
+        assert_eq!(c.names(1).await.unwrap(), BTreeSet::from(["f".to_string()]));
+        assert_eq!(
+            c.lookup(1, "other").await.unwrap_err().code(),
+            Code::NotFound
+        );
+        let e =
+            c.c.get_attr(c.req(w::InodeRequest {
+                ctx: root(),
+                ino: other,
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        // the other token is the same principal: it takes the session up
+        let mut rotated = crate::support::site::meta_client(&daemon.addr).await;
+        let r = rotated
+            .open_session(crate::support::site::request(
+                w::OpenSessionRequest {
+                    resume_session: c.sid,
+                    ..Default::default()
+                },
+                NEW,
+                0,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.resumed);
+        assert_eq!(r.session, c.sid);
+        // a plain mount token is another principal
+        let e = rotated
+            .open_session(crate::support::site::request(
+                w::OpenSessionRequest {
+                    resume_session: c.sid,
+                    ..Default::default()
+                },
+                &daemon.token,
+                0,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied);
+    });
 }

@@ -623,26 +623,42 @@ impl MetaService for MetaServer {
         // a state that may lack acknowledged changes, or one no longer read, is not told
         self.check_settled("watch").await?;
         self.check_reads("watch")?;
-        // the stream tells every change of the whole tree: not to a credential confined to
-        // a part of it (its mounts ask for each lookup instead)
-        if self.rules_of_req(&req)?.subtree().is_some() {
-            return Err(Status::unimplemented(
-                "this credential is confined to a subtree: the stream of every change is not \
-                 told to it, and its mounts ask for every lookup",
-            ));
-        }
+        // a credential confined to a subtree is told the changes in it alone
+        let rules = self.rules_of_req(&req)?;
+        let filter: Option<crate::watch::BatchFilter> = if rules.subtree().is_some() {
+            let engine = self.engine.clone();
+            let (e, r) = (engine.clone(), rules.clone());
+            let sc = self
+                .blocking("watch", move || match Scope::of(&e, &r) {
+                    Ok(s) => Ok(Some(s)),
+                    Err(Error::Sys(libc::ENOENT)) => Ok(None),
+                    Err(e) => Err(e),
+                })
+                .await?
+                .ok_or_else(|| Status::failed_precondition(scope::missing_message(&rules)))?;
+            Some(Box::new(move |b: &mut w::WatchBatch| {
+                sc.confine_batch(&engine, b)
+            }))
+        } else {
+            None
+        };
         let refused = self.watch_refused.clone();
         if let Some(why) = refused.as_ref().and_then(|r| r()) {
             return Err(Status::unavailable(format!("watch: {why}")));
         }
         let fence = self.fence.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
-        tokio::spawn(crate::watch::feed(hub, tx, move || {
-            fence
-                .as_ref()
-                .and_then(|f| f.reads_refused())
-                .or_else(|| refused.as_ref().and_then(|r| r()))
-        }));
+        tokio::spawn(crate::watch::feed(
+            hub,
+            tx,
+            move || {
+                fence
+                    .as_ref()
+                    .and_then(|f| f.reads_refused())
+                    .or_else(|| refused.as_ref().and_then(|r| r()))
+            },
+            filter,
+        ));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

@@ -124,6 +124,39 @@ impl Scope {
         )))
     }
 
+    /// Whether `ino` (as the engine numbers it) is the subtree's directory or lies under it.
+    pub(crate) fn contains(&self, m: &Meta, ino: Ino) -> bool {
+        !self.confined() || ino == self.root || self.inside(m, ino).unwrap_or(false)
+    }
+
+    /// A Watch batch as the caller may see it: the changes of what lies in its subtree,
+    /// numbered as it knows them. A deletion names only an inode number, which is passed on
+    /// (where the inode was is gone with it).
+    pub(crate) fn confine_batch(&self, m: &Meta, b: &mut w::WatchBatch) {
+        if !self.confined() {
+            return;
+        }
+        b.attrs.retain_mut(|c| {
+            let keep = match &c.attr {
+                None => true,
+                Some(a) => c.ino == self.root || self.contains(m, a.parent),
+            };
+            if let Some(a) = c.attr.as_mut() {
+                if c.ino == self.root || a.parent == self.root {
+                    a.parent = ROOT_INO;
+                }
+            }
+            c.ino = self.out(c.ino);
+            keep
+        });
+        b.entries.retain_mut(|e| {
+            let keep = self.contains(m, e.parent);
+            e.parent = self.out(e.parent);
+            e.ino = self.out(e.ino);
+            keep
+        });
+    }
+
     /// An inode as the caller knows it: the subtree's directory is 1.
     pub(crate) fn out(&self, ino: Ino) -> Ino {
         if self.confined() && ino == self.root {
@@ -215,6 +248,62 @@ mod tests {
             }))
             .unwrap();
         assert_eq!((ctx.uid, ctx.gid), (65_534, 65_534));
+        // a Watch batch keeps what lies in the subtree, numbered as the caller knows it
+        let attr = |ino| Some(w::Attr::from(&m.getattr(ino).unwrap()));
+        let mut batch = w::WatchBatch {
+            version: 9,
+            attrs: vec![
+                w::AttrChange {
+                    ino: a,
+                    attr: attr(a),
+                },
+                w::AttrChange {
+                    ino: af,
+                    attr: attr(af),
+                },
+                w::AttrChange {
+                    ino: bf,
+                    attr: attr(bf),
+                },
+                w::AttrChange {
+                    ino: b,
+                    attr: attr(b),
+                },
+                w::AttrChange {
+                    ino: 77,
+                    attr: None,
+                },
+            ],
+            entries: vec![
+                w::EntryChange {
+                    parent: a,
+                    name: b"d".to_vec(),
+                    ino: ad,
+                },
+                w::EntryChange {
+                    parent: ad,
+                    name: b"f".to_vec(),
+                    ino: af,
+                },
+                w::EntryChange {
+                    parent: b,
+                    name: b"f".to_vec(),
+                    ino: bf,
+                },
+                w::EntryChange {
+                    parent: ROOT_INO,
+                    name: b"team-b".to_vec(),
+                    ino: b,
+                },
+            ],
+            ..Default::default()
+        };
+        s.confine_batch(&m, &mut batch);
+        let inos: Vec<u64> = batch.attrs.iter().map(|c| c.ino).collect();
+        assert_eq!(inos, [ROOT_INO, af, 77]);
+        assert_eq!(batch.attrs[0].attr.as_ref().unwrap().parent, ROOT_INO);
+        let entries: Vec<(u64, u64)> = batch.entries.iter().map(|e| (e.parent, e.ino)).collect();
+        assert_eq!(entries, [(ROOT_INO, ad), (ad, af)]);
         // a file moved out is out of reach
         m.rename(&root, ad, b"f", b, b"g", 0).unwrap();
         assert!(s.ino(&m, af).is_err());
