@@ -147,6 +147,13 @@ impl Router {
             Ok(b) => b,
             Err(s) => return status_reply(s),
         };
+        // a squashed mount reads a file's data through a handle it holds here (the primary
+        // takes the mirror's word for it)
+        if parts.uri.path().ends_with("/ReadChunk") {
+            if let Err(s) = self.check_read(&parts, &bytes) {
+                return status_reply(s);
+            }
+        }
         match self.send_to_primary(&parts, bytes, true, None).await {
             Ok((r, _)) => r,
             Err(e) => status_reply(errno_status(
@@ -154,6 +161,24 @@ impl Router {
                 format!("forward a read to the primary: {e}"),
             )),
         }
+    }
+
+    /// Refuse a forwarded `ReadChunk` of a file the mount's session holds no handle on, when
+    /// its ids are squashed or fixed (as the local service refuses it).
+    fn check_read(&self, parts: &http::request::Parts, bytes: &[u8]) -> Result<(), Status> {
+        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
+        let caller = parts.extensions.get::<strait_auth::Caller>();
+        let (rules, _) = self.server.data_rules_of(&md, caller)?;
+        if !rules.restricts_ids() {
+            return Ok(());
+        }
+        let ino = decode::<w::ChunkRequest>(bytes)?.ino;
+        if self.server.session_holds(&md, caller, ino)? > 0 {
+            return Ok(());
+        }
+        Err(strait_proto::to_status(&strait_fs_core::Error::Sys(
+            libc::EBADF,
+        )))
     }
 
     /// The version a forwarded read's answer names (see [`READ_VERSION_HEADER`]): the region

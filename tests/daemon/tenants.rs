@@ -633,6 +633,17 @@ fn two_teams_at_two_regions_over_mutual_tls_each_reach_only_their_own_subtree() 
                 .unwrap()
                 .into_inner()
                 .ino;
+            // nor read a file's data without a handle on it (its open checks the permission)
+            refused!(
+                "ReadChunk(team-a/roots) without a handle",
+                a.read_chunk(req(
+                    w::ChunkRequest {
+                        ino: roots,
+                        index: 0
+                    },
+                    sa
+                ))
+            );
             a.open(req(
                 w::OpenRequest {
                     ctx: root(),
@@ -644,6 +655,20 @@ fn two_teams_at_two_regions_over_mutual_tls_each_reach_only_their_own_subtree() 
             ))
             .await
             .unwrap();
+            let got = a
+                .read_chunk(req(
+                    w::ChunkRequest {
+                        ino: roots,
+                        index: 0,
+                    },
+                    sa,
+                ))
+                .await;
+            assert!(got.is_ok(), "{region}: ReadChunk through a handle: {got:?}");
+            row(
+                "ReadChunk(team-a/roots) through a read-only handle",
+                "OK".into(),
+            );
             refused!(
                 "SetAttr(team-a/roots, size 0, through a read-only handle)",
                 a.set_attr(req(

@@ -394,6 +394,17 @@ impl MetaServer {
         self.data_rules_of(req.metadata(), strait_auth::caller(req))
     }
 
+    /// The handles the session `md` names holds on `ino` (the session checked as
+    /// [`MetaServer::held_session`] checks it).
+    pub fn session_holds(
+        &self,
+        md: &MetadataMap,
+        caller: Option<&strait_auth::Caller>,
+        ino: Ino,
+    ) -> Result<u32, Status> {
+        self.session(md, caller).map(|m| m.holds(ino))
+    }
+
     /// The session of `req`, as [`MetaServer::held_session`] finds it.
     fn session_of<T>(&self, req: &Request<T>) -> Result<Arc<Meta>, Status> {
         self.session(req.metadata(), strait_auth::caller(req))
@@ -461,6 +472,15 @@ impl Writers {
     /// (EBADF, as a write through a handle opened for reading).
     pub fn check(&self, sid: u64, ino: Ino) -> Result<(), Error> {
         if !self.enforce || self.set.lock().get(&sid).is_some_and(|s| s.contains(&ino)) {
+            return Ok(());
+        }
+        Err(Error::Sys(libc::EBADF))
+    }
+
+    /// Refuse a read of a file's data (its slices) by a session that holds no handle on it
+    /// (EBADF): a caller whose ids are squashed or fixed reads what its open was checked for.
+    pub fn check_read(&self, view: &Meta, ino: Ino) -> Result<(), Error> {
+        if !self.enforce || view.holds(ino) > 0 {
             return Ok(());
         }
         Err(Error::Sys(libc::EBADF))
@@ -1102,10 +1122,12 @@ impl MetaService for MetaServer {
 
     async fn read_chunk(&self, req: Request<w::ChunkRequest>) -> Reply<w::ReadChunkReply> {
         let source = self.blocks.as_ref().map(|(_, s)| s.clone());
-        let rules = self.rules_of_req(&req)?;
+        let (rules, handles) = self.data_rules(&req)?;
         rpc!(self, req, "read_chunk", |m, r| {
             let sc = Scope::of(&m, &rules)?;
             let ino = sc.held_or_inside(&m, r.ino)?;
+            // a squashed caller reads a file's data through a handle it holds
+            handles.check_read(&m, ino)?;
             Ok(chunk_reply(source, &m.read_chunk(ino, r.index)?))
         })
     }
