@@ -10,7 +10,8 @@
 #    (RocksDB + local directory; Redis + Garage S3, both servers started here on 127.0.0.1;
 #    a mount served by `strait primary` over gRPC, on RocksDB and on Redis; and a mount at
 #    the mirror's region of `strait dev up`, whose changes go to the primary; and at both
-#    regions of `strait dev up --tls`, over mutual TLS), and a short
+#    regions of `strait dev up --tls`, over mutual TLS), once more with the mount's
+#    credential root-squashed (passing when exactly the listed cases fail), and a short
 #    `strait-lab chaos run` schedule (fixed seeds, two regions under faults, checked);
 # 3. prints `N passed, M failed` over the stages and exits non-zero if any stage failed.
 #

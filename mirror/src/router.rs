@@ -166,13 +166,13 @@ impl Router {
     /// Refuse a forwarded `ReadChunk` of a file the mount's session holds no handle on, when
     /// its ids are squashed or fixed (as the local service refuses it).
     fn check_read(&self, parts: &http::request::Parts, bytes: &[u8]) -> Result<(), Status> {
-        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
         let caller = parts.extensions.get::<strait_auth::Caller>();
-        let (rules, _) = self.server.data_rules_of(&md, caller)?;
+        let (rules, _) = self.server.data_rules_of(&parts.headers, caller)?;
         if !rules.restricts_ids() {
             return Ok(());
         }
         let ino = decode::<w::ChunkRequest>(bytes)?.ino;
+        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
         if self.server.session_holds(&md, caller, ino)? > 0 {
             return Ok(());
         }
@@ -206,10 +206,12 @@ impl Router {
         // the mount's rules (its squashing, its subtree) go with its call: the primary holds
         // the call to them; a mount's own header of that name is never passed on
         headers.remove(strait_auth::rules::RULES_HEADER);
-        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
         let rules = self
             .server
-            .rules_of(&md, parts.extensions.get::<strait_auth::Caller>())
+            .rules_of(
+                &parts.headers,
+                parts.extensions.get::<strait_auth::Caller>(),
+            )
             .map_err(|s| Forwarding::NotSent(s.message().to_string()))?;
         if !rules.is_open() {
             let v = http::HeaderValue::from_str(&rules.to_text())
@@ -364,11 +366,10 @@ impl Router {
         let mount = mount_session(&parts.headers);
         // a mount whose ids are squashed or fixed writes a file's data only through a handle
         // it opened for writing (the primary takes the mirror's word for it)
-        let md = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
-        let writers = match self
-            .server
-            .data_rules_of(&md, parts.extensions.get::<strait_auth::Caller>())
-        {
+        let writers = match self.server.data_rules_of(
+            &parts.headers,
+            parts.extensions.get::<strait_auth::Caller>(),
+        ) {
             Ok((_, w)) => w,
             Err(s) => return status_reply(s),
         };
@@ -509,10 +510,10 @@ impl Router {
             Ok(o) => (o.ino, o.flags),
             Err(s) => return status_reply(s),
         };
-        let writers = match self
-            .server
-            .data_rules_of(&md, parts.extensions.get::<strait_auth::Caller>())
-        {
+        let writers = match self.server.data_rules_of(
+            &parts.headers,
+            parts.extensions.get::<strait_auth::Caller>(),
+        ) {
             Ok((_, w)) => w,
             Err(s) => return status_reply(s),
         };

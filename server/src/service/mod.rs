@@ -347,14 +347,14 @@ impl MetaServer {
     /// (taken from no other caller).
     pub fn rules_of(
         &self,
-        md: &MetadataMap,
+        headers: &tonic::codegen::http::HeaderMap,
         caller: Option<&strait_auth::Caller>,
     ) -> Result<Arc<Rules>, Status> {
         let Some(c) = caller else {
             return Ok(Arc::new(Rules::default()));
         };
         if c.roles.contains(strait_auth::Role::Mirror) {
-            if let Some(v) = md.get(strait_auth::rules::RULES_HEADER) {
+            if let Some(v) = headers.get(strait_auth::rules::RULES_HEADER) {
                 let text = v
                     .to_str()
                     .map_err(|_| Status::invalid_argument("the forwarded rules are not ASCII"))?;
@@ -367,7 +367,7 @@ impl MetaServer {
     }
 
     fn rules_of_req<T>(&self, req: &Request<T>) -> Result<Arc<Rules>, Status> {
-        self.rules_of(req.metadata(), strait_auth::caller(req))
+        self.rules_of(req.metadata().as_ref(), strait_auth::caller(req))
     }
 
     /// The rules of a call, and how its session's writes of file data are checked
@@ -375,10 +375,10 @@ impl MetaServer {
     /// fixed, unless a mirror forwards the call (the mirror checked its mount's session).
     pub fn data_rules_of(
         &self,
-        md: &MetadataMap,
+        headers: &tonic::codegen::http::HeaderMap,
         caller: Option<&strait_auth::Caller>,
     ) -> Result<(Arc<Rules>, Writers), Status> {
-        let rules = self.rules_of(md, caller)?;
+        let rules = self.rules_of(headers, caller)?;
         let forwarded = caller.is_some_and(|c| c.roles.contains(strait_auth::Role::Mirror));
         let enforce = rules.restricts_ids() && !forwarded;
         Ok((
@@ -391,7 +391,7 @@ impl MetaServer {
     }
 
     fn data_rules<T>(&self, req: &Request<T>) -> Result<(Arc<Rules>, Writers), Status> {
-        self.data_rules_of(req.metadata(), strait_auth::caller(req))
+        self.data_rules_of(req.metadata().as_ref(), strait_auth::caller(req))
     }
 
     /// The handles the session `md` names holds on `ino` (the session checked as
@@ -455,6 +455,11 @@ impl Writers {
         if self.enforce {
             self.set.lock().entry(sid).or_default().insert(ino);
         }
+    }
+
+    /// Whether this call's session is checked (its caller's ids are squashed or fixed).
+    pub fn enforced(&self) -> bool {
+        self.enforce
     }
 
     /// Session `sid` holds no handle on `ino` any more.
@@ -1106,7 +1111,7 @@ impl MetaService for MetaServer {
                     ino
                 };
                 let released = m.release_versioned(ino);
-                if m.holds(ino) == 0 {
+                if writers.enforced() && m.holds(ino) == 0 {
                     writers.forget(m.session_id(), ino);
                 }
                 match released {

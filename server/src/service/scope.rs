@@ -10,7 +10,7 @@
 //!   as a name that is not there: a mount of `/team-a` cannot reach `/team-b` by any inode
 //!   number, nor learn whether it exists.
 //!
-//! A caller without rules gets [`Scope::open`], which changes nothing and reads nothing.
+//! A caller without rules gets a scope that changes nothing and reads nothing.
 
 use std::sync::Arc;
 
@@ -31,19 +31,15 @@ pub(crate) struct Scope {
 }
 
 impl Scope {
-    /// A caller without rules.
-    pub(crate) fn open() -> Scope {
-        Scope {
-            rules: Arc::new(Rules::default()),
-            root: ROOT_INO,
-        }
-    }
-
     /// The scope of `rules` on the state `m` sees: its subtree's directory looked up, name by
     /// name, from the root. A subtree that does not exist (or is not a directory) is ENOENT.
     pub(crate) fn of(m: &Meta, rules: &Arc<Rules>) -> Result<Scope, Error> {
         if rules.is_open() {
-            return Ok(Scope::open());
+            // the caller's own rules, not a new allocation on every call
+            return Ok(Scope {
+                rules: rules.clone(),
+                root: ROOT_INO,
+            });
         }
         let mut root = ROOT_INO;
         let ctx = Ctx::root();
