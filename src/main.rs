@@ -39,8 +39,10 @@ enum Command {
     Mirror(Box<cmd::mirror::Args>),
     /// Write a consistent snapshot of a file system's metadata to a file.
     Dump(cmd::dump::DumpArgs),
-    /// Load a dump into an empty metadata engine.
+    /// Load a dump, or a metadata backup from an object store, into an empty metadata engine.
     Load(cmd::dump::LoadArgs),
+    /// List the metadata backups in an object store, or take one now.
+    Backup(cmd::backup::Args),
     /// Two regions on this machine (primary, replicator, mirror, fault proxies), mounted.
     Dev(cmd::dev::Args),
     /// Unmount a strait mount and wait for its process to finish.
@@ -103,6 +105,7 @@ fn main() {
         Command::Mirror(a) => cmd::mirror::run(*a),
         Command::Dump(a) => cmd::dump::dump(a),
         Command::Load(a) => cmd::dump::load(a),
+        Command::Backup(a) => cmd::backup::run(a),
         Command::Dev(a) => cmd::dev::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),

@@ -9,6 +9,7 @@
 //! - [`vfs`]: read and write paths, caches, readahead, compaction and block GC.
 //! - [`fuse`]: the adapter between the kernel (fuser) and the VFS.
 
+pub mod backup;
 pub mod changelog;
 pub mod error;
 pub mod fuse;

@@ -108,6 +108,10 @@ pub struct PromotionConfig {
     /// mirror has applied past a slice's death and `gc_mirror_grace_ms` has passed.
     pub gc_interval_s: u64,
     pub gc_mirror_grace_ms: u64,
+    /// Once promoted, metadata backups in this region's store as the primary takes them
+    /// (`backup_interval_s`, 0: none; the newest `backup_keep` kept).
+    pub backup_interval_s: u64,
+    pub backup_keep: usize,
     /// The address (`host:port`) the other regions reach this mirror's service at, named in
     /// the epoch it raises: the other mirrors forward their writes there. Empty: `listen`,
     /// unless that is a wildcard address (0.0.0.0, [::]); then the promotion names no
@@ -155,6 +159,8 @@ impl Default for PromotionConfig {
             failover_after_ms: 0,
             gc_interval_s: 30,
             gc_mirror_grace_ms: 60_000,
+            backup_interval_s: 3600,
+            backup_keep: 24,
             advertise: String::new(),
             advertise_data_url: String::new(),
         }
@@ -617,6 +623,9 @@ failover_after_ms = 0
 # Once promoted: dead slices' blocks deleted from this region's store, as the primary does.
 gc_interval_s = 30
 gc_mirror_grace_ms = 60000
+# Once promoted: metadata backups in this region's store, as the primary takes them.
+backup_interval_s = 3600
+backup_keep = 24
 # Named in the epoch a promotion raises, so that the other mirrors forward their writes to
 # this one and read its blocks: its address and its store as the other regions reach them
 # ("" = listen, unless a wildcard such as 0.0.0.0; and data_url).

@@ -464,13 +464,31 @@ impl Promoter {
                 &cfg.replicator,
                 &settings.creds,
                 Duration::from_millis(pc.gc_mirror_grace_ms),
-                Some((Epoch(p.epoch), gate)),
+                Some((Epoch(p.epoch), gate.clone())),
                 (pc.gc_interval_s > 0).then(|| Duration::from_secs(pc.gc_interval_s)),
                 &self.mirror.workers,
                 &self.stop,
                 self.mirror.metrics.base.clone(),
             )?;
             let _ = self.gc.set(gc);
+        }
+        // metadata backups into this region's store, as `strait primary` takes them
+        if let (Some(store), true) = (self.mirror.blocks.local_store(), pc.backup_interval_s > 0) {
+            self.mirror.workers.spawn(
+                "metadata-backup",
+                &self.stop,
+                strait_primary::backup::run(
+                    self.engine.clone(),
+                    store,
+                    strait_primary::backup::Settings {
+                        interval: Duration::from_secs(pc.backup_interval_s),
+                        keep: pc.backup_keep.max(1),
+                    },
+                    Some(gate),
+                    strait_primary::backup::BackupMetrics::new(&self.mirror.metrics.base.registry),
+                    self.stop.clone(),
+                ),
+            );
         }
         self.engine.allow_writes();
         self.mirror.set_promoted(*p);

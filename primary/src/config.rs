@@ -33,6 +33,12 @@ pub struct PrimaryConfig {
     /// With mirrors: after every mirror has applied past a slice's death, wait this long
     /// before deleting its blocks (for reads its mounts started just before).
     pub gc_mirror_grace_ms: u64,
+    /// Seconds between metadata backups in the object store (0 disables): a consistent
+    /// dump is taken when the newest backup is this old and the metadata changed since
+    /// (docs/operations.md, "Metadata backups").
+    pub backup_interval_s: u64,
+    /// Metadata backups kept in the object store (the newest; at least 1).
+    pub backup_keep: usize,
     /// Serve the file system read-only: every mutation answers EROFS.
     pub read_only: bool,
     /// OTLP/gRPC endpoint to export traces to (for example `http://127.0.0.1:4317`); empty
@@ -82,6 +88,8 @@ impl Default for PrimaryConfig {
             metrics_listen: "127.0.0.1:7421".into(),
             gc_interval_s: 30,
             gc_mirror_grace_ms: 60_000,
+            backup_interval_s: 3600,
+            backup_keep: 24,
             read_only: false,
             otlp_endpoint: String::new(),
             serve_threads: 0,
@@ -122,6 +130,9 @@ impl PrimaryConfig {
             );
         }
         self.site.validate(&self.security)?;
+        if self.backup_keep == 0 {
+            bail!("backup_keep is 0; at least 1 metadata backup is kept (backup_interval_s = 0 takes none)");
+        }
         for a in &self.replicator {
             a.parse::<std::net::SocketAddr>()
                 .map(|_| ())
@@ -235,6 +246,11 @@ gc_interval_s = 30
 # With mirrors: ms to wait after every mirror applied past a slice's death before deleting
 # its blocks.
 gc_mirror_grace_ms = 60000
+# Seconds between metadata backups in the object store (0 disables); one is taken when the
+# newest is this old and the metadata changed since.
+backup_interval_s = 3600
+# Metadata backups kept (the newest ones; at least 1).
+backup_keep = 24
 # Answer EROFS to every mutation.
 read_only = false
 # OTLP/gRPC endpoint for traces, e.g. "http://127.0.0.1:4317"; "" exports nothing.

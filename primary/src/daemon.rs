@@ -177,6 +177,42 @@ pub async fn run(cfg: PrimaryConfig) -> Result<()> {
         }
     }
 
+    // metadata backups in the object store, every backup_interval_s
+    if cfg.backup_interval_s > 0 {
+        match strait_fs_core::object::open(&format.data_url).await {
+            Ok(store) => {
+                let gate = fence.as_ref().map(|f| {
+                    let (f, h) = (f.clone(), handover.clone());
+                    let g: strait_fs_core::meta::DeletionGate = Arc::new(move || {
+                        f.deletions_refused()
+                            .or_else(|| h.active().then(|| "handing over".to_string()))
+                    });
+                    g
+                });
+                workers.spawn(
+                    "metadata-backup",
+                    &stop,
+                    crate::backup::run(
+                        engine.clone(),
+                        store,
+                        crate::backup::Settings {
+                            interval: Duration::from_secs(cfg.backup_interval_s),
+                            keep: cfg.backup_keep,
+                        },
+                        gate,
+                        crate::backup::BackupMetrics::new(&metrics.registry),
+                        stop.clone(),
+                    ),
+                );
+            }
+            Err(e) => tracing::warn!(
+                "open the object store {} for metadata backups: {e}; none will be taken \
+                 (backup_interval_s = 0 turns them off)",
+                format.data_url
+            ),
+        }
+    }
+
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .with_context(|| format!("listen on {}", cfg.listen))?;

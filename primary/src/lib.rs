@@ -3,6 +3,7 @@
 //!
 //! - [`ship`]: shipping the change log to the replicator, the write fence and replication wait
 //!   it gives the metadata service, catching up a primary whose metadata went back.
+//! - [`backup`]: the metadata backups it keeps in the object store.
 //! - [`gc`]: deleting dead slices' blocks once every mirror has applied past their death.
 //! - [`handover`]: a planned switchover that hands over to a mirror.
 //! - [`history`]: this primary's history against the replicator's log: where they part.
@@ -15,6 +16,7 @@
 //! What both site daemons serve (the metadata service, sessions, metrics, workers) is
 //! [`strait_server`]'s.
 
+pub mod backup;
 pub mod config;
 pub mod daemon;
 pub mod gc;

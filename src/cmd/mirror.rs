@@ -104,6 +104,9 @@ pub struct ServeArgs {
     /// kept still, ms.
     #[arg(long)]
     pub promotion_gc_mirror_grace_ms: Option<u64>,
+    /// Once promoted: seconds between metadata backups in this region's store (0: none).
+    #[arg(long)]
+    pub promotion_backup_interval_s: Option<u64>,
     /// `manual` or `auto`: promote itself once the replicator has taken nothing from the
     /// primary for --failover-after-ms.
     #[arg(long)]
@@ -230,6 +233,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.promotion_gc_mirror_grace_ms {
             c.promotion.gc_mirror_grace_ms = v;
+        }
+        if let Some(v) = self.promotion_backup_interval_s {
+            c.promotion.backup_interval_s = v;
         }
         if let Some(v) = &self.failover {
             c.promotion.failover = v.parse()?;

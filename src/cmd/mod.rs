@@ -1,5 +1,6 @@
 //! Implementations of the CLI commands.
 
+pub mod backup;
 pub mod certs;
 pub mod changelog;
 pub mod creds;

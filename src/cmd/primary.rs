@@ -44,6 +44,12 @@ pub struct Args {
     /// With mirrors: ms after every mirror applied past a slice's death before its blocks go.
     #[arg(long, env = "STRAIT_GC_MIRROR_GRACE_MS")]
     pub gc_mirror_grace_ms: Option<u64>,
+    /// Seconds between metadata backups in the object store (0 disables).
+    #[arg(long, env = "STRAIT_BACKUP_INTERVAL_S")]
+    pub backup_interval_s: Option<u64>,
+    /// Metadata backups kept in the object store (at least 1).
+    #[arg(long, env = "STRAIT_BACKUP_KEEP")]
+    pub backup_keep: Option<usize>,
     /// Answer EROFS to every mutation.
     #[arg(long)]
     pub read_only: bool,
@@ -156,6 +162,12 @@ impl Args {
         }
         if let Some(v) = self.gc_mirror_grace_ms {
             c.gc_mirror_grace_ms = v;
+        }
+        if let Some(v) = self.backup_interval_s {
+            c.backup_interval_s = v;
+        }
+        if let Some(v) = self.backup_keep {
+            c.backup_keep = v;
         }
         if self.read_only {
             c.read_only = true;

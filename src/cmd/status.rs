@@ -38,6 +38,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     println!("inodes:        {}", s.inodes);
     println!("log version:   {}", kv.last_version()?);
+    println!("backups:       {}", super::backup::status_line(&f.data_url));
     let dead = meta.dead_slices(i64::MAX, 100_000)?;
     println!("dead slices:   {} awaiting block deletion", dead.len());
     let sessions = meta.sessions()?;

@@ -1,4 +1,4 @@
-//! Integration tests: the site daemon that serves mounts (`strait primary`): shared mounts, hostile and malformed calls, traces, request ids and slice ids.
+//! Integration tests: the site daemon that serves mounts (`strait primary`): shared mounts, hostile and malformed calls, traces, request ids and slice ids, metadata backups.
 //!
 //! One test binary per topic (cargo builds the `strait` binary they run first, and
 //! `support::strait_bin` is its path). Tests of a binary share its process: none may change
@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod backup;
 mod daemon;
 mod daemon_hostile;
 mod daemon_tracing;

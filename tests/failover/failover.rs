@@ -229,7 +229,12 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
             sync: "eager",
             garage: false,
             primary_args: &["--durability", "replicated"],
-            mirror_args: &["--promotion-durability", "replicated"],
+            mirror_args: &[
+                "--promotion-durability",
+                "replicated",
+                "--promotion-backup-interval-s",
+                "1",
+            ],
             // dead slices go at the first GC pass
             format_args: &["--gc-delay", "0"],
             tls: false,
@@ -377,6 +382,16 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
         "gc at B: {gc}"
     );
     eprintln!("failover: gc at the promoted B: {}", gc.trim());
+    // and it keeps metadata backups in its own region's store, of its own history
+    let backed = crate::support::wait::wait_until(
+        "a metadata backup at the promoted B",
+        Duration::from_secs(30),
+        || {
+            let (ok, out) = strait(&["backup", "list", &topo.data_b]);
+            (ok && out.contains(" version ")).then_some(out)
+        },
+    );
+    eprintln!("failover: backups at the promoted B: {}", backed.trim());
 
     let mirror_token = dir.join("tokens/mount.token");
     let (ok, status) = strait(&[
