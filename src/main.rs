@@ -43,6 +43,8 @@ enum Command {
     Load(cmd::dump::LoadArgs),
     /// List the metadata backups in an object store, or take one now.
     Backup(cmd::backup::Args),
+    /// Directory quotas: set, get, list, delete, check (space and inodes under a directory).
+    Quota(cmd::quota::Args),
     /// Two regions on this machine (primary, replicator, mirror, fault proxies), mounted.
     Dev(cmd::dev::Args),
     /// Unmount a strait mount and wait for its process to finish.
@@ -106,6 +108,7 @@ fn main() {
         Command::Dump(a) => cmd::dump::dump(a),
         Command::Load(a) => cmd::dump::load(a),
         Command::Backup(a) => cmd::backup::run(a),
+        Command::Quota(a) => cmd::quota::run(a),
         Command::Dev(a) => cmd::dev::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),

@@ -42,7 +42,13 @@ pub const DUMP_MAGIC: &[u8; 12] = b"STRAITDUMP1\n";
 const FRAME_BYTES_MAX: usize = 256 << 20;
 
 /// Groups owned by no inode (owner 0) that a snapshot copies whole.
-const GLOBAL_GROUPS: [u8; 4] = [keys::SETTING, keys::COUNTER, keys::DELFILE, keys::DEADSLICE];
+const GLOBAL_GROUPS: [u8; 5] = [
+    keys::SETTING,
+    keys::COUNTER,
+    keys::DELFILE,
+    keys::DEADSLICE,
+    keys::QUOTA,
+];
 
 /// Call `visit` with every replicated pair reachable in `t`, settings and counters first.
 pub fn walk(
@@ -73,13 +79,19 @@ pub(crate) fn walk_tree(
     mut digest: Option<&mut Sha256>,
 ) -> Result<()> {
     let mut roots = BTreeSet::new();
+    // the directory quotas (limits and usage) are hashed after the tree: with none, the
+    // digest is what it was before quotas existed
+    let mut quotas = vec![];
     for tag in GLOBAL_GROUPS {
-        if visit.is_none() && tag != keys::DELFILE {
+        if visit.is_none() && tag != keys::DELFILE && tag != keys::QUOTA {
             continue;
         }
         for (k, v) in t.scan(&keys::group(tag, 0), None, usize::MAX)? {
             if tag == keys::DELFILE {
                 roots.insert(keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("delfile key"))?);
+            }
+            if tag == keys::QUOTA && digest.is_some() {
+                quotas.push((k.clone(), v.clone()));
             }
             if let Some(visit) = visit.as_deref_mut() {
                 visit(k, v)?;
@@ -150,6 +162,13 @@ pub(crate) fn walk_tree(
                 }
             }
             _ => {}
+        }
+    }
+    if let Some(h) = digest {
+        for (k, v) in quotas {
+            h.update(b"U");
+            h.update(&k);
+            h.update(&v);
         }
     }
     Ok(())
@@ -364,6 +383,7 @@ fn check_key(k: &[u8]) -> Result<()> {
                 | keys::DEADSLICE
                 | keys::SETTING
                 | keys::COUNTER
+                | keys::QUOTA
                 | keys::REQUEST
         );
     if ok {

@@ -15,6 +15,7 @@ pub mod mirror_status;
 pub mod mirror_watch;
 pub mod mount;
 pub mod primary;
+pub mod quota;
 pub mod replicator;
 pub mod status;
 pub mod warmup;

@@ -16,16 +16,18 @@
 //! # Layout
 //! The record's schema and encoding in `record.rs` (at the bottom: it imports nothing of the
 //! others); the state machine, [`apply`], in `state.rs`; the primary's side of the log (commit,
-//! read, trim) in `outbox.rs`; a replica's batches in `replica.rs`.
+//! read, trim) in `outbox.rs`; a replica's batches in `replica.rs`; the directory quotas'
+//! accounting, which [`apply`] keeps, in `quota.rs`.
 
 pub mod outbox;
+pub mod quota;
 pub mod record;
 pub mod replica;
 pub mod state;
 
 pub use outbox::{commit, commit_record, read_log, read_log_raw, trim_log};
 pub use record::{
-    decode, encode, line, Change, ChangeRecord, DeadSlice, Name, Replaced, Unlinked,
+    decode, encode, line, Change, ChangeRecord, DeadSlice, Name, QuotaLimits, Replaced, Unlinked,
     REQUEST_ID_LEN_MAX,
 };
 pub use replica::{apply_replica, apply_replica_with, replay, ReplicaError, ReplicaHook};

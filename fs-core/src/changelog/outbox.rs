@@ -2,7 +2,7 @@
 //! transaction), the shipper reads the log, and what the replicator holds is trimmed.
 
 use super::record::{Change, ChangeRecord};
-use super::state::apply;
+use super::state::apply_with;
 use crate::error::{Error, Result};
 use crate::kv::{KvTxn, LOG_GROUP};
 use crate::meta::keys;
@@ -20,9 +20,10 @@ pub fn commit(t: &mut dyn KvTxn, change: Change, ts_ns: i64) -> Result<()> {
     )
 }
 
-/// [`commit`] of a whole record (one that names its request id, too).
+/// [`commit`] of a whole record (one that names its request id, too). The directory quotas
+/// are enforced: the primary decides here what every replica applies.
 pub fn commit_record(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
-    apply(t, rec)?;
+    apply_with(t, rec, true)?;
     t.append_log(rec.encode()?);
     Ok(())
 }

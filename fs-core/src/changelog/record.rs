@@ -164,6 +164,27 @@ pub enum Change {
     PurgeSlices {
         ids: Vec<SliceId>,
     },
+    /// Directory `ino` gets a quota, or its limits change. `usage` (space, inodes) is its
+    /// subtree counted by the primary, for a new quota and a repair; None keeps the usage.
+    SetQuota {
+        ino: Ino,
+        limits: QuotaLimits,
+        usage: Option<(i64, i64)>,
+    },
+    /// Directory `ino`'s quota is removed.
+    DeleteQuota {
+        ino: Ino,
+    },
+}
+
+/// The limits of a directory quota (0: no limit in that dimension).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaLimits {
+    /// Bytes of the files, directories and symlinks under the directory (each rounded up to
+    /// 4 KiB, as [`Attr::space`] counts them).
+    pub space_max: u64,
+    /// Inodes under the directory.
+    pub inodes_max: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -197,6 +218,7 @@ impl ChangeRecord {
             | Change::SetXattr { ino, .. }
             | Change::RemoveXattr { ino, .. }
             | Change::DeleteInode { ino } => (*ino, SliceId::HOLE),
+            Change::SetQuota { .. } | Change::DeleteQuota { .. } => (0, SliceId::HOLE),
             Change::Truncate { ino, hole, .. } => (
                 *ino,
                 hole.as_ref().map(|(_, s)| s.id).unwrap_or(SliceId::HOLE),

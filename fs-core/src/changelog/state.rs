@@ -1,6 +1,7 @@
 //! The metadata state machine: [`apply`] one record to the state in a transaction, with the
 //! key-value helpers it shares with the engine and the snapshot walk.
 
+use super::quota::{self, QuotaDeltas};
 use super::record::{decode, encode, Change, ChangeRecord, DeadSlice, Unlinked};
 use crate::error::{Error, Result};
 use crate::kv::KvTxn;
@@ -19,13 +20,15 @@ pub(crate) fn get_attr(t: &mut dyn KvTxn, ino: Ino) -> Result<Option<Attr>> {
     }
 }
 
-fn put_attr(t: &mut dyn KvTxn, ino: Ino, attr: &Attr) -> Result<()> {
-    // Space accounting follows every attribute change, computed from the replica's own state.
-    let old = get_attr(t, ino)?.map(|a| a.space()).unwrap_or(0);
-    let delta = attr.space() - old;
+fn put_attr(t: &mut dyn KvTxn, q: &mut QuotaDeltas, ino: Ino, attr: &Attr) -> Result<()> {
+    // Space accounting follows every attribute change, computed from the replica's own state,
+    // and so do the quotas above the inode.
+    let old = get_attr(t, ino)?;
+    let delta = attr.space() - old.as_ref().map(|a| a.space()).unwrap_or(0);
     if delta != 0 {
         t.add(&keys::counter(keys::USED_SPACE), delta);
     }
+    q.note(t, old.as_ref(), Some(attr))?;
     t.put(&keys::attr(ino), &encode(attr)?);
     Ok(())
 }
@@ -119,11 +122,16 @@ fn chunks_from(t: &mut dyn KvTxn, ino: Ino, from: u32) -> Result<Vec<(u32, Vec<S
     }
 }
 
-/// Delete an inode and everything hanging off it; its slices become dead.
-fn delete_inode(t: &mut dyn KvTxn, ino: Ino, ts_ns: i64) -> Result<()> {
+/// Delete an inode and everything hanging off it (a directory's quota too); its slices
+/// become dead.
+fn delete_inode(t: &mut dyn KvTxn, q: &mut QuotaDeltas, ino: Ino, ts_ns: i64) -> Result<()> {
     let Some(attr) = get_attr(t, ino)? else {
         return Ok(());
     };
+    q.note(t, Some(&attr), None)?;
+    if attr.kind == FileKind::Dir {
+        quota::delete(t, ino)?;
+    }
     for (idx, slices) in chunks_from(t, ino, 0)? {
         free_slices(t, &slices, ts_ns)?;
         t.delete(&keys::chunk(ino, idx));
@@ -146,16 +154,17 @@ fn delete_inode(t: &mut dyn KvTxn, ino: Ino, ts_ns: i64) -> Result<()> {
 
 fn settle_unlinked(
     t: &mut dyn KvTxn,
+    q: &mut QuotaDeltas,
     ino: Ino,
     attr: &Attr,
     how: Unlinked,
     ts_ns: i64,
 ) -> Result<()> {
     match how {
-        Unlinked::Linked => put_attr(t, ino, attr),
-        Unlinked::Delete => delete_inode(t, ino, ts_ns),
+        Unlinked::Linked => put_attr(t, q, ino, attr),
+        Unlinked::Delete => delete_inode(t, q, ino, ts_ns),
         Unlinked::Sustain { sid } => {
-            put_attr(t, ino, attr)?;
+            put_attr(t, q, ino, attr)?;
             t.put(&keys::delfile(ino), &sid.to_be_bytes());
             Ok(())
         }
@@ -165,6 +174,24 @@ fn settle_unlinked(
 /// Apply one change to the state in `t`. The same code runs at the primary (right after it
 /// computed the change) and at every replica (when it replays the log).
 pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
+    apply_with(t, rec, false)
+}
+
+/// [`apply`]; with `enforce` (the primary committing the change), a change the directory
+/// quotas do not allow is refused: EDQUOT past a limit, EXDEV for a directory moved between
+/// different quotas ([`super::quota`]).
+pub fn apply_with(t: &mut dyn KvTxn, rec: &ChangeRecord, enforce: bool) -> Result<()> {
+    let mut q = QuotaDeltas::default();
+    apply_change(t, rec, &mut q, enforce)?;
+    q.finish(t, enforce)
+}
+
+fn apply_change(
+    t: &mut dyn KvTxn,
+    rec: &ChangeRecord,
+    q: &mut QuotaDeltas,
+    enforce: bool,
+) -> Result<()> {
     let ts = rec.ts_ns;
     match &rec.change {
         Change::Format { format, root } => {
@@ -172,11 +199,11 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
             if get_attr(t, crate::meta::ROOT_INO)?.is_none() {
                 t.add(&keys::counter(keys::TOTAL_INODES), 1);
             }
-            put_attr(t, crate::meta::ROOT_INO, root)?;
+            put_attr(t, q, crate::meta::ROOT_INO, root)?;
         }
         Change::SetAttr { ino, attr } => {
             need_inode(t, *ino)?;
-            put_attr(t, *ino, attr)?;
+            put_attr(t, q, *ino, attr)?;
         }
         Change::Truncate {
             ino,
@@ -197,7 +224,7 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                 list.push(s.clone());
                 t.put(&keys::chunk(*ino, *idx), &encode(&list)?);
             }
-            put_attr(t, *ino, attr)?;
+            put_attr(t, q, *ino, attr)?;
         }
         Change::Create {
             parent,
@@ -216,8 +243,8 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
             }
             t.put(&keys::dentry(*parent, name), &dentry_value(*ino, attr.kind));
             t.add(&keys::counter(keys::TOTAL_INODES), 1);
-            put_attr(t, *ino, attr)?;
-            put_attr(t, *parent, parent_attr)?;
+            put_attr(t, q, *ino, attr)?;
+            put_attr(t, q, *parent, parent_attr)?;
             if let Some(target) = target {
                 t.put(&keys::symlink(*ino), target);
             }
@@ -235,8 +262,8 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                 return Err(invalid(format!("link over existing entry in {parent}")));
             }
             t.put(&keys::dentry(*parent, name), &dentry_value(*ino, attr.kind));
-            put_attr(t, *ino, attr)?;
-            put_attr(t, *parent, parent_attr)?;
+            put_attr(t, q, *ino, attr)?;
+            put_attr(t, q, *parent, parent_attr)?;
         }
         Change::Unlink {
             parent,
@@ -251,8 +278,8 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                 _ => return Err(invalid(format!("unlink of missing entry in {parent}"))),
             }
             t.delete(&keys::dentry(*parent, name));
-            put_attr(t, *parent, parent_attr)?;
-            settle_unlinked(t, *ino, attr, *unlinked, ts)?;
+            put_attr(t, q, *parent, parent_attr)?;
+            settle_unlinked(t, q, *ino, attr, *unlinked, ts)?;
         }
         Change::Rmdir {
             parent,
@@ -265,8 +292,8 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                 _ => return Err(invalid(format!("rmdir of missing directory in {parent}"))),
             }
             t.delete(&keys::dentry(*parent, name));
-            put_attr(t, *parent, parent_attr)?;
-            delete_inode(t, *ino, ts)?;
+            put_attr(t, q, *parent, parent_attr)?;
+            delete_inode(t, q, *ino, ts)?;
         }
         Change::Rename {
             src_parent,
@@ -284,28 +311,35 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
                 _ => return Err(invalid(format!("rename of missing entry in {src_parent}"))),
             }
             need_dir(t, *dst_parent)?;
+            if enforce
+                && attr.kind == FileKind::Dir
+                && !q.same_quotas(t, *src_parent, *dst_parent)?
+            {
+                // its subtree's usage would leave some quotas and enter others uncounted
+                return Err(Error::Sys(libc::EXDEV));
+            }
             t.delete(&keys::dentry(*src_parent, src_name));
             t.put(
                 &keys::dentry(*dst_parent, dst_name),
                 &dentry_value(*ino, attr.kind),
             );
-            put_attr(t, *ino, attr)?;
+            put_attr(t, q, *ino, attr)?;
             if let Some(r) = replaced {
                 if r.exchange {
                     t.put(
                         &keys::dentry(*src_parent, src_name),
                         &dentry_value(r.ino, r.attr.kind),
                     );
-                    put_attr(t, r.ino, &r.attr)?;
+                    put_attr(t, q, r.ino, &r.attr)?;
                 } else if r.attr.is_dir() {
-                    delete_inode(t, r.ino, ts)?;
+                    delete_inode(t, q, r.ino, ts)?;
                 } else {
-                    settle_unlinked(t, r.ino, &r.attr, r.unlinked, ts)?;
+                    settle_unlinked(t, q, r.ino, &r.attr, r.unlinked, ts)?;
                 }
             }
-            put_attr(t, *src_parent, src_parent_attr)?;
+            put_attr(t, q, *src_parent, src_parent_attr)?;
             if dst_parent != src_parent {
-                put_attr(t, *dst_parent, dst_parent_attr)?;
+                put_attr(t, q, *dst_parent, dst_parent_attr)?;
             }
         }
         Change::SetXattr {
@@ -316,12 +350,12 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
         } => {
             need_inode(t, *ino)?;
             t.put(&keys::xattr(*ino, name), value);
-            put_attr(t, *ino, attr)?;
+            put_attr(t, q, *ino, attr)?;
         }
         Change::RemoveXattr { ino, name, attr } => {
             need_inode(t, *ino)?;
             t.delete(&keys::xattr(*ino, name));
-            put_attr(t, *ino, attr)?;
+            put_attr(t, q, *ino, attr)?;
         }
         Change::WriteSlice {
             ino,
@@ -336,7 +370,7 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
             let mut list = get_chunk(t, *ino, *chunk)?;
             list.push(slice.clone());
             t.put(&keys::chunk(*ino, *chunk), &encode(&list)?);
-            put_attr(t, *ino, attr)?;
+            put_attr(t, q, *ino, attr)?;
         }
         Change::Compact {
             ino,
@@ -369,12 +403,19 @@ pub fn apply(t: &mut dyn KvTxn, rec: &ChangeRecord) -> Result<()> {
             t.put(&keys::chunk(*ino, *chunk), &encode(&new_list)?);
         }
         Change::DeleteInode { ino } => {
-            delete_inode(t, *ino, ts)?;
+            delete_inode(t, q, *ino, ts)?;
         }
         Change::PurgeSlices { ids } => {
             for id in ids {
                 t.delete(&keys::deadslice(*id));
             }
+        }
+        Change::SetQuota { ino, limits, usage } => {
+            need_dir(t, *ino)?;
+            quota::set(t, *ino, limits, *usage)?;
+        }
+        Change::DeleteQuota { ino } => {
+            quota::delete(t, *ino)?;
         }
     }
     Ok(())

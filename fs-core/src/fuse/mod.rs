@@ -650,19 +650,39 @@ impl Filesystem for StraitFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = tri!(reply, self.vfs.meta().statfs());
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let mut s = tri!(reply, self.vfs.meta().statfs());
+        let mut files = (1u64 << 40).max(s.inodes + 1);
+        // under a directory quota, `df` shows the nearest quota (as JuiceFS does)
+        let applied =
+            self.vfs
+                .meta()
+                .getxattr(&self.ctx(req), ino.0, crate::meta::quota_xattr::APPLIED);
+        if let Some((max_bytes, max_files, used_bytes, used_files)) = applied
+            .ok()
+            .and_then(|t| crate::meta::quota_xattr::parse(&t))
+        {
+            let used_bytes = used_bytes.max(0) as u64;
+            let used_files = used_files.max(0) as u64;
+            if max_bytes > 0 {
+                s.total_bytes = max_bytes;
+                s.used_bytes = used_bytes;
+            }
+            if max_files > 0 {
+                files = max_files.max(used_files);
+                s.inodes = used_files;
+            }
+        }
         let bsize = 4096u64;
         let blocks = s.total_bytes / bsize;
         let used = s.used_bytes.div_ceil(bsize);
         let free = blocks.saturating_sub(used);
-        let files = (1u64 << 40).max(s.inodes + 1);
         reply.statfs(
             blocks,
             free,
             free,
             files,
-            files - s.inodes,
+            files.saturating_sub(s.inodes),
             bsize as u32,
             NAME_LEN_MAX as u32,
             bsize as u32,

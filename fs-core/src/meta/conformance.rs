@@ -55,6 +55,7 @@ pub fn run_all(make: &dyn Fn() -> DynKv) {
     locks(make);
     outbox_replays_to_the_same_digest(make);
     request_records_commit_with_their_change(make);
+    directory_quotas(make);
 }
 
 pub fn format_twice_is_refused(make: &dyn Fn() -> DynKv) {
@@ -783,6 +784,213 @@ pub fn request_records_commit_with_their_change(make: &dyn Fn() -> DynKv) {
         Lookup::NotCommitted
     );
     assert_eq!(Meta::digest(&kv).unwrap(), digest);
+}
+
+/// Write `len` bytes at `pos` of chunk 0 of `f` (one new slice).
+fn write_at(m: &Meta, f: Ino, pos: u32, len: u32) -> crate::Result<Attr> {
+    let s = SliceRef {
+        id: m.next_slice_id()?,
+        size: len,
+        off: 0,
+        len,
+        pos,
+        crcs: vec![1],
+    };
+    m.write_slice(f, 0, s, now_ns())
+}
+
+/// Directory quotas: a quota set on a tree that exists counts it; every change under it
+/// keeps the count, in every quota above it (nested ones too); a change that would pass a
+/// limit is refused with EDQUOT and changes nothing; a directory moved between different
+/// quotas is refused with EXDEV; a recount finds and repairs a wrong usage; a replica that
+/// applies the log holds the same quotas.
+pub fn directory_quotas(make: &dyn Fn() -> DynKv) {
+    use crate::changelog::QuotaLimits;
+    let (kv, m) = fresh(make);
+    let root = Ctx::root();
+    let (team, _) = m.mkdir(&root, ROOT_INO, b"team", 0o777, 0).unwrap();
+    let (sub, _) = m.mkdir(&root, team, b"sub", 0o777, 0).unwrap();
+    let (f0, _) = m.create(&root, sub, b"f0", 0o644, 0).unwrap();
+    write_at(&m, f0, 0, 10_000).unwrap();
+    m.release(f0).unwrap();
+
+    // only root sets a quota, and only on a directory
+    let limits = QuotaLimits {
+        space_max: 64 << 10,
+        inodes_max: 5,
+    };
+    assert_eq!(
+        errno(m.set_quota(&Ctx::new(1000, 1000), team, limits)),
+        libc::EPERM
+    );
+    assert_eq!(errno(m.set_quota(&root, f0, limits)), libc::ENOTDIR);
+    assert_eq!(m.quota(team).unwrap(), None);
+
+    // a quota on a tree that exists counts it: sub (4 KiB, 1) and f0 (12 KiB, 1)
+    let q = m.set_quota(&root, team, limits).unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (16_384, 2));
+    let q = m
+        .set_quota(
+            &root,
+            sub,
+            QuotaLimits {
+                space_max: 0,
+                inodes_max: 3,
+            },
+        )
+        .unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (12_288, 1));
+    assert_eq!(m.quotas().unwrap().len(), 2);
+
+    // creates count in both; the fourth inode under sub is refused by sub's own quota
+    let (f1, _) = m.create(&root, sub, b"f1", 0o644, 0).unwrap();
+    let (f2, _) = m.create(&root, sub, b"f2", 0o644, 0).unwrap();
+    assert_eq!(errno(m.create(&root, sub, b"f3", 0o644, 0)), libc::EDQUOT);
+    assert_eq!(errno(m.lookup(&root, sub, b"f3")), libc::ENOENT);
+    // team holds 4 inodes of 5: one more directory, then nothing
+    let (d2, _) = m.mkdir(&root, team, b"d2", 0o777, 0).unwrap();
+    assert_eq!(errno(m.create(&root, team, b"x", 0o644, 0)), libc::EDQUOT);
+    assert_eq!(errno(m.symlink(&root, d2, b"s", b"x")), libc::EDQUOT);
+    let q = m.quota(team).unwrap().unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (16_384 + 4096, 5));
+
+    // space: a write within the limit is taken, one past it refused, and nothing changes
+    write_at(&m, f1, 0, 40_000).unwrap(); // 40 KiB: team at 60 KiB of 64
+    assert_eq!(errno(write_at(&m, f1, 40_000, 10_000)), libc::EDQUOT);
+    assert_eq!(m.getattr(f1).unwrap().length, 40_000);
+    let grow = SetAttr {
+        size: Some(1 << 20),
+        ..Default::default()
+    };
+    assert_eq!(errno(m.setattr(&root, f2, &grow)), libc::EDQUOT);
+    assert_eq!(m.getattr(f2).unwrap().length, 0);
+    // rewriting bytes it has grows nothing: taken at the limit
+    write_at(&m, f1, 0, 4096).unwrap();
+
+    // an unlink frees its share
+    m.unlink(&root, sub, b"f0").unwrap();
+    let q = m.quota(team).unwrap().unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (4096 + 40_960 + 4096, 4));
+    let q = m.quota(sub).unwrap().unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (40_960, 2));
+
+    // a file moved out of sub into team leaves sub's count and stays in team's
+    m.rename(&root, sub, b"f2", team, b"f2", 0).unwrap();
+    assert_eq!(m.quota(sub).unwrap().unwrap().used_inodes, 1);
+    assert_eq!(m.quota(team).unwrap().unwrap().used_inodes, 4);
+    // out of every quota, and back into a full one: refused
+    m.rename(&root, sub, b"f1", ROOT_INO, b"f1", 0).unwrap();
+    let q = m.quota(team).unwrap().unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (8192, 3));
+    let (big, _) = m.create(&root, ROOT_INO, b"big", 0o644, 0).unwrap();
+    write_at(&m, big, 0, 60_000).unwrap();
+    assert_eq!(
+        errno(m.rename(&root, ROOT_INO, b"big", team, b"big", 0)),
+        libc::EDQUOT
+    );
+    assert_eq!(m.lookup(&root, ROOT_INO, b"big").unwrap().0, big);
+    // a rename that replaces a file is judged on its net effect: f1 (40 KiB) over the
+    // empty team/f2 adds 40 KiB and no inode: 48 KiB of 64
+    m.rename(&root, ROOT_INO, b"f1", team, b"f2", 0).unwrap();
+    let q = m.quota(team).unwrap().unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (8192 + 40_960, 3));
+
+    // a directory moves freely under the same quotas, and never between different ones
+    // (into sub's quota, out of team's): its subtree's usage would go uncounted
+    let (d3, _) = m.mkdir(&root, team, b"d3", 0o777, 0).unwrap();
+    m.rename(&root, team, b"d2", d3, b"d2", 0).unwrap();
+    m.rename(&root, d3, b"d2", team, b"d2", 0).unwrap();
+    m.rmdir(&root, team, b"d3").unwrap();
+    assert_eq!(
+        errno(m.rename(&root, team, b"d2", sub, b"d2", 0)),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno(m.rename(&root, team, b"d2", ROOT_INO, b"d2", 0)),
+        libc::EXDEV
+    );
+
+    // a recount agrees; a wrong usage is found, and repaired by root only
+    let c = m.check_quota(&root, team, false).unwrap();
+    assert!(c.consistent(), "{c:?}");
+    kv.txn(&mut |t| {
+        t.add(&super::keys::quota_inodes(team), 7);
+        Ok(())
+    })
+    .unwrap();
+    let c = m.check_quota(&root, team, false).unwrap();
+    assert!(!c.consistent() && !c.repaired, "{c:?}");
+    assert_eq!(c.counted, (8192 + 40_960, 3));
+    assert_eq!(
+        errno(m.check_quota(&Ctx::new(1000, 1000), team, true)),
+        libc::EPERM
+    );
+    assert!(m.check_quota(&root, team, true).unwrap().repaired);
+    assert!(m.check_quota(&root, team, false).unwrap().consistent());
+
+    // new limits keep the usage; below it, only what shrinks usage is taken
+    let q = m
+        .set_quota(
+            &root,
+            team,
+            QuotaLimits {
+                space_max: 4096,
+                inodes_max: 0,
+            },
+        )
+        .unwrap();
+    assert_eq!((q.used_space, q.used_inodes), (8192 + 40_960, 3));
+    assert_eq!(errno(m.mkdir(&root, team, b"y", 0o777, 0)), libc::EDQUOT);
+    // (an empty file takes no space: it is taken)
+    m.create(&root, team, b"z", 0o644, 0).unwrap();
+    m.unlink(&root, team, b"z").unwrap();
+    m.unlink(&root, team, b"f2").unwrap();
+
+    // a replica that applies the log holds the same quotas, and the same digest
+    let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
+    let replica = make();
+    replay(replica.as_ref(), &records).unwrap();
+    let r = Meta::open(replica.clone(), MetaOptions::default()).unwrap();
+    assert_eq!(r.quotas().unwrap(), m.quotas().unwrap());
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&replica).unwrap());
+    // and so does one loaded from a snapshot (a mirror's bootstrap, a dump, a backup); the
+    // digest counts the quotas
+    let mut dump = vec![];
+    crate::snapshot::dump(kv.as_ref(), &mut dump).unwrap();
+    let loaded = make();
+    crate::snapshot::load(loaded.as_ref(), &mut dump.as_slice()).unwrap();
+    let l = Meta::open(loaded.clone(), MetaOptions::default()).unwrap();
+    assert_eq!(l.quotas().unwrap(), m.quotas().unwrap());
+    let with = Meta::digest(&kv).unwrap();
+    kv.txn(&mut |t| {
+        t.add(&super::keys::quota_space(team), 1);
+        Ok(())
+    })
+    .unwrap();
+    assert_ne!(
+        Meta::digest(&kv).unwrap(),
+        with,
+        "the digest left the quotas out"
+    );
+    kv.txn(&mut |t| {
+        t.add(&super::keys::quota_space(team), -1);
+        Ok(())
+    })
+    .unwrap();
+
+    // removing a quota, or its directory, removes it everywhere
+    assert_eq!(errno(m.delete_quota(&root, d2)), libc::ENODATA);
+    m.delete_quota(&root, team).unwrap();
+    m.unlink(&root, ROOT_INO, b"big").unwrap();
+    m.rename(&root, team, b"d2", ROOT_INO, b"d2", 0).unwrap();
+    m.rmdir(&root, team, b"sub").unwrap();
+    assert!(m.quotas().unwrap().is_empty());
+    let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
+    let replica = make();
+    replay(replica.as_ref(), &records).unwrap();
+    let r = Meta::open(replica.clone(), MetaOptions::default()).unwrap();
+    assert!(r.quotas().unwrap().is_empty());
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&replica).unwrap());
 }
 
 #[cfg(test)]

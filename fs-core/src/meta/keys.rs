@@ -7,8 +7,8 @@ use crate::SliceId;
 
 // The tags are in the registry of every KV key tag.
 pub use crate::kv::tags::{
-    ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, REQUEST, SESSION,
-    SETTING, SYMLINK, XATTR,
+    ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, QUOTA, REQUEST,
+    SESSION, SETTING, SYMLINK, XATTR,
 };
 
 pub fn group(tag: u8, owner: u64) -> Vec<u8> {
@@ -84,6 +84,25 @@ pub fn counter(name: &str) -> Vec<u8> {
     k
 }
 
+fn quota_key(ino: Ino, what: u8) -> Vec<u8> {
+    let mut k = group(QUOTA, 0);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k.push(what);
+    k
+}
+/// `U 0 ino L` -> directory `ino`'s quota limits.
+pub fn quota_limits(ino: Ino) -> Vec<u8> {
+    quota_key(ino, b'L')
+}
+/// `U 0 ino S`: the space used under directory `ino` (a counter).
+pub fn quota_space(ino: Ino) -> Vec<u8> {
+    quota_key(ino, b'S')
+}
+/// `U 0 ino I`: the inodes under directory `ino` (a counter).
+pub fn quota_inodes(ino: Ino) -> Vec<u8> {
+    quota_key(ino, b'I')
+}
+
 /// Owners of the [`REQUEST`] groups: records by request id, the same by age, and the
 /// table's own state.
 pub const REQUESTS_BY_ID: u64 = 0;
@@ -122,6 +141,8 @@ pub const NEXT_SLICE: &str = "next_slice";
 pub const NEXT_SESSION: &str = "next_session";
 pub const USED_SPACE: &str = "used_space";
 pub const TOTAL_INODES: &str = "total_inodes";
+/// How many directories have a quota (a counter): none, and no change walks its ancestors.
+pub const QUOTAS: &str = "quotas";
 pub const FORMAT: &str = "format";
 /// How many request records there are (a counter).
 pub const REQUEST_COUNT: &str = "count";

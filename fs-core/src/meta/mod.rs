@@ -17,6 +17,7 @@ mod client;
 pub use client::MetaClient;
 pub use committed::Committed;
 pub use engine::{
-    lock_grace_from_now, mark_locks_lost, DeletionGate, Meta, MetaOptions, LOCK_GRACE,
+    lock_grace_from_now, mark_locks_lost, quota_xattr, DeletionGate, Meta, MetaOptions, QuotaCheck,
+    LOCK_GRACE,
 };
 pub use types::*;

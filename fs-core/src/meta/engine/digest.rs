@@ -9,7 +9,7 @@ use crate::Version;
 
 impl Meta {
     /// A digest of the whole file system tree (attributes, entries, chunks, symlinks, xattrs
-    /// and unlinked-but-open inodes). Two engines with the same content have the same digest,
+    /// and unlinked-but-open inodes) and of the directory quotas. Two engines with the same content have the same digest,
     /// whatever their backend.
     pub fn digest(kv: &DynKv) -> Result<String> {
         kv::read(kv.as_ref(), |t| Self::digest_in(t))

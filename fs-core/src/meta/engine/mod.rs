@@ -6,6 +6,7 @@ mod digest;
 mod locking;
 mod lookup;
 mod open;
+mod quota;
 mod remove;
 mod requests;
 mod sessions;
@@ -13,6 +14,8 @@ mod setattr;
 mod xattr;
 
 pub use locking::{lock_grace_from_now, mark_locks_lost, LOCK_GRACE};
+pub use quota::QuotaCheck;
+pub use xattr::quota_xattr;
 
 use crate::clock::now_ns;
 use std::collections::{HashMap, HashSet};
