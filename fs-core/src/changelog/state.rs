@@ -257,9 +257,15 @@ fn apply_change(
             parent_attr,
         } => {
             need_dir(t, *parent)?;
-            need_inode(t, *ino)?;
+            let old = need_inode(t, *ino)?;
             if get_dentry(t, *parent, name)?.is_some() {
                 return Err(invalid(format!("link over existing entry in {parent}")));
+            }
+            // a file counts under its own directory's quotas: a name under other quotas
+            // would let it stay there uncounted once its first name goes (as XFS refuses
+            // links across project quotas)
+            if enforce && !q.same_quotas(t, old.parent, *parent)? {
+                return Err(Error::Sys(libc::EXDEV));
             }
             t.put(&keys::dentry(*parent, name), &dentry_value(*ino, attr.kind));
             put_attr(t, q, *ino, attr)?;
@@ -311,11 +317,13 @@ fn apply_change(
                 _ => return Err(invalid(format!("rename of missing entry in {src_parent}"))),
             }
             need_dir(t, *dst_parent)?;
-            if enforce
-                && attr.kind == FileKind::Dir
-                && !q.same_quotas(t, *src_parent, *dst_parent)?
-            {
-                // its subtree's usage would leave some quotas and enter others uncounted
+            // a directory's subtree (the moved one, or the one an exchange moves back) would
+            // leave some quotas and enter others uncounted
+            let moves_a_dir = attr.kind == FileKind::Dir
+                || replaced
+                    .as_ref()
+                    .is_some_and(|r| r.exchange && r.attr.kind == FileKind::Dir);
+            if enforce && moves_a_dir && !q.same_quotas(t, *src_parent, *dst_parent)? {
                 return Err(Error::Sys(libc::EXDEV));
             }
             t.delete(&keys::dentry(*src_parent, src_name));

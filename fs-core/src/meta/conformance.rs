@@ -909,6 +909,23 @@ pub fn directory_quotas(make: &dyn Fn() -> DynKv) {
         errno(m.rename(&root, team, b"d2", ROOT_INO, b"d2", 0)),
         libc::EXDEV
     );
+    // nor by an exchange that moves it the other way
+    let (outside, _) = m.create(&root, ROOT_INO, b"outside", 0o644, 0).unwrap();
+    assert_eq!(
+        errno(m.rename(
+            &root,
+            ROOT_INO,
+            b"outside",
+            team,
+            b"d2",
+            libc::RENAME_EXCHANGE
+        )),
+        libc::EXDEV
+    );
+    // a hard link from under other quotas would leave a file there uncounted: EXDEV, as
+    // XFS refuses links across project quotas
+    assert_eq!(errno(m.link(&root, outside, team, b"l")), libc::EXDEV);
+    m.unlink(&root, ROOT_INO, b"outside").unwrap();
 
     // a recount agrees; a wrong usage is found, and repaired by root only
     let c = m.check_quota(&root, team, false).unwrap();
