@@ -134,13 +134,7 @@ impl Via {
                         0,
                     )
                 };
-                if r == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error()
-                        .raw_os_error()
-                        .unwrap_or(libc::EIO))
-                }
+                done(r)
             }
             Via::Engine(m, ino) => {
                 MetaClient::setxattr(m.as_ref(), &Ctx::root(), *ino, name, value, 0)
@@ -155,18 +149,28 @@ impl Via {
                 let n = CString::new(name).map_err(|_| libc::EINVAL)?;
                 // SAFETY: both strings are NUL-terminated and live across the call.
                 let r = unsafe { libc::removexattr(path.as_ptr(), n.as_ptr()) };
-                if r == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error()
-                        .raw_os_error()
-                        .unwrap_or(libc::EIO))
-                }
+                done(r)
             }
             Via::Engine(m, ino) => {
                 MetaClient::removexattr(m.as_ref(), &Ctx::root(), *ino, name).map_err(|e| e.errno())
             }
         }
+    }
+}
+
+/// The errno of the system call just made, EIO if there is none.
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// A system call's 0 (done) or -1 (its errno).
+fn done(r: libc::c_int) -> std::result::Result<(), i32> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
     }
 }
 
@@ -187,9 +191,7 @@ fn getxattr(path: &CString, name: &[u8]) -> std::result::Result<Vec<u8>, i32> {
             buf.truncate(r as usize);
             return Ok(buf);
         }
-        let e = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
+        let e = last_errno();
         if e != libc::ERANGE {
             return Err(e);
         }
