@@ -42,12 +42,13 @@ pub const DUMP_MAGIC: &[u8; 12] = b"STRAITDUMP1\n";
 const FRAME_BYTES_MAX: usize = 256 << 20;
 
 /// Groups owned by no inode (owner 0) that a snapshot copies whole.
-const GLOBAL_GROUPS: [u8; 5] = [
+const GLOBAL_GROUPS: [u8; 6] = [
     keys::SETTING,
     keys::COUNTER,
     keys::DELFILE,
     keys::DEADSLICE,
     keys::QUOTA,
+    keys::TRASH,
 ];
 
 /// Call `visit` with every replicated pair reachable in `t`, settings and counters first.
@@ -82,16 +83,21 @@ pub(crate) fn walk_tree(
     // the directory quotas (limits and usage) are hashed after the tree: with none, the
     // digest is what it was before quotas existed
     let mut quotas = vec![];
+    // and so are the trash's entries (their inodes are roots, as the unlinked-but-open are)
+    let mut trash = vec![];
     for tag in GLOBAL_GROUPS {
-        if visit.is_none() && tag != keys::DELFILE && tag != keys::QUOTA {
+        if visit.is_none() && !matches!(tag, keys::DELFILE | keys::QUOTA | keys::TRASH) {
             continue;
         }
         for (k, v) in t.scan(&keys::group(tag, 0), None, usize::MAX)? {
-            if tag == keys::DELFILE {
-                roots.insert(keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("delfile key"))?);
+            if tag == keys::DELFILE || tag == keys::TRASH {
+                roots.insert(keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("root key"))?);
             }
             if tag == keys::QUOTA && digest.is_some() {
                 quotas.push((k.clone(), v.clone()));
+            }
+            if tag == keys::TRASH && digest.is_some() {
+                trash.push((k.clone(), v.clone()));
             }
             if let Some(visit) = visit.as_deref_mut() {
                 visit(k, v)?;
@@ -167,6 +173,11 @@ pub(crate) fn walk_tree(
     if let Some(h) = digest {
         for (k, v) in quotas {
             h.update(b"U");
+            h.update(&k);
+            h.update(&v);
+        }
+        for (k, v) in trash {
+            h.update(b"T");
             h.update(&k);
             h.update(&v);
         }
@@ -384,6 +395,7 @@ fn check_key(k: &[u8]) -> Result<()> {
                 | keys::SETTING
                 | keys::COUNTER
                 | keys::QUOTA
+                | keys::TRASH
                 | keys::REQUEST
         );
     if ok {
@@ -691,10 +703,14 @@ mod tests {
     fn reference(t: &mut dyn KvTxn) -> (KvPairs, String) {
         let mut pairs = vec![];
         let mut roots = vec![ROOT_INO];
+        let mut trash = vec![];
         for tag in GLOBAL_GROUPS {
             for (k, v) in t.scan(&keys::group(tag, 0), None, usize::MAX).unwrap() {
-                if tag == keys::DELFILE {
+                if tag == keys::DELFILE || tag == keys::TRASH {
                     roots.push(keys::u64_at(&k, 9).unwrap());
+                }
+                if tag == keys::TRASH {
+                    trash.push((k.clone(), v.clone()));
                 }
                 pairs.push((k, v));
             }
@@ -768,6 +784,12 @@ mod tests {
                     }
                 }
             }
+        }
+        // the trash's entries after the tree
+        for (k, v) in trash {
+            h.update(b"T");
+            h.update(&k);
+            h.update(&v);
         }
         (pairs, hex::encode(h.finalize()))
     }

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use strait_fs_core::meta::{Attr, Ino};
+use strait_fs_core::meta::{Attr, Ino, TRASH_INO};
 
 /// What is kept is used only while the stream was heard from within this long.
 pub const LIVE_FOR: Duration = Duration::from_secs(1);
@@ -209,6 +209,10 @@ impl MetaCache {
 
     /// Keep a lookup's answer (`None`: the name is absent).
     pub fn keep_lookup(&self, t: Ticket, parent: Ino, name: &[u8], found: Option<(Ino, &Attr)>) {
+        if parent == TRASH_INO {
+            // the trash's entries are no directory entries: the stream does not tell them
+            return;
+        }
         let mut s = self.state.lock();
         if s.epoch != t.epoch {
             return;

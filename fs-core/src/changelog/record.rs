@@ -68,6 +68,20 @@ pub enum Unlinked {
     Delete,
     /// Keep the inode (nlink 0) until the last handle of session `sid` is released.
     Sustain { sid: u64 },
+    /// Keep the inode (nlink 0) in the trash, under the name it lost, until it is restored,
+    /// purged or its retention passes ([`TrashEntry`]).
+    Trash,
+}
+
+/// An inode in the trash (`T 0 ino`): where it was and when it went. Written by the state
+/// machine from the record that put it there, so every region holds the same.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TrashEntry {
+    /// The directory it was in and its name there.
+    pub parent: Ino,
+    pub name: Vec<u8>,
+    /// The commit time of the change that trashed it (ns since the epoch).
+    pub deleted_ns: i64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -175,6 +189,25 @@ pub enum Change {
     DeleteQuota {
         ino: Ino,
     },
+    /// An inode in the trash gets a name again (`strait trash restore`): `attr` and
+    /// `parent_attr` as after the link.
+    Restore {
+        ino: Ino,
+        parent: Ino,
+        name: Name,
+        attr: Attr,
+        parent_attr: Attr,
+    },
+    /// An inode leaves the trash for good (its retention passed, or `strait trash purge`):
+    /// deleted, or kept for the handles open on it ([`Unlinked::Sustain`]).
+    PurgeTrash {
+        ino: Ino,
+        unlinked: Unlinked,
+    },
+    /// How many days the trash keeps what is deleted (0: no trash; unset: 1).
+    SetTrashDays {
+        days: u32,
+    },
 }
 
 /// The limits of a directory quota (0: no limit in that dimension).
@@ -217,8 +250,12 @@ impl ChangeRecord {
             | Change::Rmdir { ino, .. }
             | Change::SetXattr { ino, .. }
             | Change::RemoveXattr { ino, .. }
-            | Change::DeleteInode { ino } => (*ino, SliceId::HOLE),
-            Change::SetQuota { .. } | Change::DeleteQuota { .. } => (0, SliceId::HOLE),
+            | Change::DeleteInode { ino }
+            | Change::Restore { ino, .. }
+            | Change::PurgeTrash { ino, .. } => (*ino, SliceId::HOLE),
+            Change::SetQuota { .. } | Change::DeleteQuota { .. } | Change::SetTrashDays { .. } => {
+                (0, SliceId::HOLE)
+            }
             Change::Truncate { ino, hole, .. } => (
                 *ino,
                 hole.as_ref().map(|(_, s)| s.id).unwrap_or(SliceId::HOLE),

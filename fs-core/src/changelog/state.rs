@@ -2,7 +2,7 @@
 //! key-value helpers it shares with the engine and the snapshot walk.
 
 use super::quota::{self, QuotaDeltas};
-use super::record::{decode, encode, Change, ChangeRecord, DeadSlice, Unlinked};
+use super::record::{decode, encode, Change, ChangeRecord, DeadSlice, TrashEntry, Unlinked};
 use crate::error::{Error, Result};
 use crate::kv::KvTxn;
 use crate::meta::keys;
@@ -144,6 +144,7 @@ fn delete_inode(t: &mut dyn KvTxn, q: &mut QuotaDeltas, ino: Ino, ts_ns: i64) ->
         t.delete(&keys::symlink(ino));
     }
     t.delete(&keys::delfile(ino));
+    t.delete(&keys::trash(ino));
     t.delete(&keys::flock(ino));
     t.delete(&keys::plock(ino));
     t.add(&keys::counter(keys::USED_SPACE), -attr.space());
@@ -152,11 +153,13 @@ fn delete_inode(t: &mut dyn KvTxn, q: &mut QuotaDeltas, ino: Ino, ts_ns: i64) ->
     Ok(())
 }
 
+/// What becomes of `ino` (`attr` as after the change) that lost the name `name` in
+/// directory `parent`.
 fn settle_unlinked(
     t: &mut dyn KvTxn,
     q: &mut QuotaDeltas,
-    ino: Ino,
-    attr: &Attr,
+    (ino, attr): (Ino, &Attr),
+    (parent, name): (Ino, &[u8]),
     how: Unlinked,
     ts_ns: i64,
 ) -> Result<()> {
@@ -168,6 +171,47 @@ fn settle_unlinked(
             t.put(&keys::delfile(ino), &sid.to_be_bytes());
             Ok(())
         }
+        Unlinked::Trash => {
+            if attr.nlink != 0 {
+                return Err(invalid(format!(
+                    "inode {ino} to the trash with {} links",
+                    attr.nlink
+                )));
+            }
+            // nlink 0: it counts towards no quota any more
+            put_attr(t, q, ino, attr)?;
+            if attr.is_dir() {
+                // a restored directory comes back without one
+                quota::delete(t, ino)?;
+            }
+            let entry = TrashEntry {
+                parent,
+                name: name.to_vec(),
+                deleted_ns: ts_ns,
+            };
+            t.put(&keys::trash(ino), &encode(&entry)?);
+            Ok(())
+        }
+    }
+}
+
+/// The trash entry of `ino`, if it is in the trash.
+pub(crate) fn get_trash(t: &mut dyn KvTxn, ino: Ino) -> Result<Option<TrashEntry>> {
+    match t.get(&keys::trash(ino))? {
+        Some(b) => Ok(Some(decode(&b)?)),
+        None => Ok(None),
+    }
+}
+
+/// The file system's trash retention, in days (0: no trash).
+pub(crate) fn trash_days(t: &mut dyn KvTxn) -> Result<u32> {
+    match t.get(&keys::setting(keys::TRASH_DAYS))? {
+        None => Ok(crate::meta::TRASH_DAYS_DEFAULT),
+        Some(b) => b
+            .as_slice()
+            .try_into()
+            .map(u32::from_be_bytes)
+            .map_err(|_| Error::corrupt("the trash_days setting is not 4 bytes")),
     }
 }
 
@@ -285,7 +329,7 @@ fn apply_change(
             }
             t.delete(&keys::dentry(*parent, name));
             put_attr(t, q, *parent, parent_attr)?;
-            settle_unlinked(t, q, *ino, attr, *unlinked, ts)?;
+            settle_unlinked(t, q, (*ino, attr), (*parent, name), *unlinked, ts)?;
         }
         Change::Rmdir {
             parent,
@@ -342,7 +386,14 @@ fn apply_change(
                 } else if r.attr.is_dir() {
                     delete_inode(t, q, r.ino, ts)?;
                 } else {
-                    settle_unlinked(t, q, r.ino, &r.attr, r.unlinked, ts)?;
+                    settle_unlinked(
+                        t,
+                        q,
+                        (r.ino, &r.attr),
+                        (*dst_parent, dst_name),
+                        r.unlinked,
+                        ts,
+                    )?;
                 }
             }
             put_attr(t, q, *src_parent, src_parent_attr)?;
@@ -424,6 +475,45 @@ fn apply_change(
         }
         Change::DeleteQuota { ino } => {
             quota::delete(t, *ino)?;
+        }
+        Change::Restore {
+            ino,
+            parent,
+            name,
+            attr,
+            parent_attr,
+        } => {
+            need_dir(t, *parent)?;
+            need_inode(t, *ino)?;
+            if get_trash(t, *ino)?.is_none() {
+                return Err(invalid(format!("restore of inode {ino}, not in the trash")));
+            }
+            if get_dentry(t, *parent, name)?.is_some() {
+                return Err(invalid(format!("restore over existing entry in {parent}")));
+            }
+            t.delete(&keys::trash(*ino));
+            t.put(&keys::dentry(*parent, name), &dentry_value(*ino, attr.kind));
+            // nlink 0 to 1: it counts towards the quotas above its directory again
+            put_attr(t, q, *ino, attr)?;
+            put_attr(t, q, *parent, parent_attr)?;
+        }
+        Change::PurgeTrash { ino, unlinked } => {
+            if get_trash(t, *ino)?.is_none() {
+                return Err(invalid(format!("purge of inode {ino}, not in the trash")));
+            }
+            t.delete(&keys::trash(*ino));
+            match unlinked {
+                Unlinked::Delete => delete_inode(t, q, *ino, ts)?,
+                Unlinked::Sustain { sid } => t.put(&keys::delfile(*ino), &sid.to_be_bytes()),
+                other => {
+                    return Err(invalid(format!(
+                        "purge of inode {ino} from the trash as {other:?}"
+                    )))
+                }
+            }
+        }
+        Change::SetTrashDays { days } => {
+            t.put(&keys::setting(keys::TRASH_DAYS), &days.to_be_bytes());
         }
     }
     Ok(())

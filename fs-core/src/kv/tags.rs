@@ -65,6 +65,8 @@ registry! {
     /// `U 0 ino L` -> a directory quota's limits; `U 0 ino S` and `U 0 ino I`: the space and
     /// inodes used under it (counters).
     QUOTA = b'U', "strait-fs-core meta";
+    /// `T 0 ino` -> an inode in the trash: the directory and name it had, when it went.
+    TRASH = b'T', "strait-fs-core meta";
     /// `R 0 id` -> the record of a change made under request id `id` (its version and its
     /// first result); `R 1 ts id`: the records by age; `R 2 name`: their count and eviction
     /// horizon. Region-local, as sessions are: never in the change log, snapshots or digests.

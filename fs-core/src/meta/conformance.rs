@@ -56,6 +56,7 @@ pub fn run_all(make: &dyn Fn() -> DynKv) {
     outbox_replays_to_the_same_digest(make);
     request_records_commit_with_their_change(make);
     directory_quotas(make);
+    trash_keeps_what_is_deleted(make);
 }
 
 pub fn format_twice_is_refused(make: &dyn Fn() -> DynKv) {
@@ -148,7 +149,12 @@ pub fn directories_and_link_counts(make: &dyn Fn() -> DynKv) {
     assert_eq!(m.getattr(d).unwrap().nlink, 2);
     m.rmdir(&root, ROOT_INO, b"d").unwrap();
     assert_eq!(m.getattr(ROOT_INO).unwrap().nlink, 2);
-    assert_eq!(errno(m.getattr(d)), libc::ENOENT);
+    // in the trash: nameless, as a removed directory is
+    assert_eq!(m.getattr(d).unwrap().nlink, 0);
+    m.set_trash_days_versioned(&root, 0).unwrap();
+    let (e, _) = m.mkdir(&root, ROOT_INO, b"e", 0o755, 0).unwrap();
+    m.rmdir(&root, ROOT_INO, b"e").unwrap();
+    assert_eq!(errno(m.getattr(e)), libc::ENOENT);
 }
 
 pub fn rename_rules(make: &dyn Fn() -> DynKv) {
@@ -168,7 +174,9 @@ pub fn rename_rules(make: &dyn Fn() -> DynKv) {
     // replacing a file
     m.rename(&root, ROOT_INO, b"f", ROOT_INO, b"g", 0).unwrap();
     assert_eq!(m.lookup(&root, ROOT_INO, b"g").unwrap().0, f);
-    assert_eq!(errno(m.getattr(g)), libc::ENOENT);
+    // the file replaced is in the trash, nameless
+    assert_eq!(m.getattr(g).unwrap().nlink, 0);
+    assert!(m.trash_entry(g).unwrap().is_some());
     // file over directory and directory over file
     assert_eq!(
         errno(m.rename(&root, ROOT_INO, b"g", ROOT_INO, b"a", 0)),
@@ -546,6 +554,8 @@ pub fn xattrs(make: &dyn Fn() -> DynKv) {
 pub fn deferred_deletion_and_space(make: &dyn Fn() -> DynKv) {
     let (_, m) = fresh(make);
     let root = Ctx::root();
+    // what is deleted goes at once (the trash keeps it otherwise: trash_keeps_what_is_deleted)
+    m.set_trash_days_versioned(&root, 0).unwrap();
     let before = m.statfs().unwrap();
     let (f, _) = m.create(&root, ROOT_INO, b"f", 0o644, 0).unwrap();
     let slice = SliceRef {
@@ -1008,6 +1018,234 @@ pub fn directory_quotas(make: &dyn Fn() -> DynKv) {
     let r = Meta::open(replica.clone(), MetaOptions::default()).unwrap();
     assert!(r.quotas().unwrap().is_empty());
     assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&replica).unwrap());
+}
+
+/// The trash: an unlink, an rmdir and a rename over a file keep what they take away
+/// (nameless, nlink 0, its chunks kept) in `/.trash`, seen only by root and its owner; the
+/// trash itself is read-only; a restore gives the name back (EEXIST when taken, ENOENT while
+/// its directory is in the trash, EDQUOT past a quota); a purge (root only) and the retention
+/// delete it, a file still open at its last close; retention 0 deletes at once; a replica and
+/// a snapshot hold the same trash.
+pub fn trash_keeps_what_is_deleted(make: &dyn Fn() -> DynKv) {
+    use super::trash_name;
+    let (kv, m) = fresh(make);
+    let root = Ctx::root();
+    let alice = Ctx::new(1000, 1000);
+    let bob = Ctx::new(2000, 2000);
+    assert_eq!(m.trash_days().unwrap(), TRASH_DAYS_DEFAULT);
+    let (d, _) = m.mkdir(&root, ROOT_INO, b"d", 0o777, 0).unwrap();
+    let (f, _) = m.create(&alice, d, b"f", 0o644, 0).unwrap();
+    write_at(&m, f, 0, 10_000).unwrap();
+    let before = m.statfs().unwrap();
+
+    // unlinked while open: nlink 0, in the trash, kept after its last close with its chunk
+    m.unlink(&alice, d, b"f").unwrap();
+    assert_eq!(m.getattr(f).unwrap().nlink, 0);
+    m.release(f).unwrap();
+    assert_eq!(m.getattr(f).unwrap().nlink, 0);
+    assert_eq!(m.read_chunk(f, 0).unwrap().len(), 1);
+    assert!(m.dead_slices(i64::MAX, 10).unwrap().is_empty());
+    assert_eq!(m.statfs().unwrap(), before, "the trash's files count in df");
+    assert_eq!(errno(m.lookup(&root, d, b"f")), libc::ENOENT);
+
+    // /.trash: looked up at the root, not listed there; its entries by PARENT-INO-NAME
+    let (t, ta) = m.lookup(&root, ROOT_INO, TRASH_NAME).unwrap();
+    assert_eq!((t, ta.kind, ta.perm), (TRASH_INO, FileKind::Dir, 0o555));
+    assert!(m
+        .readdir(&root, ROOT_INO)
+        .unwrap()
+        .iter()
+        .all(|e| e.name != TRASH_NAME));
+    let fname = trash_name(d, f, b"f");
+    assert_eq!(fname, format!("{d}-{f}-f").into_bytes());
+    let names = |c: &Ctx| -> Vec<Vec<u8>> {
+        m.readdir(c, TRASH_INO)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    assert_eq!(names(&root), vec![fname.clone()]);
+    assert_eq!(names(&alice), vec![fname.clone()]);
+    // another user sees nothing of it, and may not open it
+    assert!(names(&bob).is_empty());
+    assert_eq!(errno(m.lookup(&bob, TRASH_INO, &fname)), libc::EACCES);
+    assert_eq!(errno(m.open_inode(&bob, f, libc::O_RDONLY)), libc::EACCES);
+    let (got, ga) = m.lookup(&alice, TRASH_INO, &fname).unwrap();
+    assert_eq!((got, ga.nlink, ga.length), (f, 0, 10_000));
+    m.open_inode(&alice, f, libc::O_RDONLY).unwrap();
+    m.release(f).unwrap();
+    assert_eq!(
+        errno(m.lookup(&root, TRASH_INO, format!("{d}-{f}-g").as_bytes())),
+        libc::ENOENT
+    );
+    assert_eq!(errno(m.lookup(&root, TRASH_INO, b"junk")), libc::ENOENT);
+    // a long name is cut to fit in the listing, and still found
+    let long = vec![b'x'; NAME_LEN_MAX];
+    let (lf, _) = m.create(&root, d, &long, 0o644, 0).unwrap();
+    m.release(lf).unwrap();
+    m.unlink(&root, d, &long).unwrap();
+    let lname = trash_name(d, lf, &long);
+    assert_eq!(lname.len(), NAME_LEN_MAX);
+    assert_eq!(m.lookup(&root, TRASH_INO, &lname).unwrap().0, lf);
+
+    // the trash is read-only, and its name at the root is taken
+    assert_eq!(
+        errno(m.create(&root, TRASH_INO, b"n", 0o644, 0)),
+        libc::EPERM
+    );
+    assert_eq!(errno(m.unlink(&root, TRASH_INO, &fname)), libc::EPERM);
+    assert_eq!(
+        errno(m.rename(&root, TRASH_INO, &fname, d, b"back", 0)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.mkdir(&root, ROOT_INO, TRASH_NAME, 0o755, 0)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(m.rename(&root, d, b"x", ROOT_INO, TRASH_NAME, 0)),
+        libc::EPERM
+    );
+    assert_eq!(errno(m.link(&root, f, d, b"relink")), libc::ENOENT);
+
+    // a file replaced by a rename goes there too, under the name it had
+    let (g, _) = m.create(&alice, d, b"target", 0o644, 0).unwrap();
+    m.release(g).unwrap();
+    let (h, _) = m.create(&alice, d, b"new", 0o644, 0).unwrap();
+    m.release(h).unwrap();
+    m.rename(&alice, d, b"new", d, b"target", 0).unwrap();
+    assert_eq!(
+        m.trash_entry(g).unwrap().map(|e| (e.parent, e.name)),
+        Some((d, b"target".to_vec()))
+    );
+
+    // rm -rf of a tree: the file, then its directory, each kept
+    let (sub, _) = m.mkdir(&alice, d, b"sub", 0o755, 0).unwrap();
+    let (x, _) = m.create(&alice, sub, b"x", 0o644, 0).unwrap();
+    write_at(&m, x, 0, 100).unwrap();
+    m.release(x).unwrap();
+    m.unlink(&alice, sub, b"x").unwrap();
+    let d_links = m.getattr(d).unwrap().nlink;
+    m.rmdir(&alice, d, b"sub").unwrap();
+    assert_eq!(m.getattr(d).unwrap().nlink, d_links - 1);
+    assert_eq!(m.getattr(sub).unwrap().nlink, 0);
+    // nothing is made in a directory in the trash (a mount holding its number)
+    assert_eq!(
+        errno(m.create(&alice, sub, b"late", 0o644, 0)),
+        libc::ENOENT
+    );
+
+    // restore: its owner or root; the name back where it was, the bytes with it
+    assert_eq!(errno(m.restore_versioned(&bob, f, None)), libc::EACCES);
+    let a = m.restore_versioned(&alice, f, None).unwrap().value;
+    assert_eq!((a.nlink, a.parent, a.length), (1, d, 10_000));
+    assert_eq!(m.lookup(&root, d, b"f").unwrap().0, f);
+    assert_eq!(m.read_chunk(f, 0).unwrap().len(), 1);
+    assert_eq!(m.trash_entry(f).unwrap(), None);
+    assert_eq!(errno(m.restore_versioned(&alice, f, None)), libc::ENOENT);
+    // a file whose directory is in the trash waits for it; a directory comes back empty
+    assert_eq!(errno(m.restore_versioned(&alice, x, None)), libc::ENOENT);
+    let sa = m.restore_versioned(&alice, sub, None).unwrap().value;
+    assert_eq!(sa.nlink, 2);
+    assert_eq!(m.getattr(d).unwrap().nlink, d_links);
+    m.restore_versioned(&alice, x, None).unwrap();
+    assert_eq!(m.lookup(&root, sub, b"x").unwrap().1.length, 100);
+    // a name taken (by the file that replaced it): EEXIST; into another directory instead
+    assert_eq!(errno(m.restore_versioned(&alice, g, None)), libc::EEXIST);
+    m.restore_versioned(&alice, g, Some(sub)).unwrap();
+    assert_eq!(m.lookup(&root, sub, b"target").unwrap().0, g);
+    // a quota holds for what comes back
+    m.unlink(&alice, sub, b"target").unwrap();
+    let used = m
+        .set_quota(
+            &root,
+            sub,
+            crate::changelog::QuotaLimits {
+                space_max: 0,
+                inodes_max: 1,
+            },
+        )
+        .unwrap()
+        .used_inodes;
+    assert_eq!(used, 1);
+    assert_eq!(errno(m.restore_versioned(&alice, g, None)), libc::EDQUOT);
+    assert_eq!(
+        errno(m.restore_versioned(&alice, g, Some(sub))),
+        libc::EDQUOT
+    );
+    m.delete_quota(&root, sub).unwrap();
+
+    // purge: root only; the inode goes, its slices die
+    assert_eq!(errno(m.purge_trash_versioned(&alice, g)), libc::EPERM);
+    let dead = m.dead_slices(i64::MAX, 100).unwrap().len();
+    m.purge_trash_versioned(&root, lf).unwrap();
+    assert_eq!(errno(m.getattr(lf)), libc::ENOENT);
+    assert_eq!(errno(m.purge_trash_versioned(&root, lf)), libc::ENOENT);
+    // the retention: nothing younger goes; older, it goes (one still open at its last close)
+    let (k, _) = m.create(&alice, d, b"kept-open", 0o644, 0).unwrap();
+    write_at(&m, k, 0, 10).unwrap();
+    m.unlink(&alice, d, b"kept-open").unwrap();
+    assert_eq!(m.expire_trash(now_ns(), 100).unwrap(), 0);
+    let day = 86_400_000_000_000i64;
+    let in_trash = m.trash_items(&root).unwrap().len();
+    assert_eq!(in_trash, 2, "g and kept-open");
+    assert_eq!(m.expire_trash(now_ns() + 2 * day, 1).unwrap(), 1);
+    assert_eq!(
+        m.expire_trash(now_ns() + 2 * day, 100).unwrap(),
+        in_trash - 1
+    );
+    assert!(m.trash_items(&root).unwrap().is_empty());
+    assert_eq!(errno(m.getattr(g)), libc::ENOENT);
+    assert_eq!(m.getattr(k).unwrap().nlink, 0, "kept for its open handle");
+    m.release(k).unwrap();
+    assert_eq!(errno(m.getattr(k)), libc::ENOENT);
+    assert!(m.dead_slices(i64::MAX, 100).unwrap().len() > dead);
+
+    // retention 0: no trash; only root sets it
+    assert_eq!(errno(m.set_trash_days_versioned(&alice, 0)), libc::EPERM);
+    let (z, _) = m.create(&root, d, b"z", 0o644, 0).unwrap();
+    m.release(z).unwrap();
+    let (y, _) = m.create(&root, d, b"y", 0o644, 0).unwrap();
+    m.release(y).unwrap();
+    m.unlink(&root, d, b"y").unwrap();
+    m.set_trash_days_versioned(&root, 0).unwrap();
+    assert_eq!(m.trash_days().unwrap(), 0);
+    m.unlink(&root, d, b"z").unwrap();
+    assert_eq!(errno(m.getattr(z)), libc::ENOENT);
+    // what it held goes at the next pass
+    assert_eq!(m.trash_items(&root).unwrap().len(), 1);
+    m.set_trash_days_versioned(&root, 3).unwrap();
+    m.unlink(&root, d, b"f").unwrap();
+
+    // a replica that applies the log, and one loaded from a snapshot, hold the same trash
+    let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
+    let replica = make();
+    replay(replica.as_ref(), &records).unwrap();
+    let r = Meta::open(replica.clone(), MetaOptions::default()).unwrap();
+    assert_eq!(r.trash_items(&root).unwrap(), m.trash_items(&root).unwrap());
+    assert_eq!(r.trash_days().unwrap(), 3);
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&replica).unwrap());
+    let mut dump = vec![];
+    crate::snapshot::dump(kv.as_ref(), &mut dump).unwrap();
+    let loaded = make();
+    crate::snapshot::load(loaded.as_ref(), &mut dump.as_slice()).unwrap();
+    let l = Meta::open(loaded.clone(), MetaOptions::default()).unwrap();
+    assert_eq!(l.trash_items(&root).unwrap(), m.trash_items(&root).unwrap());
+    assert_eq!(l.read_chunk(f, 0).unwrap().len(), 1);
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&loaded).unwrap());
+    // the digest counts the trash
+    let with = Meta::digest(&kv).unwrap();
+    kv.txn(&mut |t| {
+        t.delete(&super::keys::trash(y));
+        Ok(())
+    })
+    .unwrap();
+    assert_ne!(
+        Meta::digest(&kv).unwrap(),
+        with,
+        "the digest left the trash out"
+    );
 }
 
 #[cfg(test)]

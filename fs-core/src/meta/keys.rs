@@ -8,7 +8,7 @@ use crate::SliceId;
 // The tags are in the registry of every KV key tag.
 pub use crate::kv::tags::{
     ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, QUOTA, REQUEST,
-    SESSION, SETTING, SYMLINK, XATTR,
+    SESSION, SETTING, SYMLINK, TRASH, XATTR,
 };
 
 pub fn group(tag: u8, owner: u64) -> Vec<u8> {
@@ -103,6 +103,13 @@ pub fn quota_inodes(ino: Ino) -> Vec<u8> {
     quota_key(ino, b'I')
 }
 
+/// `T 0 ino` -> the [`crate::changelog::TrashEntry`] of an inode in the trash.
+pub fn trash(ino: Ino) -> Vec<u8> {
+    let mut k = group(TRASH, 0);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+
 /// Owners of the [`REQUEST`] groups: records by request id, the same by age, and the
 /// table's own state.
 pub const REQUESTS_BY_ID: u64 = 0;
@@ -144,6 +151,9 @@ pub const TOTAL_INODES: &str = "total_inodes";
 /// How many directories have a quota (a counter): none, and no change walks its ancestors.
 pub const QUOTAS: &str = "quotas";
 pub const FORMAT: &str = "format";
+/// The setting of how many days the trash keeps what is deleted (a u32, big-endian; unset:
+/// [`crate::meta::TRASH_DAYS_DEFAULT`]).
+pub const TRASH_DAYS: &str = "trash_days";
 /// How many request records there are (a counter).
 pub const REQUEST_COUNT: &str = "count";
 /// The commit time (an i64, ns) of the newest change whose request record may be gone

@@ -17,7 +17,7 @@ mod client;
 pub use client::MetaClient;
 pub use committed::Committed;
 pub use engine::{
-    lock_grace_from_now, mark_locks_lost, quota_xattr, DeletionGate, Meta, MetaOptions, QuotaCheck,
-    LOCK_GRACE,
+    lock_grace_from_now, mark_locks_lost, quota_xattr, trash_name, trash_xattr, DeletionGate, Meta,
+    MetaOptions, QuotaCheck, TrashItem, LOCK_GRACE,
 };
 pub use types::*;

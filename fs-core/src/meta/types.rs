@@ -8,6 +8,15 @@ pub type Ino = u64;
 
 /// The root directory's inode number.
 pub const ROOT_INO: Ino = 1;
+/// The trash directory's inode number: `/.trash`, a directory no key holds, listed from the
+/// trash entries (far above any number the inode counter hands out, as JuiceFS numbers its
+/// own).
+pub const TRASH_INO: Ino = 0x7FFF_FFFF_1000_0000;
+/// The trash directory's name at the root (not listed there, as JuiceFS's is not).
+pub const TRASH_NAME: &[u8] = b".trash";
+/// How many days the trash keeps what is deleted when the file system's setting is unset (as
+/// JuiceFS's `trash-days`).
+pub const TRASH_DAYS_DEFAULT: u32 = 1;
 /// Longest name of a directory entry, in bytes.
 pub const NAME_LEN_MAX: usize = 255;
 /// Longest symlink target, in bytes.

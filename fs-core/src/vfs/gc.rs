@@ -57,6 +57,13 @@ pub fn gc_once_with(
         tracing::info!("GC deletes nothing: {why}");
         return Ok(0);
     }
+    // what the trash kept past its retention dies first: its slices are listed at a later
+    // pass, once their own delay passed
+    match meta.expire_trash_due(now) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("deleted {n} entries of the trash kept past its retention"),
+        Err(e) => tracing::warn!("expire the trash: {e}"),
+    }
     let delay_ns = meta.settings().trash_delay_s as i64 * 1_000_000_000;
     let dead = meta.dead_slices(now.saturating_sub(delay_ns), GC_SLICES_PER_PASS_MAX)?;
     let bs = meta.settings().block_size;

@@ -341,6 +341,7 @@ mod tests {
         // its unlink deletes the file, so the commit of the buffered write fails
         let other = Meta::open(kv, MetaOptions::default()).unwrap();
         other.new_session("other").unwrap();
+        other.set_trash_days_versioned(&root, 0).unwrap();
         other.unlink(&root, ROOT_INO, b"f").unwrap();
         assert!(vfs.flush_handle(reader, ino).is_err());
         let e = vfs.flush_handle(writer, ino).unwrap_err();

@@ -166,6 +166,8 @@ mod tests {
             written.push(s);
         }
         let g = written[1].id;
+        // deleted at once, not kept in the trash
+        m.set_trash_days_versioned(&root, 0).unwrap();
         m.unlink(&root, ROOT_INO, b"g").unwrap();
         // the mirror applies the purge: the hook queues the deletion, in the apply's
         // transaction; the deleter has not run yet

@@ -1,6 +1,6 @@
 //! Creating entries: mknod, mkdir, create, symlink and link, all through one transaction shape.
 
-use super::{check_name, is_dot, need_attr, need_dir_attr, touch_dir, Meta};
+use super::{check_name, is_dot, need_attr, need_live_dir, touch_dir, Meta};
 use crate::changelog::{get_dentry, Change, Name};
 use crate::clock::now_ns;
 use crate::error::{sys, Error, Result};
@@ -65,10 +65,14 @@ impl Meta {
             return sys(libc::EEXIST);
         }
         check_name(name)?;
+        if parent == ROOT_INO && name == TRASH_NAME {
+            // the trash is there
+            return sys(libc::EEXIST);
+        }
         let ino = self.next_inode()?;
         let (attr, version) = kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
-            let mut pa = need_dir_attr(t, parent)?;
+            let mut pa = need_live_dir(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
             if pa.nlink == 0 {
                 // the directory was removed while we held its inode number
@@ -189,9 +193,12 @@ impl Meta {
             return sys(libc::EEXIST);
         }
         check_name(name)?;
+        if parent == ROOT_INO && name == TRASH_NAME {
+            return sys(libc::EEXIST);
+        }
         kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
-            let mut pa = need_dir_attr(t, parent)?;
+            let mut pa = need_live_dir(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
             let mut a = need_attr(t, ino)?;
             if a.is_dir() {

@@ -10,12 +10,22 @@ use crate::meta::types::*;
 
 impl Meta {
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        if ino == TRASH_INO {
+            return Ok(self.trash_attr());
+        }
         kv::read(self.kv.as_ref(), |t| need_attr(t, ino))
     }
 
     pub fn lookup(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
         if name.len() > NAME_LEN_MAX {
             return sys(libc::ENAMETOOLONG);
+        }
+        if parent == TRASH_INO {
+            return match name {
+                b"." => Ok((TRASH_INO, self.trash_attr())),
+                b".." => Ok((ROOT_INO, self.getattr(ROOT_INO)?)),
+                _ => self.trash_lookup(ctx, name),
+            };
         }
         kv::read(self.kv.as_ref(), |t| {
             let pa = need_dir_attr(t, parent)?;
@@ -27,7 +37,14 @@ impl Meta {
                 return Ok((pa.parent, need_attr(t, pa.parent)?));
             }
             check_name(name)?;
-            let (ino, _) = get_dentry(t, parent, name)?.ok_or(Error::Sys(libc::ENOENT))?;
+            let Some((ino, _)) = get_dentry(t, parent, name)? else {
+                // the trash, at the root: an entry of that name, made before there was a
+                // trash, hides it
+                if parent == ROOT_INO && name == TRASH_NAME {
+                    return Ok((TRASH_INO, self.trash_attr()));
+                }
+                return sys(libc::ENOENT);
+            };
             let attr = get_attr(t, ino)?.ok_or_else(|| {
                 Error::corrupt(format!(
                     "entry {parent}/{} points at missing inode {ino}",
@@ -59,6 +76,9 @@ impl Meta {
 
     /// Every entry of directory `ino` (without `.` and `..`), in name order.
     pub fn readdir(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<DirEntry>> {
+        if ino == TRASH_INO {
+            return self.trash_readdir(ctx);
+        }
         kv::read(self.kv.as_ref(), |t| {
             let a = need_dir_attr(t, ino)?;
             access(&a, ctx, MAY_READ)?;

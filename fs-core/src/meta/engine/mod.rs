@@ -11,10 +11,12 @@ mod remove;
 mod requests;
 mod sessions;
 mod setattr;
+mod trash;
 mod xattr;
 
 pub use locking::{lock_grace_from_now, mark_locks_lost, LOCK_GRACE};
 pub use quota::QuotaCheck;
+pub use trash::{trash_name, trash_xattr, TrashItem};
 pub use xattr::quota_xattr;
 
 use crate::clock::now_ns;
@@ -84,6 +86,9 @@ pub struct Meta {
     request: Option<Vec<u8>>,
     /// Shared by every view: see [`DeletionGate`] ([`Meta::gate_deletions`]).
     deletion_gate: Arc<parking_lot::RwLock<Option<DeletionGate>>>,
+    /// Shared by every view: when a GC pass last looked through the whole trash for what its
+    /// retention let go ([`Meta::expire_trash_due`]), in ns.
+    trash_swept: Arc<std::sync::atomic::AtomicI64>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -136,6 +141,20 @@ fn need_dir_attr(t: &mut dyn KvTxn, ino: Ino) -> Result<Attr> {
     let a = need_attr(t, ino)?;
     if !a.is_dir() {
         return sys(libc::ENOTDIR);
+    }
+    Ok(a)
+}
+
+/// A directory a change adds or removes entries in: not the trash (EPERM: only `strait trash`
+/// changes it), nor a directory that is itself in the trash (ENOENT, as a removed directory
+/// is).
+fn need_live_dir(t: &mut dyn KvTxn, ino: Ino) -> Result<Attr> {
+    if ino == TRASH_INO {
+        return sys(libc::EPERM);
+    }
+    let a = need_dir_attr(t, ino)?;
+    if a.nlink == 0 {
+        return sys(libc::ENOENT);
     }
     Ok(a)
 }
@@ -229,6 +248,7 @@ impl Meta {
             deleting: Arc::new(Mutex::new(HashSet::new())),
             request: None,
             deletion_gate: Arc::new(parking_lot::RwLock::new(None)),
+            trash_swept: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
         }))
     }
 
@@ -248,6 +268,7 @@ impl Meta {
             deleting: self.deleting.clone(),
             request: None,
             deletion_gate: self.deletion_gate.clone(),
+            trash_swept: self.trash_swept.clone(),
         })
     }
 

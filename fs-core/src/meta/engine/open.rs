@@ -1,7 +1,7 @@
 //! Open files: the per-session handle counts, and deleting an unlinked file at its last close.
 
 use super::Meta;
-use crate::changelog::{commit, get_attr, get_chunk, Change};
+use crate::changelog::{commit, get_attr, get_chunk, get_trash, Change};
 use crate::clock::now_ns;
 use crate::error::{sys, Result};
 use crate::kv;
@@ -90,8 +90,16 @@ impl Meta {
         flags: i32,
         chunk0: bool,
     ) -> Result<(Attr, Option<Vec<SliceRef>>)> {
+        if ino == TRASH_INO {
+            // read-only, for everyone
+            if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                return sys(libc::EISDIR);
+            }
+            return Ok((self.trash_attr(), None));
+        }
         let (a, slices) = kv::read(self.kv.as_ref(), |t| {
             let a = get_attr(t, ino)?.ok_or(crate::error::Error::Sys(libc::ENOENT))?;
+            Self::trash_open_check(t, ctx, ino, &a)?;
             let slices = if chunk0 && a.kind == FileKind::File {
                 Some(get_chunk(t, ino, 0)?)
             } else {
@@ -191,8 +199,11 @@ impl Meta {
     pub(super) fn delete_unlinked(&self, ino: Ino) -> Result<Option<Version>> {
         // a file still linked is never claimed (opens of it would fail meanwhile); one
         // unlinked stays so, only its deletion can change it
-        let unlinked =
-            kv::read(self.kv.as_ref(), |t| get_attr(t, ino))?.is_some_and(|a| a.nlink == 0);
+        let unlinked = kv::read(self.kv.as_ref(), |t| {
+            let a = get_attr(t, ino)?;
+            // an inode in the trash stays there until it is restored or purged
+            Ok(a.is_some_and(|a| a.nlink == 0) && get_trash(t, ino)?.is_none())
+        })?;
         if !unlinked {
             return Ok(None);
         }
@@ -206,7 +217,9 @@ impl Meta {
             return Ok(None);
         }
         let done = kv::txn(self.kv.as_ref(), |t| match get_attr(t, ino)? {
-            Some(a) if a.nlink == 0 => commit(t, Change::DeleteInode { ino }, now_ns()),
+            Some(a) if a.nlink == 0 && get_trash(t, ino)?.is_none() => {
+                commit(t, Change::DeleteInode { ino }, now_ns())
+            }
             _ => Ok(()),
         });
         self.end_deletions(&[ino]);

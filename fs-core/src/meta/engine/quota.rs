@@ -2,7 +2,7 @@
 //! "Directory quotas"). The accounting and the enforcement are the state machine's
 //! ([`crate::changelog::quota`]): every change is held to them where it commits.
 
-use super::{need_dir_attr, Meta};
+use super::{need_dir_attr, need_live_dir, Meta};
 use crate::changelog::quota::{self, Quota};
 use crate::changelog::{Change, QuotaLimits};
 use crate::clock::now_ns;
@@ -48,7 +48,7 @@ impl Meta {
             return sys(libc::EPERM);
         }
         kv::txn(self.kv.as_ref(), |t| {
-            need_dir_attr(t, ino)?;
+            need_live_dir(t, ino)?;
             let usage = match quota::get(t, ino)? {
                 Some(_) => None,
                 None => Some(quota::count_subtree(t, ino)?),

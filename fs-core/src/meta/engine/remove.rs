@@ -4,14 +4,19 @@ use crate::clock::now_ns;
 use std::cell::RefCell;
 
 use super::{
-    check_name, dir_is_empty, is_ancestor, is_dot, need_attr, need_dir_attr, touch_dir, Meta,
+    check_name, dir_is_empty, is_ancestor, is_dot, need_attr, need_live_dir, touch_dir, Meta,
 };
-use crate::changelog::{get_dentry, Change, Replaced, Unlinked};
+use crate::changelog::{get_dentry, trash_days, Change, Replaced, Unlinked};
 use crate::error::{sys, Error, Result};
 use crate::kv;
 use crate::meta::perm::{access, sticky_ok, MAY_EXEC, MAY_WRITE};
 use crate::meta::types::*;
 use crate::meta::Committed;
+
+/// Whether `parent/name` is an entry (outside a change's transaction).
+fn get_dentry_outside(m: &Meta, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
+    kv::read(m.kv.as_ref(), |t| get_dentry(t, parent, name))
+}
 
 impl Meta {
     pub fn unlink_versioned(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Committed<()>> {
@@ -25,7 +30,7 @@ impl Meta {
         let claimed = RefCell::new(vec![]);
         let done = kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
-            let mut pa = need_dir_attr(t, parent)?;
+            let mut pa = need_live_dir(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
             let (ino, kind) = get_dentry(t, parent, name)?.ok_or(Error::Sys(libc::ENOENT))?;
             if kind == FileKind::Dir {
@@ -33,7 +38,8 @@ impl Meta {
             }
             let a = need_attr(t, ino)?;
             sticky_ok(&pa, &a, ctx)?;
-            let (a, unlinked) = self.fate(ino, a, now, sid, &claimed);
+            let trash = trash_days(t)? > 0;
+            let (a, unlinked) = self.fate(ino, a, now, sid, trash, &claimed);
             touch_dir(&mut pa, now);
             self.commit(
                 t,
@@ -52,20 +58,24 @@ impl Meta {
         done.map(Committed::from)
     }
 
-    /// What becomes of `ino` when it loses a link: still linked, kept for the handles open on
-    /// it, or deleted (claimed in `claimed` first, so no open counts a handle on it meanwhile).
+    /// What becomes of `ino` when it loses a link: still linked, moved to the trash (with
+    /// `trash`), kept for the handles open on it, or deleted (claimed in `claimed` first, so
+    /// no open counts a handle on it meanwhile).
     fn fate(
         &self,
         ino: Ino,
         mut a: Attr,
         now: i64,
         sid: u64,
+        trash: bool,
         claimed: &RefCell<Vec<Ino>>,
     ) -> (Attr, Unlinked) {
         a.nlink = a.nlink.saturating_sub(1);
         a.ctime_ns = now;
         if a.nlink > 0 {
             (a, Unlinked::Linked)
+        } else if trash {
+            (a, Unlinked::Trash)
         } else if a.kind == FileKind::File && !self.claim_deletion(ino) {
             (a, Unlinked::Sustain { sid })
         } else {
@@ -85,7 +95,7 @@ impl Meta {
         check_name(name)?;
         kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
-            let mut pa = need_dir_attr(t, parent)?;
+            let mut pa = need_live_dir(t, parent)?;
             access(&pa, ctx, MAY_WRITE | MAY_EXEC)?;
             let (ino, kind) = get_dentry(t, parent, name)?.ok_or(Error::Sys(libc::ENOENT))?;
             if kind != FileKind::Dir {
@@ -98,6 +108,24 @@ impl Meta {
             }
             pa.nlink = pa.nlink.saturating_sub(1);
             touch_dir(&mut pa, now);
+            if trash_days(t)? > 0 {
+                // to the trash, so that the files removed under it can be restored there
+                let mut a = a;
+                a.nlink = 0;
+                a.ctime_ns = now;
+                return self.commit(
+                    t,
+                    Change::Unlink {
+                        parent,
+                        name: name.into(),
+                        ino,
+                        parent_attr: pa,
+                        attr: a,
+                        unlinked: Unlinked::Trash,
+                    },
+                    now,
+                );
+            }
             self.commit(
                 t,
                 Change::Rmdir {
@@ -134,16 +162,20 @@ impl Meta {
         }
         check_name(sn)?;
         check_name(dn)?;
+        if dp == ROOT_INO && dn == TRASH_NAME && get_dentry_outside(self, dp, dn)?.is_none() {
+            // the trash is there, and no rename replaces it
+            return sys(libc::EPERM);
+        }
         let sid = self.session_id();
         // a file replaced may be deleted: as in unlink
         let claimed = RefCell::new(vec![]);
         let done = kv::txn(self.kv.as_ref(), |t| {
             let now = now_ns();
-            let mut spa = need_dir_attr(t, sp)?;
+            let mut spa = need_live_dir(t, sp)?;
             let mut dpa = if dp == sp {
                 spa.clone()
             } else {
-                need_dir_attr(t, dp)?
+                need_live_dir(t, dp)?
             };
             access(&spa, ctx, MAY_WRITE | MAY_EXEC)?;
             access(&dpa, ctx, MAY_WRITE | MAY_EXEC)?;
@@ -172,6 +204,7 @@ impl Meta {
                 access(&a, ctx, MAY_WRITE)?;
             }
             let mut replaced = None;
+            let trash = target.is_some() && trash_days(t)? > 0;
             if let Some((tino, tkind)) = target {
                 let mut ta = need_attr(t, tino)?;
                 sticky_ok(&dpa, &ta, ctx)?;
@@ -220,7 +253,7 @@ impl Meta {
                             unlinked: Unlinked::Delete,
                         });
                     } else {
-                        let (ta, fate) = self.fate(tino, ta, now, sid, &claimed);
+                        let (ta, fate) = self.fate(tino, ta, now, sid, trash, &claimed);
                         replaced = Some(Replaced {
                             ino: tino,
                             attr: ta,

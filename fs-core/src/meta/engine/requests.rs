@@ -31,6 +31,7 @@ impl Meta {
             deleting: self.deleting.clone(),
             request: Some(id.as_bytes().to_vec()),
             deletion_gate: self.deletion_gate.clone(),
+            trash_swept: self.trash_swept.clone(),
         })
     }
 

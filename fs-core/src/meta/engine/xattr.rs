@@ -1,5 +1,6 @@
 //! Extended attributes: the namespaces' access rules, get, list, set and remove.
 
+use super::trash::trash_xattr;
 use super::{need_attr, Meta};
 use crate::changelog::Change;
 use crate::clock::now_ns;
@@ -181,6 +182,12 @@ impl Meta {
     }
 
     pub fn getxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if name.starts_with(trash_xattr::PREFIX) {
+            return self.trash_getxattr(ctx, ino, name);
+        }
+        if ino == TRASH_INO {
+            return sys(libc::ENODATA);
+        }
         if name.starts_with(quota_xattr::PREFIX) {
             return self.quota_getxattr(ctx, ino, name);
         }
@@ -193,6 +200,9 @@ impl Meta {
     }
 
     pub fn listxattr(&self, _ctx: &Ctx, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        if ino == TRASH_INO {
+            return Ok(vec![]);
+        }
         kv::read(self.kv.as_ref(), |t| {
             need_attr(t, ino)?;
             Ok(t.scan(&keys::group(keys::XATTR, ino), None, usize::MAX)?
@@ -217,6 +227,9 @@ impl Meta {
         }
         if flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
             return sys(libc::EINVAL);
+        }
+        if name.starts_with(trash_xattr::PREFIX) {
+            return self.trash_setxattr(ctx, ino, name, value);
         }
         if name.starts_with(quota_xattr::PREFIX) {
             return self.quota_setxattr(ctx, ino, name, value);
