@@ -45,6 +45,8 @@ enum Command {
     Backup(cmd::backup::Args),
     /// Directory quotas: set, get, list, delete, check (space and inodes under a directory).
     Quota(cmd::quota::Args),
+    /// The trash: list, restore or purge what was deleted; show or set its retention.
+    Trash(cmd::trash::Args),
     /// Two regions on this machine (primary, replicator, mirror, fault proxies), mounted.
     Dev(cmd::dev::Args),
     /// Unmount a strait mount and wait for its process to finish.
@@ -109,6 +111,7 @@ fn main() {
         Command::Load(a) => cmd::dump::load(a),
         Command::Backup(a) => cmd::backup::run(a),
         Command::Quota(a) => cmd::quota::run(a),
+        Command::Trash(a) => cmd::trash::run(a),
         Command::Dev(a) => cmd::dev::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),

@@ -23,6 +23,9 @@ pub struct Args {
     /// Seconds a dead slice's blocks are kept before they are deleted.
     #[arg(long, default_value_t = 600)]
     pub gc_delay: u64,
+    /// Days the trash keeps what is deleted (0: no trash).
+    #[arg(long, default_value_t = strait_fs_core::meta::TRASH_DAYS_DEFAULT)]
+    pub trash_days: u32,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -61,6 +64,11 @@ pub fn run(a: Args) -> Result<()> {
         created_ns: now_ns(),
     };
     Meta::format(&kv, format)?;
+    if a.trash_days != strait_fs_core::meta::TRASH_DAYS_DEFAULT {
+        let meta = Meta::open(kv.clone(), Default::default())?;
+        meta.set_trash_days_versioned(&strait_fs_core::meta::Ctx::root(), a.trash_days)?;
+        kv.sync()?;
+    }
     println!(
         "formatted {} (uuid {uuid}) with metadata in {} and data in {}, block size {}",
         a.name,

@@ -18,7 +18,9 @@ pub mod primary;
 pub mod quota;
 pub mod replicator;
 pub mod status;
+pub mod trash;
 pub mod warmup;
+mod xattrs;
 
 use anyhow::{Context, Result};
 

@@ -9,6 +9,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 
 use anyhow::{bail, Context, Result};
+
+use super::xattrs::{getxattr, removexattr, setxattr};
 use strait_fs_core::meta::{quota_xattr as x, Ctx, Meta, MetaClient, MetaOptions, ROOT_INO};
 
 #[derive(clap::Args)]
@@ -121,21 +123,7 @@ impl Via {
 
     fn set(&self, name: &[u8], value: &[u8]) -> std::result::Result<(), i32> {
         match self {
-            Via::Mount(path) => {
-                let n = CString::new(name).map_err(|_| libc::EINVAL)?;
-                // SAFETY: both strings are NUL-terminated and live across the call; the value
-                // is a slice with its length.
-                let r = unsafe {
-                    libc::setxattr(
-                        path.as_ptr(),
-                        n.as_ptr(),
-                        value.as_ptr().cast(),
-                        value.len(),
-                        0,
-                    )
-                };
-                done(r)
-            }
+            Via::Mount(path) => setxattr(path, name, value),
             Via::Engine(m, ino) => {
                 MetaClient::setxattr(m.as_ref(), &Ctx::root(), *ino, name, value, 0)
                     .map_err(|e| e.errno())
@@ -145,59 +133,12 @@ impl Via {
 
     fn remove(&self, name: &[u8]) -> std::result::Result<(), i32> {
         match self {
-            Via::Mount(path) => {
-                let n = CString::new(name).map_err(|_| libc::EINVAL)?;
-                // SAFETY: both strings are NUL-terminated and live across the call.
-                let r = unsafe { libc::removexattr(path.as_ptr(), n.as_ptr()) };
-                done(r)
-            }
+            Via::Mount(path) => removexattr(path, name),
             Via::Engine(m, ino) => {
                 MetaClient::removexattr(m.as_ref(), &Ctx::root(), *ino, name).map_err(|e| e.errno())
             }
         }
     }
-}
-
-/// The errno of the system call just made, EIO if there is none.
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
-/// A system call's 0 (done) or -1 (its errno).
-fn done(r: libc::c_int) -> std::result::Result<(), i32> {
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(last_errno())
-    }
-}
-
-fn getxattr(path: &CString, name: &[u8]) -> std::result::Result<Vec<u8>, i32> {
-    let n = CString::new(name).map_err(|_| libc::EINVAL)?;
-    let mut buf = vec![0u8; 64 << 10];
-    for _ in 0..4 {
-        // SAFETY: the strings are NUL-terminated; the buffer is writable for its length.
-        let r = unsafe {
-            libc::getxattr(
-                path.as_ptr(),
-                n.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if r >= 0 {
-            buf.truncate(r as usize);
-            return Ok(buf);
-        }
-        let e = last_errno();
-        if e != libc::ERANGE {
-            return Err(e);
-        }
-        buf = vec![0u8; buf.len() * 16];
-    }
-    Err(libc::ERANGE)
 }
 
 /// One readable line for a failed call on `what`.

@@ -238,7 +238,7 @@ fn an_unlinked_file_lives_until_its_last_close_at_any_mount() {
     if !crate::support::require_fuse() {
         return;
     }
-    let fs = TestFs::rocks_local(&["--block-size", "1M", "--gc-delay", "0"]);
+    let fs = TestFs::rocks_local(&["--block-size", "1M", "--gc-delay", "0", "--trash-days", "0"]);
     let daemon = Primary::start(&fs.meta_url, &[], &["--gc-interval-s", "1"]);
     let a = daemon.mount(&[]);
     let b = daemon.mount(&[]);
@@ -284,7 +284,7 @@ fn a_killed_mount_frees_its_locks_and_unlinked_files_after_the_session_timeout()
     if !crate::support::require_fuse() {
         return;
     }
-    let fs = TestFs::rocks_local(&["--block-size", "1M", "--gc-delay", "0"]);
+    let fs = TestFs::rocks_local(&["--block-size", "1M", "--gc-delay", "0", "--trash-days", "0"]);
     let daemon = Primary::start(
         &fs.meta_url,
         &[],

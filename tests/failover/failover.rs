@@ -235,8 +235,8 @@ fn losing_region_a_and_promoting_b_loses_no_acknowledged_change() {
                 "--promotion-backup-interval-s",
                 "1",
             ],
-            // dead slices go at the first GC pass
-            format_args: &["--gc-delay", "0"],
+            // dead slices go at the first GC pass (and what is deleted is not kept in a trash)
+            format_args: &["--gc-delay", "0", "--trash-days", "0"],
             tls: false,
         },
     );

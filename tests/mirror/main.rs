@@ -1,4 +1,4 @@
-//! Integration tests: mirrors: following the primary, the data path and its copy, partitions, traces across regions, warmup, compaction, orphan sweeps and directory quotas.
+//! Integration tests: mirrors: following the primary, the data path and its copy, partitions, traces across regions, warmup, compaction, orphan sweeps, directory quotas and the trash.
 //!
 //! One test binary per topic (cargo builds the `strait` binary they run first, and
 //! `support::strait_bin` is its path). Tests of a binary share its process: none may change
@@ -15,4 +15,5 @@ mod mirror_partition;
 mod mirror_trace;
 mod names_kept;
 mod quotas;
+mod trash;
 mod warmup;

@@ -269,7 +269,7 @@ fn a_writer_at_the_mirror_reaches_the_primary_and_loses_nothing_when_the_mirror_
 #[test]
 fn gc_keeps_the_blocks_a_paused_mirror_still_reads_and_both_regions_drop_them_after() {
     let rt = crate::support::runtime();
-    let region = RegionA::start_with(&rt, &["--gc-delay", "0"]);
+    let region = RegionA::start_with(&rt, &["--gc-delay", "0", "--trash-days", "0"]);
     let primary = region.primary(&["--gc-mirror-grace-ms", "0"]);
     // lazy: the mirror copies nothing by itself, so its reads below go to the primary's store
     let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &["--sync", "lazy"]);
@@ -535,7 +535,8 @@ fn a_file_open_at_the_mirror_lives_until_its_last_close_anywhere() {
     use std::io::{Read, Seek, Write};
     use std::os::unix::fs::{FileExt, MetadataExt};
     let rt = crate::support::runtime();
-    let region = RegionA::start(&rt);
+    // deleted at its last close, not kept in the trash
+    let region = RegionA::start_with(&rt, &["--trash-days", "0"]);
     let primary = region.primary(&[]);
     let mirror = Primary::mirror(&primary, "region-b", &region.addrs, &[]);
     let a = primary.mount(&[]);

@@ -174,8 +174,15 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
         "/more",
     ]);
     assert!(ok, "warmup --background: {out}{err}");
+    // one block, or two when the kernel wrote the file back in two flushes (two slices)
+    let blocks: u64 = out
+        .split("in the background: 1 files, ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
     assert!(
-        out.contains("in the background: 1 files, 1 blocks"),
+        (1..=2).contains(&blocks) && out.contains("(4.0 MiB)"),
         "{out}"
     );
     wait_until(
@@ -184,7 +191,7 @@ fn a_warm_up_at_a_lazy_mirror_copies_a_tree_before_anyone_reads_it() {
         || {
             let row = mirror_row(&topo.mirror, &topo.admin_token);
             if row["warmup"]["done"] == true {
-                assert_eq!(row["warmup"]["copied_blocks"], 1, "{row:#}");
+                assert_eq!(row["warmup"]["copied_blocks"], blocks, "{row:#}");
                 return Ok(());
             }
             Err(format!("{row:#}"))

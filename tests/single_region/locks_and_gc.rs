@@ -102,7 +102,14 @@ fn dead_slices_blocks_are_deleted_after_the_delay() {
     if !crate::support::require_fuse() {
         return;
     }
-    let fs = TestFs::rocks_local(&["--gc-delay", "0", "--block-size", "64K"]);
+    let fs = TestFs::rocks_local(&[
+        "--gc-delay",
+        "0",
+        "--trash-days",
+        "0",
+        "--block-size",
+        "64K",
+    ]);
     let m = fs.mount(&[]);
     std::fs::write(m.path("keep"), vec![1u8; 100_000]).unwrap();
     std::fs::write(m.path("drop"), vec![2u8; 300_000]).unwrap();
