@@ -1104,7 +1104,7 @@ pub fn trash_keeps_what_is_deleted(make: &dyn Fn() -> DynKv) {
         libc::EEXIST
     );
     assert_eq!(
-        errno(m.rename(&root, d, b"x", ROOT_INO, TRASH_NAME, 0)),
+        errno(m.rename(&root, ROOT_INO, b"d", ROOT_INO, TRASH_NAME, 0)),
         libc::EPERM
     );
     assert_eq!(errno(m.link(&root, f, d, b"relink")), libc::ENOENT);

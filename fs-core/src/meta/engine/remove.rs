@@ -13,11 +13,6 @@ use crate::meta::perm::{access, sticky_ok, MAY_EXEC, MAY_WRITE};
 use crate::meta::types::*;
 use crate::meta::Committed;
 
-/// Whether `parent/name` is an entry (outside a change's transaction).
-fn get_dentry_outside(m: &Meta, parent: Ino, name: &[u8]) -> Result<Option<(Ino, FileKind)>> {
-    kv::read(m.kv.as_ref(), |t| get_dentry(t, parent, name))
-}
-
 impl Meta {
     pub fn unlink_versioned(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Committed<()>> {
         self.writable()?;
@@ -162,10 +157,6 @@ impl Meta {
         }
         check_name(sn)?;
         check_name(dn)?;
-        if dp == ROOT_INO && dn == TRASH_NAME && get_dentry_outside(self, dp, dn)?.is_none() {
-            // the trash is there, and no rename replaces it
-            return sys(libc::EPERM);
-        }
         let sid = self.session_id();
         // a file replaced may be deleted: as in unlink
         let claimed = RefCell::new(vec![]);
@@ -183,6 +174,10 @@ impl Meta {
             let mut a = need_attr(t, ino)?;
             sticky_ok(&spa, &a, ctx)?;
             let target = get_dentry(t, dp, dn)?;
+            if target.is_none() && dp == ROOT_INO && dn == TRASH_NAME {
+                // the trash is there, and no rename replaces it
+                return sys(libc::EPERM);
+            }
             if exchange && target.is_none() {
                 return sys(libc::ENOENT);
             }

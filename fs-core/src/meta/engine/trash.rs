@@ -320,20 +320,19 @@ impl Meta {
         if self.is_read_only() || self.deletions_refused().is_some() {
             return Ok(0);
         }
-        let (days, old) = kv::read(self.kv.as_ref(), |t| {
+        let (before, old) = kv::read(self.kv.as_ref(), |t| {
             let days = trash_days(t)?;
             let before = now.saturating_sub((days as i64).saturating_mul(DAY_NS));
-            let old: Vec<(Ino, i64)> = trash_entries(t)?
+            let old: Vec<Ino> = trash_entries(t)?
                 .into_iter()
                 .filter(|(_, e)| e.deleted_ns <= before)
-                .map(|(ino, e)| (ino, e.deleted_ns))
+                .map(|(ino, _)| ino)
                 .take(limit)
                 .collect();
-            Ok((days, old))
+            Ok((before, old))
         })?;
-        let before = now.saturating_sub((days as i64).saturating_mul(DAY_NS));
         let mut n = 0;
-        for (ino, _) in old {
+        for ino in old {
             match self.purge_one(ino, Some(before)) {
                 Ok(c) if c.version.is_some() => n += 1,
                 Ok(_) | Err(Error::Sys(libc::ENOENT)) => {}
