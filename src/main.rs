@@ -47,6 +47,8 @@ enum Command {
     Quota(cmd::quota::Args),
     /// The trash: list, restore or purge what was deleted; show or set its retention.
     Trash(cmd::trash::Args),
+    /// Copy a file or a tree in the metadata only: the clone shares its source's blocks.
+    Clone(cmd::clone::Args),
     /// Two regions on this machine (primary, replicator, mirror, fault proxies), mounted.
     Dev(cmd::dev::Args),
     /// Unmount a strait mount and wait for its process to finish.
@@ -112,6 +114,7 @@ fn main() {
         Command::Backup(a) => cmd::backup::run(a),
         Command::Quota(a) => cmd::quota::run(a),
         Command::Trash(a) => cmd::trash::run(a),
+        Command::Clone(a) => cmd::clone::run(a),
         Command::Dev(a) => cmd::dev::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Changelog(a) => cmd::changelog::run(a),

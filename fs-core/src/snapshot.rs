@@ -42,13 +42,30 @@ pub const DUMP_MAGIC: &[u8; 12] = b"STRAITDUMP1\n";
 const FRAME_BYTES_MAX: usize = 256 << 20;
 
 /// Groups owned by no inode (owner 0) that a snapshot copies whole.
-const GLOBAL_GROUPS: [u8; 6] = [
+const GLOBAL_GROUPS: [u8; 8] = [
     keys::SETTING,
     keys::COUNTER,
     keys::DELFILE,
     keys::DEADSLICE,
     keys::QUOTA,
     keys::TRASH,
+    keys::SLICEREF,
+    keys::CLONE,
+];
+
+/// Global groups whose keys name an inode the walk starts from besides the root: the
+/// unlinked-but-open, the trash's, the roots of clones being made.
+fn names_a_root(tag: u8) -> bool {
+    matches!(tag, keys::DELFILE | keys::TRASH | keys::CLONE)
+}
+
+/// Global groups the digest hashes after the tree, in this order (with none of their keys,
+/// the digest is what it was before they existed).
+const HASHED_AFTER: [(u8, &[u8]); 4] = [
+    (keys::QUOTA, b"U"),
+    (keys::TRASH, b"T"),
+    (keys::SLICEREF, b"M"),
+    (keys::CLONE, b"I"),
 ];
 
 /// Call `visit` with every replicated pair reachable in `t`, settings and counters first.
@@ -80,24 +97,23 @@ pub(crate) fn walk_tree(
     mut digest: Option<&mut Sha256>,
 ) -> Result<()> {
     let mut roots = BTreeSet::new();
-    // the directory quotas (limits and usage) are hashed after the tree: with none, the
-    // digest is what it was before quotas existed
-    let mut quotas = vec![];
-    // and so are the trash's entries (their inodes are roots, as the unlinked-but-open are)
-    let mut trash = vec![];
+    // the directory quotas (limits and usage), the trash's entries, the shared slices and the
+    // clones being made are hashed after the tree
+    let mut after: Vec<(&[u8], Vec<u8>, Vec<u8>)> = vec![];
     for tag in GLOBAL_GROUPS {
-        if visit.is_none() && !matches!(tag, keys::DELFILE | keys::QUOTA | keys::TRASH) {
+        let hashed = HASHED_AFTER
+            .iter()
+            .find(|(t, _)| *t == tag)
+            .map(|(_, h)| *h);
+        if visit.is_none() && !names_a_root(tag) && hashed.is_none() {
             continue;
         }
         for (k, v) in t.scan(&keys::group(tag, 0), None, usize::MAX)? {
-            if tag == keys::DELFILE || tag == keys::TRASH {
+            if names_a_root(tag) {
                 roots.insert(keys::u64_at(&k, 9).ok_or_else(|| Error::corrupt("root key"))?);
             }
-            if tag == keys::QUOTA && digest.is_some() {
-                quotas.push((k.clone(), v.clone()));
-            }
-            if tag == keys::TRASH && digest.is_some() {
-                trash.push((k.clone(), v.clone()));
+            if let (Some(h), true) = (hashed, digest.is_some()) {
+                after.push((h, k.clone(), v.clone()));
             }
             if let Some(visit) = visit.as_deref_mut() {
                 visit(k, v)?;
@@ -171,13 +187,8 @@ pub(crate) fn walk_tree(
         }
     }
     if let Some(h) = digest {
-        for (k, v) in quotas {
-            h.update(b"U");
-            h.update(&k);
-            h.update(&v);
-        }
-        for (k, v) in trash {
-            h.update(b"T");
+        for (tag, k, v) in after {
+            h.update(tag);
             h.update(&k);
             h.update(&v);
         }
@@ -396,6 +407,8 @@ fn check_key(k: &[u8]) -> Result<()> {
                 | keys::COUNTER
                 | keys::QUOTA
                 | keys::TRASH
+                | keys::SLICEREF
+                | keys::CLONE
                 | keys::REQUEST
         );
     if ok {
@@ -706,11 +719,11 @@ mod tests {
         let mut trash = vec![];
         for tag in GLOBAL_GROUPS {
             for (k, v) in t.scan(&keys::group(tag, 0), None, usize::MAX).unwrap() {
-                if tag == keys::DELFILE || tag == keys::TRASH {
+                if names_a_root(tag) {
                     roots.push(keys::u64_at(&k, 9).unwrap());
                 }
-                if tag == keys::TRASH {
-                    trash.push((k.clone(), v.clone()));
+                if let Some((_, h)) = HASHED_AFTER.iter().find(|(t, _)| *t == tag) {
+                    trash.push((*h, k.clone(), v.clone()));
                 }
                 pairs.push((k, v));
             }
@@ -785,9 +798,9 @@ mod tests {
                 }
             }
         }
-        // the trash's entries after the tree
-        for (k, v) in trash {
-            h.update(b"T");
+        // the quotas, the trash's entries, shared slices and clones after the tree
+        for (tag, k, v) in trash {
+            h.update(tag);
             h.update(&k);
             h.update(&v);
         }

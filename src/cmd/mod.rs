@@ -3,6 +3,7 @@
 pub mod backup;
 pub mod certs;
 pub mod changelog;
+pub mod clone;
 pub mod creds;
 pub mod daemon_flags;
 pub mod dev;

@@ -62,6 +62,27 @@ pub(super) fn setxattr(path: &CString, name: &[u8], value: &[u8]) -> std::result
     done(r)
 }
 
+/// lsetxattr(2) of `name` on `path` (a symlink itself, not what it points to).
+pub(super) fn setxattr_nofollow(
+    path: &CString,
+    name: &[u8],
+    value: &[u8],
+) -> std::result::Result<(), i32> {
+    let n = CString::new(name).map_err(|_| libc::EINVAL)?;
+    // SAFETY: both strings are NUL-terminated and live across the call; the value is a slice
+    // with its length.
+    let r = unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    done(r)
+}
+
 /// removexattr(2) of `name` on `path`.
 pub(super) fn removexattr(path: &CString, name: &[u8]) -> std::result::Result<(), i32> {
     let n = CString::new(name).map_err(|_| libc::EINVAL)?;

@@ -1,4 +1,4 @@
-//! Integration tests: mirrors: following the primary, the data path and its copy, partitions, traces across regions, warmup, compaction, orphan sweeps, directory quotas and the trash.
+//! Integration tests: mirrors: following the primary, the data path and its copy, partitions, traces across regions, warmup, compaction, orphan sweeps, directory quotas, the trash and clones.
 //!
 //! One test binary per topic (cargo builds the `strait` binary they run first, and
 //! `support::strait_bin` is its path). Tests of a binary share its process: none may change
@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod clones;
 mod compaction;
 mod gc_orphans;
 mod mirror;

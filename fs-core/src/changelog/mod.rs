@@ -27,9 +27,11 @@ pub mod state;
 
 pub use outbox::{commit, commit_record, read_log, read_log_raw, trim_log};
 pub use record::{
-    decode, encode, line, Change, ChangeRecord, DeadSlice, Name, QuotaLimits, Replaced, TrashEntry,
-    Unlinked, REQUEST_ID_LEN_MAX,
+    decode, encode, line, Change, ChangeRecord, CloneFrame, CloneItem, CloneJob, DeadSlice, Name,
+    QuotaLimits, Replaced, TrashEntry, Unlinked, REQUEST_ID_LEN_MAX,
 };
 pub use replica::{apply_replica, apply_replica_with, replay, ReplicaError, ReplicaHook};
 pub use state::{apply, get_chunk};
-pub(crate) use state::{decode_dentry, get_attr, get_dentry, get_trash, trash_days};
+pub(crate) use state::{
+    decode_dentry, get_attr, get_clone, get_dentry, get_trash, slice_extra_refs, trash_days,
+};

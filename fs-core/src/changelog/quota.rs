@@ -174,6 +174,20 @@ impl QuotaDeltas {
         Ok(())
     }
 
+    /// A whole subtree holding (space, inodes) comes under directory `dir` (a clone
+    /// attached there): every quota above counts it.
+    pub(crate) fn add_under(
+        &mut self,
+        t: &mut dyn KvTxn,
+        dir: Ino,
+        delta: (i64, i64),
+    ) -> Result<()> {
+        if !self.active(t)? {
+            return Ok(());
+        }
+        self.add(t, dir, delta)
+    }
+
     /// An inode's attributes go from `old` to `new` (None: it did not exist, or is deleted).
     pub(crate) fn note(
         &mut self,

@@ -208,6 +208,80 @@ pub enum Change {
     SetTrashDays {
         days: u32,
     },
+    /// A clone begins (`strait clone`): `root`, nameless, becomes a copy of `src` as it is
+    /// now ([`CloneJob`] holds the rest: where it goes, whose it is).
+    CloneBegin {
+        root: Ino,
+        src: Ino,
+        parent: Ino,
+        name: Name,
+        uid: u32,
+        gid: u32,
+        preserve: bool,
+    },
+    /// More of a clone's tree: each item a copy of its source as it is now, named in a
+    /// directory of the clone; `stack` is where the walk of the source goes on.
+    CloneStep {
+        root: Ino,
+        items: Vec<CloneItem>,
+        stack: Vec<CloneFrame>,
+    },
+    /// A clone's tree is whole: `root` gets its name (`parent_attr` as after the link), and
+    /// what the tree holds counts towards the quotas above from now on.
+    CloneAttach {
+        root: Ino,
+        parent_attr: Attr,
+    },
+    /// A clone given up: these entries of its tree (directory, name) are deleted, a
+    /// directory once it is empty; with `root_too`, the root (empty by then) and the job.
+    CloneDrop {
+        root: Ino,
+        entries: Vec<(Ino, Name)>,
+        root_too: bool,
+    },
+}
+
+/// A clone being made (`I 0 root`): written by the state machine from the records that make
+/// it, so every region holds the same, and a new primary can drop what an old one left.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CloneJob {
+    /// What is cloned, and where the clone goes.
+    pub src: Ino,
+    pub parent: Ino,
+    pub name: Vec<u8>,
+    /// Whose the copies are (unless `preserve`: their sources' owners).
+    pub uid: u32,
+    pub gid: u32,
+    pub preserve: bool,
+    /// When it began and when a record last added to it (ns since the epoch).
+    pub started_ns: i64,
+    pub touched_ns: i64,
+    /// What the tree holds below its root (space as [`Attr::space`] counts it, inodes): what
+    /// the quotas above the destination count once it is attached.
+    pub space: i64,
+    pub inodes: i64,
+    /// The walk of the source: the directories not copied whole yet, deepest last.
+    pub stack: Vec<CloneFrame>,
+    /// Being dropped (given up, or left by a cloner that went away).
+    pub dropping: bool,
+}
+
+/// A directory of a clone's source being copied: into `dst`, names after `after` left.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CloneFrame {
+    pub src: Ino,
+    pub dst: Ino,
+    pub after: Option<Vec<u8>>,
+}
+
+/// One inode of a clone: `ino`, a copy of `src`, named `name` in the clone's directory
+/// `parent`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CloneItem {
+    pub src: Ino,
+    pub ino: Ino,
+    pub parent: Ino,
+    pub name: Name,
 }
 
 /// The limits of a directory quota (0: no limit in that dimension).
@@ -253,6 +327,13 @@ impl ChangeRecord {
             | Change::DeleteInode { ino }
             | Change::Restore { ino, .. }
             | Change::PurgeTrash { ino, .. } => (*ino, SliceId::HOLE),
+            Change::CloneBegin { root, .. }
+            | Change::CloneAttach { root, .. }
+            | Change::CloneDrop { root, .. } => (*root, SliceId::HOLE),
+            Change::CloneStep { root, items, .. } => (
+                items.iter().map(|i| i.ino).fold(*root, Ino::max),
+                SliceId::HOLE,
+            ),
             Change::SetQuota { .. } | Change::DeleteQuota { .. } | Change::SetTrashDays { .. } => {
                 (0, SliceId::HOLE)
             }

@@ -2,9 +2,11 @@
 //! key-value helpers it shares with the engine and the snapshot walk.
 
 use super::quota::{self, QuotaDeltas};
-use super::record::{decode, encode, Change, ChangeRecord, DeadSlice, TrashEntry, Unlinked};
+use super::record::{
+    decode, encode, Change, ChangeRecord, CloneJob, DeadSlice, TrashEntry, Unlinked,
+};
 use crate::error::{Error, Result};
-use crate::kv::KvTxn;
+use crate::kv::{decode_counter, KvTxn};
 use crate::meta::keys;
 use crate::meta::types::{Attr, FileKind, Ino, SliceRef};
 use crate::SliceId;
@@ -79,9 +81,43 @@ pub fn get_chunk(t: &mut dyn KvTxn, ino: Ino, idx: u32) -> Result<Vec<SliceRef>>
     }
 }
 
-/// Mark every real slice in `slices` dead as of `ts_ns`.
+/// The distinct real slices of a chunk list (a list may name one slice more than once).
+fn distinct(slices: &[SliceRef]) -> Vec<&SliceRef> {
+    let mut seen = std::collections::HashSet::new();
+    slices
+        .iter()
+        .filter(|s| !s.id.is_hole() && seen.insert(s.id))
+        .collect()
+}
+
+/// How many chunk lists beyond the first name slice `id` ([`keys::SLICEREF`]).
+pub(crate) fn slice_extra_refs(t: &mut dyn KvTxn, id: SliceId) -> Result<i64> {
+    decode_counter(t.get(&keys::sliceref(id))?)
+}
+
+/// One more chunk list names every slice of `slices` (a clone's copy of a chunk).
+fn share_slices(t: &mut dyn KvTxn, slices: &[SliceRef]) -> Result<()> {
+    for s in distinct(slices) {
+        let n = slice_extra_refs(t, s.id)? + 1;
+        t.put(&keys::sliceref(s.id), &n.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// A chunk list lets go of the slices in `slices`: each one no other list names is dead as
+/// of `ts_ns`; the others lose a reference.
 fn free_slices(t: &mut dyn KvTxn, slices: &[SliceRef], ts_ns: i64) -> Result<()> {
-    for s in slices.iter().filter(|s| !s.id.is_hole()) {
+    for s in distinct(slices) {
+        let extra = slice_extra_refs(t, s.id)?;
+        if extra > 0 {
+            let k = keys::sliceref(s.id);
+            if extra == 1 {
+                t.delete(&k);
+            } else {
+                t.put(&k, &(extra - 1).to_le_bytes());
+            }
+            continue;
+        }
         let key = keys::deadslice(s.id);
         if t.get(&key)?.is_none() {
             t.put(
@@ -193,6 +229,70 @@ fn settle_unlinked(
             Ok(())
         }
     }
+}
+
+/// The clone being made under `root`, if there is one.
+pub(crate) fn get_clone(t: &mut dyn KvTxn, root: Ino) -> Result<Option<CloneJob>> {
+    match t.get(&keys::clone_job(root))? {
+        Some(b) => Ok(Some(decode(&b)?)),
+        None => Ok(None),
+    }
+}
+
+fn need_clone(t: &mut dyn KvTxn, root: Ino) -> Result<CloneJob> {
+    get_clone(t, root)?.ok_or_else(|| invalid(format!("no clone is being made under {root}")))
+}
+
+/// Make `ino` a copy of `src` as it is now, in directory `parent` of a clone (0: the clone's
+/// root, nameless), owned as `job` says: its attributes (one link, a directory two; the
+/// change time now), chunks (sharing their slices), symlink target and xattrs.
+fn copy_inode(
+    t: &mut dyn KvTxn,
+    q: &mut QuotaDeltas,
+    job: &CloneJob,
+    (src, ino, parent): (Ino, Ino, Ino),
+    ts_ns: i64,
+) -> Result<Attr> {
+    let a = need_inode(t, src)?;
+    if get_attr(t, ino)?.is_some() {
+        return Err(invalid(format!("clone onto existing inode {ino}")));
+    }
+    let mut n = a.clone();
+    n.parent = parent;
+    n.nlink = if a.is_dir() { 2 } else { 1 };
+    n.ctime_ns = ts_ns;
+    if !job.preserve {
+        if a.uid != job.uid {
+            // as cp: a copy made by another user is no set-user-ID (nor set-group-ID) program
+            n.perm &= !0o4000;
+            if !a.is_dir() {
+                n.perm &= !0o2000;
+            }
+        }
+        n.uid = job.uid;
+        n.gid = job.gid;
+    }
+    t.add(&keys::counter(keys::TOTAL_INODES), 1);
+    put_attr(t, q, ino, &n)?;
+    match a.kind {
+        FileKind::File => {
+            for (idx, slices) in chunks_from(t, src, 0)? {
+                share_slices(t, &slices)?;
+                t.put(&keys::chunk(ino, idx), &encode(&slices)?);
+            }
+        }
+        FileKind::Symlink => {
+            if let Some(target) = t.get(&keys::symlink(src))? {
+                t.put(&keys::symlink(ino), &target);
+            }
+        }
+        _ => {}
+    }
+    let from = keys::group(keys::XATTR, src);
+    for (k, v) in t.scan(&from, None, usize::MAX)? {
+        t.put(&keys::xattr(ino, &k[from.len()..]), &v);
+    }
+    Ok(n)
 }
 
 /// The trash entry of `ino`, if it is in the trash.
@@ -515,6 +615,135 @@ fn apply_change(
         Change::SetTrashDays { days } => {
             t.put(&keys::setting(keys::TRASH_DAYS), &days.to_be_bytes());
         }
+        Change::CloneBegin {
+            root,
+            src,
+            parent,
+            name,
+            uid,
+            gid,
+            preserve,
+        } => {
+            need_dir(t, *parent)?;
+            if get_clone(t, *root)?.is_some() {
+                return Err(invalid(format!("a clone is already made under {root}")));
+            }
+            let mut job = CloneJob {
+                src: *src,
+                parent: *parent,
+                name: name.0.clone(),
+                uid: *uid,
+                gid: *gid,
+                preserve: *preserve,
+                started_ns: ts,
+                touched_ns: ts,
+                space: 0,
+                inodes: 0,
+                stack: vec![],
+                dropping: false,
+            };
+            // nameless until attached: it counts towards no quota (its directory is none)
+            let a = copy_inode(t, q, &job, (*src, *root, 0), ts)?;
+            if a.is_dir() {
+                job.stack.push(super::record::CloneFrame {
+                    src: *src,
+                    dst: *root,
+                    after: None,
+                });
+            }
+            t.put(&keys::clone_job(*root), &encode(&job)?);
+        }
+        Change::CloneStep { root, items, stack } => {
+            let mut job = need_clone(t, *root)?;
+            if job.dropping {
+                return Err(invalid(format!("a step of clone {root}, being dropped")));
+            }
+            for i in items {
+                need_dir(t, i.parent)?;
+                if get_dentry(t, i.parent, &i.name)?.is_some() {
+                    return Err(invalid(format!(
+                        "clone over existing entry in {}",
+                        i.parent
+                    )));
+                }
+                let a = copy_inode(t, q, &job, (i.src, i.ino, i.parent), ts)?;
+                t.put(
+                    &keys::dentry(i.parent, &i.name),
+                    &dentry_value(i.ino, a.kind),
+                );
+                if a.is_dir() {
+                    let mut pa = need_inode(t, i.parent)?;
+                    pa.nlink += 1;
+                    put_attr(t, q, i.parent, &pa)?;
+                }
+                job.space += a.space();
+                job.inodes += 1;
+            }
+            job.stack = stack.clone();
+            job.touched_ns = ts;
+            t.put(&keys::clone_job(*root), &encode(&job)?);
+        }
+        Change::CloneAttach { root, parent_attr } => {
+            let job = need_clone(t, *root)?;
+            if job.dropping || !job.stack.is_empty() {
+                return Err(invalid(format!("attach of unfinished clone {root}")));
+            }
+            need_dir(t, job.parent)?;
+            if get_dentry(t, job.parent, &job.name)?.is_some() {
+                return Err(invalid(format!(
+                    "attach of clone {root} over existing entry in {}",
+                    job.parent
+                )));
+            }
+            let mut a = need_inode(t, *root)?;
+            a.parent = job.parent;
+            t.put(
+                &keys::dentry(job.parent, &job.name),
+                &dentry_value(*root, a.kind),
+            );
+            // the root moves its own share under the quotas above; its tree's follows
+            put_attr(t, q, *root, &a)?;
+            q.add_under(t, job.parent, (job.space, job.inodes))?;
+            put_attr(t, q, job.parent, parent_attr)?;
+            t.delete(&keys::clone_job(*root));
+        }
+        Change::CloneDrop {
+            root,
+            entries,
+            root_too,
+        } => {
+            let mut job = need_clone(t, *root)?;
+            job.dropping = true;
+            for (parent, name) in entries {
+                let Some((ino, kind)) = get_dentry(t, *parent, name)? else {
+                    return Err(invalid(format!("drop of missing entry in {parent}")));
+                };
+                if kind == FileKind::Dir && dir_has_entries(t, ino)? {
+                    return Err(invalid(format!("drop of non-empty directory {ino}")));
+                }
+                t.delete(&keys::dentry(*parent, name));
+                if kind == FileKind::Dir {
+                    let mut pa = need_inode(t, *parent)?;
+                    pa.nlink = pa.nlink.saturating_sub(1);
+                    put_attr(t, q, *parent, &pa)?;
+                }
+                delete_inode(t, q, ino, ts)?;
+            }
+            if *root_too {
+                let a = need_inode(t, *root)?;
+                if a.is_dir() && dir_has_entries(t, *root)? {
+                    return Err(invalid(format!("drop of non-empty clone root {root}")));
+                }
+                delete_inode(t, q, *root, ts)?;
+                t.delete(&keys::clone_job(*root));
+            } else {
+                t.put(&keys::clone_job(*root), &encode(&job)?);
+            }
+        }
     }
     Ok(())
+}
+
+fn dir_has_entries(t: &mut dyn KvTxn, ino: Ino) -> Result<bool> {
+    Ok(!t.scan(&keys::group(keys::DENTRY, ino), None, 1)?.is_empty())
 }

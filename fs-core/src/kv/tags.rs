@@ -67,6 +67,13 @@ registry! {
     QUOTA = b'U', "strait-fs-core meta";
     /// `T 0 ino` -> an inode in the trash: the directory and name it had, when it went.
     TRASH = b'T', "strait-fs-core meta";
+    /// `M 0 id` -> how many chunk lists beyond the first name slice `id` (a counter): a
+    /// clone's chunks share its source's slices, and a slice is dead only when the last
+    /// list that names it lets it go. No key: one list.
+    SLICEREF = b'M', "strait-fs-core meta";
+    /// `I 0 root` -> a clone being made (`strait clone`): the tree under `root`, which has
+    /// no name until the clone is attached at its destination.
+    CLONE = b'I', "strait-fs-core meta";
     /// `R 0 id` -> the record of a change made under request id `id` (its version and its
     /// first result); `R 1 ts id`: the records by age; `R 2 name`: their count and eviction
     /// horizon. Region-local, as sessions are: never in the change log, snapshots or digests.

@@ -57,6 +57,7 @@ pub fn run_all(make: &dyn Fn() -> DynKv) {
     request_records_commit_with_their_change(make);
     directory_quotas(make);
     trash_keeps_what_is_deleted(make);
+    clones_share_their_slices(make);
 }
 
 pub fn format_twice_is_refused(make: &dyn Fn() -> DynKv) {
@@ -1246,6 +1247,228 @@ pub fn trash_keeps_what_is_deleted(make: &dyn Fn() -> DynKv) {
         with,
         "the digest left the trash out"
     );
+}
+
+/// Clones: a file or a tree copied in the metadata, its chunks naming the source's slices
+/// (a slice dies with the last chunk list naming it); the copies are the caller's; DST is
+/// seen only once whole; a clone past a quota, of a source the caller may not read, or onto
+/// a taken name is refused and leaves nothing; one left idle is dropped by a GC pass; a
+/// replica and a snapshot hold the same shared slices and clones being made.
+pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
+    use super::CALL_BUDGET;
+    use crate::changelog::slice_extra_refs;
+    use std::time::Duration;
+    let (kv, m) = fresh(make);
+    let root = Ctx::root();
+    let alice = Ctx::new(1000, 1000);
+    let bob = Ctx::new(2000, 2000);
+    m.set_trash_days_versioned(&root, 0).unwrap();
+    let refs = |id: SliceId| crate::kv::read(kv.as_ref(), |t| slice_extra_refs(t, id)).unwrap();
+    let (home, _) = m.mkdir(&root, ROOT_INO, b"home", 0o777, 0).unwrap();
+    let (src, _) = m.mkdir(&alice, home, b"src", 0o755, 0).unwrap();
+    let (a, _) = m.create(&alice, src, b"a", 0o4755, 0).unwrap();
+    let aa = write_at(&m, a, 0, 10_000).unwrap();
+    m.release(a).unwrap();
+    m.setxattr(&alice, a, b"user.k", b"v", 0).unwrap();
+    let (sub, _) = m.mkdir(&alice, src, b"sub", 0o755, 0).unwrap();
+    let (b, _) = m.create(&alice, sub, b"b", 0o644, 0).unwrap();
+    write_at(&m, b, 0, 5).unwrap();
+    m.release(b).unwrap();
+    m.symlink(&alice, src, b"l", b"a").unwrap();
+    m.mkdir(&alice, src, b"e", 0o755, 0).unwrap();
+    let a_slice = m.read_chunk(a, 0).unwrap()[0].id;
+    let before = m.statfs().unwrap();
+
+    // bob clones alice's tree into his directory: the copies are his, the slices shared
+    let (bobs, _) = m.mkdir(&root, home, b"bob", 0o755, 0).unwrap();
+    m.setattr(
+        &root,
+        bobs,
+        &SetAttr {
+            uid: Some(2000),
+            gid: Some(2000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let home_links = m.getattr(bobs).unwrap().nlink;
+    let done = m
+        .clone_versioned(&bob, src, (bobs, b"copy"), false, CALL_BUDGET)
+        .unwrap();
+    assert!(done.version.is_some());
+    assert_eq!((done.value.inodes, done.value.done), (6, true));
+    let (copy, ca) = m.lookup(&bob, bobs, b"copy").unwrap();
+    assert_eq!((ca.uid, ca.gid, ca.nlink, ca.perm), (2000, 2000, 4, 0o755));
+    assert_eq!(m.getattr(bobs).unwrap().nlink, home_links + 1);
+    let names = |d: Ino| -> Vec<Vec<u8>> {
+        let mut v: Vec<_> = m
+            .readdir(&root, d)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        v.retain(|n| n != b"." && n != b"..");
+        v.sort();
+        v
+    };
+    assert_eq!(names(copy), names(src));
+    let (ca_ino, caa) = m.lookup(&bob, copy, b"a").unwrap();
+    assert_ne!(ca_ino, a);
+    assert_eq!(caa.length, aa.length);
+    assert_eq!(caa.perm, 0o755, "no set-user-ID program of another owner");
+    assert_eq!(
+        m.read_chunk(ca_ino, 0).unwrap(),
+        m.read_chunk(a, 0).unwrap()
+    );
+    assert_eq!(m.getxattr(&bob, ca_ino, b"user.k").unwrap(), b"v");
+    let (cl, _) = m.lookup(&bob, copy, b"l").unwrap();
+    assert_eq!(m.readlink(cl).unwrap(), b"a");
+    let (csub, _) = m.lookup(&bob, copy, b"sub").unwrap();
+    assert_eq!(m.lookup(&bob, csub, b"b").unwrap().1.length, 5);
+    assert_eq!(refs(a_slice), 1);
+    assert_eq!(m.statfs().unwrap().inodes, before.inodes + 7);
+
+    // each side changes alone; the slice dies with the last list naming it
+    write_at(&m, ca_ino, 0, 3).unwrap();
+    assert_eq!(m.read_chunk(a, 0).unwrap().len(), 1);
+    assert_eq!(m.read_chunk(ca_ino, 0).unwrap().len(), 2);
+    m.unlink(&alice, src, b"a").unwrap();
+    assert!(m.dead_slices(i64::MAX, 100).unwrap().is_empty());
+    assert_eq!(refs(a_slice), 0);
+    m.unlink(&bob, copy, b"a").unwrap();
+    let dead: Vec<SliceId> = m
+        .dead_slices(i64::MAX, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(dead.contains(&a_slice), "{dead:?}");
+
+    // refused, leaving nothing: a taken name, a source bob may not read, preserve by a user,
+    // the trash, a quota
+    let inodes = m.statfs().unwrap().inodes;
+    assert_eq!(
+        errno(m.clone_versioned(&bob, src, (bobs, b"copy"), false, CALL_BUDGET)),
+        libc::EEXIST
+    );
+    let (secret, _) = m.create(&alice, sub, b"secret", 0o600, 0).unwrap();
+    m.release(secret).unwrap();
+    assert_eq!(
+        errno(m.clone_versioned(&bob, src, (bobs, b"c2"), false, CALL_BUDGET)),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(m.clone_versioned(&alice, src, (home, b"c3"), true, CALL_BUDGET)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.clone_versioned(&root, TRASH_INO, (home, b"c4"), false, CALL_BUDGET)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(m.clone_versioned(&root, src, (ROOT_INO, TRASH_NAME), false, CALL_BUDGET)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        m.statfs().unwrap().inodes,
+        inodes + 1,
+        "only the secret file"
+    );
+    let (q, _) = m.mkdir(&root, home, b"q", 0o777, 0).unwrap();
+    m.set_quota(
+        &root,
+        q,
+        crate::changelog::QuotaLimits {
+            space_max: 0,
+            inodes_max: 4,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        errno(m.clone_versioned(&root, src, (q, b"c5"), false, CALL_BUDGET)),
+        libc::EDQUOT
+    );
+    assert!(m.clones(&root).unwrap().is_empty());
+    assert_eq!(m.statfs().unwrap().inodes, inodes + 2, "the secret file, q");
+    // within the quota: it counts the clone whole
+    m.clone_versioned(&root, sub, (q, b"c6"), false, CALL_BUDGET)
+        .unwrap();
+    assert_eq!(m.quota(q).unwrap().unwrap().used_inodes, 3);
+
+    // a tree of several steps: DST is seen only once whole
+    let (big, _) = m.mkdir(&root, home, b"big", 0o755, 0).unwrap();
+    let (deep, _) = m.mkdir(&root, big, b"deep", 0o755, 0).unwrap();
+    for i in 0..1_500 {
+        let d = if i % 2 == 0 { big } else { deep };
+        let (f, _) = m
+            .create(&root, d, format!("f{i}").as_bytes(), 0o644, 0)
+            .unwrap();
+        m.release(f).unwrap();
+    }
+    let e = m.clone_versioned(&root, big, (home, b"big2"), false, Duration::ZERO);
+    assert_eq!(errno(e), libc::EINPROGRESS);
+    assert_eq!(m.clones(&root).unwrap().len(), 1);
+    assert!(m.clones(&alice).unwrap().is_empty(), "root's clone");
+    assert_eq!(errno(m.lookup(&root, home, b"big2")), libc::ENOENT);
+    let mut calls = 1;
+    loop {
+        match m.clone_versioned(&root, big, (home, b"big2"), false, Duration::ZERO) {
+            Ok(p) => {
+                assert_eq!(p.value.inodes, 1_502);
+                break;
+            }
+            Err(Error::Sys(libc::EINPROGRESS)) => calls += 1,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(calls < 100);
+    }
+    assert!(calls >= 2, "{calls} calls");
+    let (big2, _) = m.lookup(&root, home, b"big2").unwrap();
+    let (deep2, _) = m.lookup(&root, big2, b"deep").unwrap();
+    assert_eq!(names(big2), names(big));
+    assert_eq!(names(deep2), names(deep));
+
+    // one left idle while a snapshot is taken: a replica and the snapshot hold it, then a GC
+    // pass drops it
+    let inodes = m.statfs().unwrap().inodes;
+    let e = m.clone_versioned(&root, big, (home, b"big3"), false, Duration::ZERO);
+    assert_eq!(errno(e), libc::EINPROGRESS);
+    assert_eq!(m.drop_idle_clones(now_ns(), CALL_BUDGET).unwrap(), 0);
+    let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
+    let replica = make();
+    replay(replica.as_ref(), &records).unwrap();
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&replica).unwrap());
+    let mut dump = vec![];
+    crate::snapshot::dump(kv.as_ref(), &mut dump).unwrap();
+    let loaded = make();
+    crate::snapshot::load(loaded.as_ref(), &mut dump.as_slice()).unwrap();
+    assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&loaded).unwrap());
+    let l = Meta::open(loaded.clone(), MetaOptions::default()).unwrap();
+    assert_eq!(l.clones(&root).unwrap(), m.clones(&root).unwrap());
+    let later = now_ns() + super::CLONE_IDLE_MAX_NS + 1;
+    assert_eq!(m.drop_idle_clones(later, CALL_BUDGET).unwrap(), 1);
+    assert!(m.clones(&root).unwrap().is_empty());
+    assert_eq!(m.statfs().unwrap().inodes, inodes);
+
+    // the digest counts the shared slices
+    let with = Meta::digest(&kv).unwrap();
+    let shared = m.read_chunk(caa_src(&m, &bob, csub), 0).unwrap()[0].id;
+    assert_eq!(refs(shared), 2, "src/sub/b, its clone, and q/c6/b");
+    kv.txn(&mut |t| {
+        t.delete(&super::keys::sliceref(shared));
+        Ok(())
+    })
+    .unwrap();
+    assert_ne!(
+        Meta::digest(&kv).unwrap(),
+        with,
+        "the digest left slice references out"
+    );
+}
+
+/// `b` in the clone's `sub`.
+fn caa_src(m: &Meta, ctx: &Ctx, dir: Ino) -> Ino {
+    m.lookup(ctx, dir, b"b").unwrap().0
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use crate::SliceId;
 
 // The tags are in the registry of every KV key tag.
 pub use crate::kv::tags::{
-    ATTR, CHUNK, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, QUOTA, REQUEST,
-    SESSION, SETTING, SYMLINK, TRASH, XATTR,
+    ATTR, CHUNK, CLONE, COUNTER, DEADSLICE, DELFILE, DENTRY, FLOCK, LOCKED, PLOCK, QUOTA, REQUEST,
+    SESSION, SETTING, SLICEREF, SYMLINK, TRASH, XATTR,
 };
 
 pub fn group(tag: u8, owner: u64) -> Vec<u8> {
@@ -107,6 +107,20 @@ pub fn quota_inodes(ino: Ino) -> Vec<u8> {
 pub fn trash(ino: Ino) -> Vec<u8> {
     let mut k = group(TRASH, 0);
     k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+
+/// `M 0 id`: the chunk lists naming slice `id` beyond the first (a counter).
+pub fn sliceref(id: SliceId) -> Vec<u8> {
+    let mut k = group(SLICEREF, 0);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `I 0 root` -> the [`crate::changelog::CloneJob`] of a clone being made.
+pub fn clone_job(root: Ino) -> Vec<u8> {
+    let mut k = group(CLONE, 0);
+    k.extend_from_slice(&root.to_be_bytes());
     k
 }
 

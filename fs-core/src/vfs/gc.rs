@@ -64,6 +64,12 @@ pub fn gc_once_with(
         Ok(n) => tracing::info!("deleted {n} entries of the trash kept past its retention"),
         Err(e) => tracing::warn!("expire the trash: {e}"),
     }
+    // and what clones given up or left idle copied
+    match meta.drop_idle_clones_due(now) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("dropped {n} clones given up or left idle"),
+        Err(e) => tracing::warn!("drop idle clones: {e}"),
+    }
     let delay_ns = meta.settings().trash_delay_s as i64 * 1_000_000_000;
     let dead = meta.dead_slices(now.saturating_sub(delay_ns), GC_SLICES_PER_PASS_MAX)?;
     let bs = meta.settings().block_size;

@@ -1224,8 +1224,9 @@ impl MetaService for MetaServer {
         mutation!(self, req, "setxattr", |m, r| {
             let sc = Scope::of(&m, &rules)?;
             let ino = sc.ino(&m, r.ino)?;
+            let value = sc.xattr_value(&m, &r.name, &r.value)?;
             Ok(
-                m.setxattr_versioned(&sc.ctx(r.ctx)?, ino, &r.name, &r.value, r.flags)?
+                m.setxattr_versioned(&sc.ctx(r.ctx)?, ino, &r.name, &value, r.flags)?
                     .map(|()| w::Empty {}),
             )
         })

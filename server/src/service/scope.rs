@@ -92,6 +92,37 @@ impl Scope {
         }
     }
 
+    /// The value of a virtual xattr that names a directory by its inode (the destination of
+    /// `strait.clone`, of `strait.trash.restore`), with that inode as the engine knows it:
+    /// confined like every inode a call names. Other values as they are.
+    pub(crate) fn xattr_value(
+        &self,
+        m: &Meta,
+        name: &[u8],
+        value: &[u8],
+    ) -> Result<Vec<u8>, Error> {
+        use strait_fs_core::meta::{clone_value, clone_xattr, parse_clone_value, trash_xattr};
+        if !self.confined() {
+            return Ok(value.to_vec());
+        }
+        if name == clone_xattr::CLONE {
+            let (parent, preserve, to) =
+                parse_clone_value(value).ok_or(Error::Sys(libc::EINVAL))?;
+            return Ok(clone_value(self.ino(m, parent)?, preserve, to));
+        }
+        if name == trash_xattr::RESTORE {
+            let text = std::str::from_utf8(value)
+                .map(|v| v.trim_matches(|c: char| c.is_whitespace() || c == '\0'))
+                .map_err(|_| Error::Sys(libc::EINVAL))?;
+            if text.is_empty() {
+                return Ok(value.to_vec());
+            }
+            let to: Ino = text.parse().map_err(|_| Error::Sys(libc::EINVAL))?;
+            return Ok(self.ino(m, to)?.to_string().into_bytes());
+        }
+        Ok(value.to_vec())
+    }
+
     /// As [`Scope::ino`], and also an inode the session holds a handle on wherever it is now
     /// (a file opened in the subtree stays readable and writable through its handle after it
     /// moved out, as a file opened elsewhere does).

@@ -1,5 +1,6 @@
 //! [`Meta`]: the metadata API over any [`KvEngine`].
 
+mod clone;
 mod create;
 mod data;
 mod digest;
@@ -14,6 +15,10 @@ mod setattr;
 mod trash;
 mod xattr;
 
+pub use clone::{
+    clone_value, clone_xattr, parse_clone_value, CloneListing, CloneProgress, CALL_BUDGET,
+    IDLE_MAX_NS as CLONE_IDLE_MAX_NS,
+};
 pub use locking::{lock_grace_from_now, mark_locks_lost, LOCK_GRACE};
 pub use quota::QuotaCheck;
 pub use trash::{trash_name, trash_xattr, TrashItem};
@@ -89,6 +94,9 @@ pub struct Meta {
     /// Shared by every view: when a GC pass last looked through the whole trash for what its
     /// retention let go ([`Meta::expire_trash_due`]), in ns.
     trash_swept: Arc<std::sync::atomic::AtomicI64>,
+    /// Shared by every view: when a GC pass last looked for clones to drop
+    /// ([`Meta::drop_idle_clones_due`]), in ns.
+    clones_swept: Arc<std::sync::atomic::AtomicI64>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -249,6 +257,7 @@ impl Meta {
             request: None,
             deletion_gate: Arc::new(parking_lot::RwLock::new(None)),
             trash_swept: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
+            clones_swept: Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)),
         }))
     }
 
@@ -269,6 +278,7 @@ impl Meta {
             request: None,
             deletion_gate: self.deletion_gate.clone(),
             trash_swept: self.trash_swept.clone(),
+            clones_swept: self.clones_swept.clone(),
         })
     }
 

@@ -32,6 +32,7 @@ impl Meta {
             request: Some(id.as_bytes().to_vec()),
             deletion_gate: self.deletion_gate.clone(),
             trash_swept: self.trash_swept.clone(),
+            clones_swept: self.clones_swept.clone(),
         })
     }
 

@@ -1,5 +1,6 @@
 //! Extended attributes: the namespaces' access rules, get, list, set and remove.
 
+use super::clone::clone_xattr;
 use super::trash::trash_xattr;
 use super::{need_attr, Meta};
 use crate::changelog::Change;
@@ -182,6 +183,9 @@ impl Meta {
     }
 
     pub fn getxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if name.starts_with(clone_xattr::PREFIX) {
+            return self.clone_getxattr(ctx, name);
+        }
         if name.starts_with(trash_xattr::PREFIX) {
             return self.trash_getxattr(ctx, ino, name);
         }
@@ -230,6 +234,9 @@ impl Meta {
         }
         if name.starts_with(trash_xattr::PREFIX) {
             return self.trash_setxattr(ctx, ino, name, value);
+        }
+        if name.starts_with(clone_xattr::PREFIX) {
+            return self.clone_setxattr(ctx, ino, name, value);
         }
         if name.starts_with(quota_xattr::PREFIX) {
             return self.quota_setxattr(ctx, ino, name, value);
