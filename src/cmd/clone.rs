@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use strait_fs_core::meta::{clone_value, clone_xattr as x};
+use strait_fs_core::meta::{clone_value, clone_xattr as x, CloneRequest};
 
 use super::xattrs::{getxattr, setxattr_nofollow};
 
@@ -120,7 +120,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let src = cpath(&a.src)?;
     let dir = cpath(&parent)?;
-    let value = clone_value(parent_md.ino(), a.preserve, &name);
+    // this run's clone: another run never goes on with it
+    let value = clone_value(&CloneRequest {
+        parent: parent_md.ino(),
+        preserve: a.preserve,
+        token: rand::random(),
+        name: &name,
+    });
     let start = Instant::now();
     let mut shown = Instant::now();
     let mut unseen = 0;

@@ -218,6 +218,8 @@ pub enum Change {
         uid: u32,
         gid: u32,
         preserve: bool,
+        /// The caller's name for this clone: only a call that gives it goes on with it.
+        token: u64,
     },
     /// More of a clone's tree: each item a copy of its source as it is now, named in a
     /// directory of the clone; `stack` is where the walk of the source goes on.
@@ -253,6 +255,9 @@ pub struct CloneJob {
     pub uid: u32,
     pub gid: u32,
     pub preserve: bool,
+    /// The caller's name for it: a call goes on with the clone only under the same token
+    /// (one `strait clone` run), never with one an earlier run left.
+    pub token: u64,
     /// When it began and when a record last added to it (ns since the epoch).
     pub started_ns: i64,
     pub touched_ns: i64,

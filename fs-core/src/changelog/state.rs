@@ -623,6 +623,7 @@ fn apply_change(
             uid,
             gid,
             preserve,
+            token,
         } => {
             need_dir(t, *parent)?;
             if get_clone(t, *root)?.is_some() {
@@ -635,6 +636,7 @@ fn apply_change(
                 uid: *uid,
                 gid: *gid,
                 preserve: *preserve,
+                token: *token,
                 started_ns: ts,
                 touched_ns: ts,
                 space: 0,

@@ -1293,7 +1293,7 @@ pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
     .unwrap();
     let home_links = m.getattr(bobs).unwrap().nlink;
     let done = m
-        .clone_versioned(&bob, src, (bobs, b"copy"), false, CALL_BUDGET)
+        .clone_versioned(&bob, src, (bobs, b"copy"), (false, 7), CALL_BUDGET)
         .unwrap();
     assert!(done.version.is_some());
     assert_eq!((done.value.inodes, done.value.done), (6, true));
@@ -1348,25 +1348,25 @@ pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
     // the trash, a quota
     let inodes = m.statfs().unwrap().inodes;
     assert_eq!(
-        errno(m.clone_versioned(&bob, src, (bobs, b"copy"), false, CALL_BUDGET)),
+        errno(m.clone_versioned(&bob, src, (bobs, b"copy"), (false, 7), CALL_BUDGET)),
         libc::EEXIST
     );
     let (secret, _) = m.create(&alice, sub, b"secret", 0o600, 0).unwrap();
     m.release(secret).unwrap();
     assert_eq!(
-        errno(m.clone_versioned(&bob, src, (bobs, b"c2"), false, CALL_BUDGET)),
+        errno(m.clone_versioned(&bob, src, (bobs, b"c2"), (false, 7), CALL_BUDGET)),
         libc::EACCES
     );
     assert_eq!(
-        errno(m.clone_versioned(&alice, src, (home, b"c3"), true, CALL_BUDGET)),
+        errno(m.clone_versioned(&alice, src, (home, b"c3"), (true, 7), CALL_BUDGET)),
         libc::EPERM
     );
     assert_eq!(
-        errno(m.clone_versioned(&root, TRASH_INO, (home, b"c4"), false, CALL_BUDGET)),
+        errno(m.clone_versioned(&root, TRASH_INO, (home, b"c4"), (false, 7), CALL_BUDGET)),
         libc::EPERM
     );
     assert_eq!(
-        errno(m.clone_versioned(&root, src, (ROOT_INO, TRASH_NAME), false, CALL_BUDGET)),
+        errno(m.clone_versioned(&root, src, (ROOT_INO, TRASH_NAME), (false, 7), CALL_BUDGET)),
         libc::EEXIST
     );
     assert_eq!(
@@ -1385,13 +1385,13 @@ pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
     )
     .unwrap();
     assert_eq!(
-        errno(m.clone_versioned(&root, src, (q, b"c5"), false, CALL_BUDGET)),
+        errno(m.clone_versioned(&root, src, (q, b"c5"), (false, 7), CALL_BUDGET)),
         libc::EDQUOT
     );
     assert!(m.clones(&root).unwrap().is_empty());
     assert_eq!(m.statfs().unwrap().inodes, inodes + 2, "the secret file, q");
     // within the quota: it counts the clone whole
-    m.clone_versioned(&root, sub, (q, b"c6"), false, CALL_BUDGET)
+    m.clone_versioned(&root, sub, (q, b"c6"), (false, 7), CALL_BUDGET)
         .unwrap();
     assert_eq!(m.quota(q).unwrap().unwrap().used_inodes, 3);
 
@@ -1405,14 +1405,14 @@ pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
             .unwrap();
         m.release(f).unwrap();
     }
-    let e = m.clone_versioned(&root, big, (home, b"big2"), false, Duration::ZERO);
+    let e = m.clone_versioned(&root, big, (home, b"big2"), (false, 9), Duration::ZERO);
     assert_eq!(errno(e), libc::EINPROGRESS);
     assert_eq!(m.clones(&root).unwrap().len(), 1);
     assert!(m.clones(&alice).unwrap().is_empty(), "root's clone");
     assert_eq!(errno(m.lookup(&root, home, b"big2")), libc::ENOENT);
     let mut calls = 1;
     loop {
-        match m.clone_versioned(&root, big, (home, b"big2"), false, Duration::ZERO) {
+        match m.clone_versioned(&root, big, (home, b"big2"), (false, 9), Duration::ZERO) {
             Ok(p) => {
                 assert_eq!(p.value.inodes, 1_502);
                 break;
@@ -1431,7 +1431,7 @@ pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
     // one left idle while a snapshot is taken: a replica and the snapshot hold it, then a GC
     // pass drops it
     let inodes = m.statfs().unwrap().inodes;
-    let e = m.clone_versioned(&root, big, (home, b"big3"), false, Duration::ZERO);
+    let e = m.clone_versioned(&root, big, (home, b"big3"), (false, 11), Duration::ZERO);
     assert_eq!(errno(e), libc::EINPROGRESS);
     assert_eq!(m.drop_idle_clones(now_ns(), CALL_BUDGET).unwrap(), 0);
     let records = read_log(kv.as_ref(), Version::ZERO, usize::MAX).unwrap();
@@ -1445,10 +1445,15 @@ pub fn clones_share_their_slices(make: &dyn Fn() -> DynKv) {
     assert_eq!(Meta::digest(&kv).unwrap(), Meta::digest(&loaded).unwrap());
     let l = Meta::open(loaded.clone(), MetaOptions::default()).unwrap();
     assert_eq!(l.clones(&root).unwrap(), m.clones(&root).unwrap());
+    // a later call under another token makes a clone of its own (copied now), never the
+    // one left unfinished (copied at an earlier version)
+    m.clone_versioned(&root, big, (home, b"big3"), (false, 12), CALL_BUDGET)
+        .unwrap();
+    assert_eq!(m.clones(&root).unwrap().len(), 1, "the one left");
     let later = now_ns() + super::CLONE_IDLE_MAX_NS + 1;
     assert_eq!(m.drop_idle_clones(later, CALL_BUDGET).unwrap(), 1);
     assert!(m.clones(&root).unwrap().is_empty());
-    assert_eq!(m.statfs().unwrap().inodes, inodes);
+    assert_eq!(m.statfs().unwrap().inodes, inodes + 1_502);
 
     // the digest counts the shared slices
     let with = Meta::digest(&kv).unwrap();

@@ -17,8 +17,8 @@ mod client;
 pub use client::MetaClient;
 pub use committed::Committed;
 pub use engine::{
-    clone_value, clone_xattr, parse_clone_value, CloneListing, CloneProgress, CALL_BUDGET,
-    CLONE_IDLE_MAX_NS,
+    clone_value, clone_xattr, parse_clone_value, CloneListing, CloneProgress, CloneRequest,
+    CALL_BUDGET, CLONE_IDLE_MAX_NS,
 };
 pub use engine::{
     lock_grace_from_now, mark_locks_lost, quota_xattr, trash_name, trash_xattr, DeletionGate, Meta,

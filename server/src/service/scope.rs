@@ -106,9 +106,9 @@ impl Scope {
             return Ok(value.to_vec());
         }
         if name == clone_xattr::CLONE {
-            let (parent, preserve, to) =
-                parse_clone_value(value).ok_or(Error::Sys(libc::EINVAL))?;
-            return Ok(clone_value(self.ino(m, parent)?, preserve, to));
+            let mut r = parse_clone_value(value).ok_or(Error::Sys(libc::EINVAL))?;
+            r.parent = self.ino(m, r.parent)?;
+            return Ok(clone_value(&r));
         }
         if name == trash_xattr::RESTORE {
             let text = std::str::from_utf8(value)

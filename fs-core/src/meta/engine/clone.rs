@@ -11,13 +11,21 @@
 //! are the bytes its source had then); a tree changed while it is cloned may mix versions
 //! across files, as `cp -r` would.
 //!
-//! The call is `setxattr(SRC, "strait.clone", "parent=INO preserve=0|1 name=NAME")`: it works
-//! through every mount, and a mirror forwards it to the primary as every change. One call
-//! does what fits in [`CALL_BUDGET`] and answers EINPROGRESS when more is left; the same
-//! call again goes on with the same clone (one of the caller's, of the same source to the
-//! same destination). A clone whose caller stopped calling for [`IDLE_MAX_NS`], or that
-//! failed (EACCES on a source, EDQUOT, EEXIST at its name), is dropped, step by step, by the
-//! call that failed and by the GC passes.
+//! The call is `setxattr(SRC, "strait.clone", "parent=INO preserve=0|1 job=TOKEN name=NAME")`:
+//! it works through every mount, and a mirror forwards it to the primary as every change. One
+//! call does what fits in [`CALL_BUDGET`] and answers EINPROGRESS when more is left; the same
+//! call again (the same TOKEN, which the caller picks at random for each clone) goes on with
+//! the same clone. A clone whose caller stopped calling for [`IDLE_MAX_NS`], or that failed
+//! (EACCES on a source, EDQUOT, EEXIST at its name), is dropped, step by step, by the call
+//! that failed and by the GC passes.
+//!
+//! # To ensure correctness
+//! - Only the attach commits with the call's request id: a call sent again after a lost
+//!   answer (a switchover) is answered "done" from the record only when the clone is at its
+//!   name; otherwise it runs again and goes on with the clone.
+//! - A call goes on only with the clone of its own token: one left by an earlier call that
+//!   never finished (its mount killed) was copied at an earlier version, and is never
+//!   attached in place of a clone asked for later.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -35,12 +43,12 @@ use crate::meta::types::*;
 use crate::meta::Committed;
 
 /// The virtual xattrs of clones:
-/// - `strait.clone` (set, on the source): `parent=INO preserve=0|1 name=NAME` (the name
-///   last, whole): clone it as NAME in directory INO. 0 when the clone is at its name;
-///   EINPROGRESS when more is left (set it again to go on).
+/// - `strait.clone` (set, on the source): `parent=INO preserve=0|1 job=TOKEN name=NAME`
+///   (the name last, whole): clone it as NAME in directory INO. 0 when the clone is at its
+///   name; EINPROGRESS when more is left (set it again, with the same TOKEN, to go on).
 /// - `strait.clone.jobs` (get, anywhere): the clones being made that the caller may see
 ///   (root: every one), a line each: `root=INO src=INO parent=INO inodes=N space=N
-///   dropping=0|1 name=NAME`.
+///   dropping=0|1 job=TOKEN name=NAME`.
 pub mod clone_xattr {
     pub const PREFIX: &[u8] = b"strait.clone";
     pub const CLONE: &[u8] = b"strait.clone";
@@ -135,7 +143,7 @@ impl Meta {
         ctx: &Ctx,
         src: Ino,
         (parent, name): (Ino, &[u8]),
-        preserve: bool,
+        (preserve, token): (bool, u64),
         budget: Duration,
     ) -> Result<Committed<CloneProgress>> {
         self.writable()?;
@@ -150,9 +158,9 @@ impl Meta {
             return sys(libc::EPERM);
         }
         let start = Instant::now();
-        let root = match self.find_clone(ctx, src, parent, name)? {
+        let root = match self.find_clone(ctx, src, (parent, name), token)? {
             Some(root) => root,
-            None => self.begin_clone(ctx, src, (parent, name), preserve)?,
+            None => self.begin_clone(ctx, src, (parent, name), (preserve, token))?,
         };
         loop {
             match self.clone_step(ctx, root) {
@@ -173,14 +181,21 @@ impl Meta {
         }
     }
 
-    /// The caller's clone of `src` to `parent/name` being made, if there is one.
-    fn find_clone(&self, ctx: &Ctx, src: Ino, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
+    /// The caller's clone `token` of `src` to `parent/name` being made, if there is one.
+    fn find_clone(
+        &self,
+        ctx: &Ctx,
+        src: Ino,
+        (parent, name): (Ino, &[u8]),
+        token: u64,
+    ) -> Result<Option<Ino>> {
         let jobs = kv::read(self.kv.as_ref(), all_jobs)?;
         Ok(jobs
             .into_iter()
             .find(|l| {
                 let j = &l.job;
-                j.src == src
+                j.token == token
+                    && j.src == src
                     && j.parent == parent
                     && j.name == name
                     && j.uid == ctx.uid
@@ -189,12 +204,18 @@ impl Meta {
             .map(|l| l.root))
     }
 
+    /// Commit a change of a clone that does not finish it: never with the call's request id
+    /// (see the module's correctness rules).
+    fn commit_part(&self, t: &mut dyn KvTxn, change: Change, ts_ns: i64) -> Result<()> {
+        crate::changelog::commit(t, change, ts_ns)
+    }
+
     fn begin_clone(
         &self,
         ctx: &Ctx,
         src: Ino,
         (parent, name): (Ino, &[u8]),
-        preserve: bool,
+        (preserve, token): (bool, u64),
     ) -> Result<Ino> {
         let root = self.next_inode()?;
         kv::txn(self.kv.as_ref(), |t| {
@@ -211,7 +232,7 @@ impl Meta {
                 return sys(libc::EEXIST);
             }
             check_quotas(t, parent, sa.space(), 1)?;
-            self.commit(
+            self.commit_part(
                 t,
                 Change::CloneBegin {
                     root,
@@ -221,6 +242,7 @@ impl Meta {
                     uid: ctx.uid,
                     gid: ctx.gid,
                     preserve,
+                    token,
                 },
                 now,
             )
@@ -231,9 +253,12 @@ impl Meta {
     /// One step of the clone under `root`: the next inodes of its source, or, when the walk
     /// is done, the attach.
     fn clone_step(&self, ctx: &Ctx, root: Ino) -> Result<(Step, Option<crate::Version>)> {
-        // inode numbers for the step, taken outside the transaction (a retry reuses them)
+        // inode numbers for the step, taken outside the transaction (a retry reuses them);
+        // none for the attach
+        let walking = kv::read(self.kv.as_ref(), |t| get_clone(t, root))?
+            .is_some_and(|j| !j.stack.is_empty());
         let mut inos = Vec::with_capacity(STEP_ITEMS_MAX);
-        for _ in 0..STEP_ITEMS_MAX {
+        for _ in 0..if walking { STEP_ITEMS_MAX } else { 0 } {
             inos.push(self.next_inode()?);
         }
         let done = kv::txn(self.kv.as_ref(), |t| {
@@ -269,6 +294,10 @@ impl Meta {
                     done: true,
                 }));
             }
+            if inos.is_empty() {
+                // it was at its attach when the numbers were taken: take them again
+                return Ok(Step::More);
+            }
             let (items, stack) = self.walk_source(t, ctx, job.stack.clone(), &inos)?;
             let (mut space, mut inodes) = (0i64, 0i64);
             for i in &items {
@@ -281,7 +310,7 @@ impl Meta {
                 root_attr.space() + job.space + space,
                 1 + job.inodes + inodes,
             )?;
-            self.commit(t, Change::CloneStep { root, items, stack }, now)?;
+            self.commit_part(t, Change::CloneStep { root, items, stack }, now)?;
             Ok(Step::More)
         });
         let committed = Committed::from(done?);
@@ -355,7 +384,7 @@ impl Meta {
                     return Ok(true);
                 };
                 let (entries, root_too) = drop_batch(t, root)?;
-                self.commit(
+                self.commit_part(
                     t,
                     Change::CloneDrop {
                         root,
@@ -431,13 +460,14 @@ impl Meta {
             let j = &l.job;
             out.extend(
                 format!(
-                    "root={} src={} parent={} inodes={} space={} dropping={} name=",
+                    "root={} src={} parent={} inodes={} space={} dropping={} job={} name=",
                     l.root,
                     j.src,
                     j.parent,
                     j.inodes + 1,
                     j.space,
-                    u8::from(j.dropping)
+                    u8::from(j.dropping),
+                    j.token
                 )
                 .into_bytes(),
             );
@@ -458,33 +488,58 @@ impl Meta {
         if name != clone_xattr::CLONE {
             return sys(libc::ENOTSUP);
         }
-        let (parent, preserve, to) = parse_clone_value(value).ok_or(Error::Sys(libc::EINVAL))?;
-        let done = self.clone_versioned(ctx, src, (parent, to), preserve, CALL_BUDGET)?;
+        let v = parse_clone_value(value).ok_or(Error::Sys(libc::EINVAL))?;
+        let done = self.clone_versioned(
+            ctx,
+            src,
+            (v.parent, v.name),
+            (v.preserve, v.token),
+            CALL_BUDGET,
+        )?;
         Ok(Committed::new((), done.version))
     }
 }
 
-/// `parent=INO preserve=0|1 name=NAME` (NAME last, whole).
-pub fn parse_clone_value(v: &[u8]) -> Option<(Ino, bool, &[u8])> {
+/// What a `strait.clone` value asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CloneRequest<'a> {
+    pub parent: Ino,
+    pub preserve: bool,
+    pub token: u64,
+    pub name: &'a [u8],
+}
+
+/// `parent=INO preserve=0|1 job=TOKEN name=NAME` (NAME last, whole).
+pub fn parse_clone_value(v: &[u8]) -> Option<CloneRequest<'_>> {
     let at = v.windows(6).position(|w| w == b" name=")?;
     let (head, name) = (std::str::from_utf8(&v[..at]).ok()?, &v[at + 6..]);
     let field = |f: &str| {
         head.split_whitespace()
             .find_map(|x| x.strip_prefix(f)?.strip_prefix('='))
     };
-    let parent = field("parent")?.parse().ok()?;
     let preserve = match field("preserve")? {
         "0" => false,
         "1" => true,
         _ => return None,
     };
-    Some((parent, preserve, name))
+    Some(CloneRequest {
+        parent: field("parent")?.parse().ok()?,
+        preserve,
+        token: field("job")?.parse().ok()?,
+        name,
+    })
 }
 
-/// The value of `strait.clone` that clones to `name` in `parent`.
-pub fn clone_value(parent: Ino, preserve: bool, name: &[u8]) -> Vec<u8> {
-    let mut v = format!("parent={parent} preserve={} name=", u8::from(preserve)).into_bytes();
-    v.extend_from_slice(name);
+/// The value of `strait.clone` that asks for `r`.
+pub fn clone_value(r: &CloneRequest<'_>) -> Vec<u8> {
+    let mut v = format!(
+        "parent={} preserve={} job={} name=",
+        r.parent,
+        u8::from(r.preserve),
+        r.token
+    )
+    .into_bytes();
+    v.extend_from_slice(r.name);
     v
 }
 

@@ -16,8 +16,8 @@ mod trash;
 mod xattr;
 
 pub use clone::{
-    clone_value, clone_xattr, parse_clone_value, CloneListing, CloneProgress, CALL_BUDGET,
-    IDLE_MAX_NS as CLONE_IDLE_MAX_NS,
+    clone_value, clone_xattr, parse_clone_value, CloneListing, CloneProgress, CloneRequest,
+    CALL_BUDGET, IDLE_MAX_NS as CLONE_IDLE_MAX_NS,
 };
 pub use locking::{lock_grace_from_now, mark_locks_lost, LOCK_GRACE};
 pub use quota::QuotaCheck;
