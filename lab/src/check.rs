@@ -6,7 +6,7 @@ use crate::model::{Model, Node, Outcome};
 use crate::workload::{Event, Observed, Op, Region, NAMES};
 
 /// The checkers, by number (index 0 unused).
-pub const CHECKERS: [&str; 11] = [
+pub const CHECKERS: [&str; 13] = [
     "",
     "acknowledged writes are not lost",
     "a mount's reads never go back",
@@ -18,7 +18,13 @@ pub const CHECKERS: [&str; 11] = [
     "no block a history references is deleted",
     "fcntl locks exclude each other",
     "no change applied twice",
+    "a directory quota is never exceeded",
+    "nothing in the trash is lost",
 ];
+
+/// The most inodes each client's directory may hold: its directory quota (checker 11), below
+/// the names a client uses, so creates and clones are refused (EDQUOT) now and then.
+pub const QUOTA_FILES: u64 = 7;
 
 #[derive(Debug, Clone)]
 pub struct Violation {
@@ -31,7 +37,7 @@ pub struct Violation {
 /// What the checkers looked at and found.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
-    pub checked: [u64; 11],
+    pub checked: [u64; 13],
     pub violations: Vec<Violation>,
 }
 
@@ -189,6 +195,104 @@ pub fn locks_exclude(holds: &[(Region, crate::locks::Hold)], tally: &mut Tally) 
                         vec![line(&region, a), line(&region, b)],
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Checker 11, for client `client`'s directory at `region` after the heal: its quota as
+/// `strait.quota` reads it (`max_bytes=.. max_files=.. used_bytes=.. used_files=..`, or why it
+/// could not be read), and how many names a listing of it found. The quota must be there,
+/// its usage within it and equal to what the listing counts. Returns the inodes used.
+pub fn quota_holds(
+    (region, client): (Region, u32),
+    quota: Result<String, String>,
+    names: usize,
+    tally: &mut Tally,
+) -> Option<u64> {
+    tally.checked[11] += 1;
+    let text = match quota {
+        Ok(t) => t,
+        Err(e) => {
+            tally.violated(
+                11,
+                format!("c{client}'s quota at {region:?} could not be read: {e}"),
+                vec![],
+            );
+            return None;
+        }
+    };
+    let field = |f: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(f)?.strip_prefix('='))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let (Some(max), Some(used)) = (field("max_files"), field("used_files")) else {
+        tally.violated(
+            11,
+            format!("c{client}'s quota at {region:?} reads {text:?}"),
+            vec![],
+        );
+        return None;
+    };
+    if max != QUOTA_FILES || used > max || used != names as u64 {
+        tally.violated(
+            11,
+            format!(
+                "c{client}'s quota at {region:?}: {used} inodes used of {max} (set: \
+                 {QUOTA_FILES}), {names} names listed"
+            ),
+            vec![],
+        );
+    }
+    Some(used)
+}
+
+/// Checker 12: the trash (listed at `region` after the heal and the GC) holds an entry for
+/// every unlink and rmdir of each client that succeeded (each put one there; the retention,
+/// a day, is far off), and every file in it reads as bytes its client wrote. `entries`: per
+/// client, (the name the entry had, what reading it gave).
+pub fn trash_kept(
+    events: &[Event],
+    region: Region,
+    entries: &BTreeMap<u32, Vec<(String, Observed)>>,
+    tally: &mut Tally,
+) {
+    let mut acked: BTreeMap<u32, usize> = BTreeMap::new();
+    for e in events {
+        if let (Op::Mutate { what, .. }, Outcome::Ok) = (&e.op, e.outcome) {
+            if what == "unlink" || what == "rmdir" {
+                *acked.entry(e.client).or_default() += 1;
+            }
+        }
+    }
+    for (client, n) in &acked {
+        tally.checked[12] += 1;
+        let kept = entries.get(client).map(Vec::as_slice).unwrap_or_default();
+        let removed_names = kept
+            .iter()
+            .filter(|(name, _)| name == "d" || crate::workload::FILES.contains(&name.as_str()))
+            .count();
+        if removed_names < *n {
+            tally.violated(
+                12,
+                format!(
+                    "c{client}: {n} unlinks and rmdirs succeeded, the trash at {region:?} holds \
+                     {removed_names} entries of its files and directory"
+                ),
+                vec![],
+            );
+        }
+    }
+    for (client, kept) in entries {
+        for (name, seen) in kept {
+            tally.checked[12] += 1;
+            if let Observed::Garbage(g) = seen {
+                tally.violated(
+                    12,
+                    format!("c{client}'s {name} in the trash at {region:?} reads {g}"),
+                    vec![],
+                );
             }
         }
     }

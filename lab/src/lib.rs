@@ -23,7 +23,15 @@
 //! 7. after checker 6, `strait gc` with a grace of 0 against both regions' stores (the
 //!    workload has stopped and every upload finished) leaves no object unreferenced (a dry
 //!    run afterwards counts none), and every client's files read the same at both mounts as
-//!    before the GC.
+//!    before the GC;
+//! 11. each client's directory quota (fewer inodes than the names it uses: creates and clones
+//!     are refused with EDQUOT now and then) is never exceeded at either region, its usage is
+//!     what its listing counts and what a recount finds;
+//! 12. after the GC, the trash at each region holds an entry for every unlink and rmdir that
+//!     succeeded, and every file in it reads as bytes its client wrote.
+//!
+//! The clients also clone their files (`strait clone`, through the virtual xattr), which the
+//! models of checkers 1, 3 and 6 follow: a clone's bytes are its source's when it was taken.
 //!
 //! Besides the cluster's own processes and links, the nemesis reaches a region's FUSE mount
 //! (killed and mounted again), its object store (an HTTP fault proxy in front of Garage,
@@ -396,6 +404,13 @@ fn drive(
     for id in 0..n {
         let d = workload::dir_of(&ma, id);
         std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+        // a directory quota below the names a client uses (checker 11)
+        set_xattr(
+            &d,
+            "strait.quota.max_files",
+            check::QUOTA_FILES.to_string().as_bytes(),
+        )
+        .with_context(|| format!("set the quota of {}", d.display()))?;
     }
     wait_visible(&workload::dir_of(&mb, n - 1), Duration::from_secs(60))?;
     // each region's lock file, for its lock holders (locks exclude within a region)
@@ -695,6 +710,43 @@ fn drive(
             );
         }
     }
+    // 11: each client's quota holds at both regions, its usage what the listing counts, and
+    // a recount at the primary finds what is kept
+    for id in 0..n {
+        let mut used = vec![];
+        for (region, mount) in [(Region::A, &ma), (Region::B, &mb)] {
+            let d = workload::dir_of(mount, id);
+            let names = std::fs::read_dir(&d)
+                .map(|rd| rd.count())
+                .unwrap_or(usize::MAX);
+            let quota = get_xattr(&d, "strait.quota").map_err(|e| format!("{e:#}"));
+            used.push(check::quota_holds((region, id), quota, names, &mut tally));
+        }
+        tally.checked[11] += 1;
+        if used[0] != used[1] {
+            tally.violated(
+                11,
+                format!("c{id}'s quota usage differs between the regions: {used:?}"),
+                vec![],
+            );
+        }
+        let d = workload::dir_of(&ma, id);
+        match get_xattr(&d, "strait.quota.check") {
+            Ok(t) if t.starts_with("consistent") => {}
+            other => tally.violated(
+                11,
+                format!("c{id}'s quota recount at the primary: {other:?}"),
+                vec![],
+            ),
+        }
+    }
+    // 12: the trash, after the GC, holds what the clients removed, readable, at both regions
+    for (region, mount) in [(Region::A, &ma), (Region::B, &mb)] {
+        match trash_entries(mount, n) {
+            Ok(entries) => check::trash_kept(&events, region, &entries, &mut tally),
+            Err(e) => tally.violated(12, format!("list the trash at {region:?}: {e:#}"), vec![]),
+        }
+    }
     // 8: no read outside the faults (and a settling time after each) failed with EIO: a
     // block some history still references was never deleted nor lost
     let windows: Vec<(u64, u64)> = faults
@@ -747,6 +799,100 @@ fn drive(
         not_run,
         notes,
     })
+}
+
+/// setxattr(2) of a virtual `strait.*` xattr through a mount.
+fn set_xattr(p: &Path, name: &str, value: &[u8]) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let (path, name) = (
+        std::ffi::CString::new(p.as_os_str().as_bytes())?,
+        std::ffi::CString::new(name)?,
+    );
+    // SAFETY: NUL-terminated strings and a value slice with its length, live across the call
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// getxattr(2) of a virtual `strait.*` xattr through a mount, as text.
+fn get_xattr(p: &Path, name: &str) -> Result<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let (path, cname) = (
+        std::ffi::CString::new(p.as_os_str().as_bytes())?,
+        std::ffi::CString::new(name)?,
+    );
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: NUL-terminated strings; the buffer is writable for its length
+    let r = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            cname.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if r < 0 {
+        return Err(anyhow::Error::from(std::io::Error::last_os_error())
+            .context(format!("getxattr {name} of {}", p.display())));
+    }
+    buf.truncate(r as usize);
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The entries of a mount's `/.trash` that the `n` clients' directories held, per client: the
+/// name each had, and what reading it gave (a file's runs, or bytes its client did not write).
+fn trash_entries(
+    mount: &Path,
+    n: u32,
+) -> Result<std::collections::BTreeMap<u32, Vec<(String, workload::Observed)>>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut client_of = std::collections::HashMap::new();
+    for id in 0..n {
+        let d = workload::dir_of(mount, id);
+        client_of.insert(std::fs::metadata(&d)?.ino(), id);
+    }
+    let mut out: std::collections::BTreeMap<u32, Vec<_>> = Default::default();
+    let trash = mount.join(".trash");
+    for e in std::fs::read_dir(&trash).with_context(|| format!("list {}", trash.display()))? {
+        let e = e?;
+        let full = e.file_name().to_string_lossy().into_owned();
+        let mut parts = full.splitn(3, '-');
+        let (Some(parent), Some(_), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Some(&client) = parent.parse::<u64>().ok().and_then(|p| client_of.get(&p)) else {
+            continue;
+        };
+        let seen = match std::fs::read(e.path()) {
+            Ok(bytes) => match payload::decode(&bytes) {
+                Ok(recs) => match model::runs_of(&recs, client) {
+                    Some(r) => workload::Observed::Node(model::Node::File(r)),
+                    None => {
+                        workload::Observed::Garbage("records written by another client".to_string())
+                    }
+                },
+                Err(g) => workload::Observed::Garbage(g.to_string()),
+            },
+            Err(err) if err.raw_os_error() == Some(libc::EISDIR) => {
+                workload::Observed::Node(model::Node::Dir)
+            }
+            Err(err) => workload::Observed::Garbage(format!("nothing readable: {err}")),
+        };
+        out.entry(client)
+            .or_default()
+            .push((name.to_string(), seen));
+    }
+    Ok(out)
 }
 
 /// An injection or a heal that takes longer is reported: the faults after it fire late.

@@ -74,6 +74,11 @@ pub enum Effect {
     Rmdir {
         name: String,
     },
+    /// `strait clone FROM TO`: TO, absent, becomes what FROM is (FROM stays as it is).
+    Clone {
+        from: String,
+        to: String,
+    },
 }
 
 /// How an operation ended.
@@ -225,7 +230,9 @@ fn step_one(node: &Node, e: &Effect) -> Option<Node> {
         (Effect::Mkdir { .. }, _) => None,
         (Effect::Rmdir { .. }, Dir) => Some(Absent),
         (Effect::Rmdir { .. }, _) => None,
-        (Effect::Rename { .. }, _) => unreachable!("renames touch two names"),
+        (Effect::Rename { .. } | Effect::Clone { .. }, _) => {
+            unreachable!("renames and clones touch two names")
+        }
     }
 }
 
@@ -237,7 +244,7 @@ fn target(e: &Effect) -> &str {
         | Effect::Unlink { name }
         | Effect::Mkdir { name }
         | Effect::Rmdir { name } => name,
-        Effect::Rename { from, .. } => from,
+        Effect::Rename { from, .. } | Effect::Clone { from, .. } => from,
     }
 }
 
@@ -264,6 +271,9 @@ enum Mode {
     Missing,
     /// It may or may not have happened.
     Maybe,
+    /// The step was refused whatever the state (EDQUOT: a directory quota, which the model
+    /// does not track): it changed nothing.
+    Refused,
 }
 
 impl Model {
@@ -274,8 +284,14 @@ impl Model {
     }
 
     fn apply(&mut self, e: &Effect, mode: Mode) {
+        if mode == Mode::Refused {
+            return;
+        }
         if let Effect::Rename { from, to, flags } = e {
             return self.rename(from, to, *flags, mode);
+        }
+        if let Effect::Clone { from, to } = e {
+            return self.clone_to(from, to, mode);
         }
         let slot = self.slot(target(e));
         if slot.indeterminate {
@@ -362,6 +378,42 @@ impl Model {
         }
     }
 
+    /// A clone of `from` as `to`: it succeeds where `from` exists and `to` does not (EEXIST
+    /// otherwise; ENOENT where `from` is absent), and `from` never changes.
+    fn clone_to(&mut self, from: &str, to: &str, mode: Mode) {
+        let s = self.slot(from).clone();
+        let d = self.slot(to).clone();
+        if s.indeterminate || d.indeterminate {
+            *self.slot(to) = Slot {
+                states: vec![],
+                indeterminate: true,
+            };
+            return;
+        }
+        let mut nd = vec![];
+        for a in &s.states {
+            for b in &d.states {
+                let ok = *a != Node::Absent && *b == Node::Absent;
+                match mode {
+                    Mode::Succeeded if ok => nd.push(a.clone()),
+                    Mode::Failed if !ok => nd.push(b.clone()),
+                    Mode::Missing if *a == Node::Absent => nd.push(b.clone()),
+                    Mode::Maybe => {
+                        if ok {
+                            nd.push(a.clone());
+                        }
+                        nd.push(b.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // a failure with no state of `to` left says so for `to` (its source kept its states)
+        let slot = self.slot(to);
+        slot.states = nd;
+        slot.normalise();
+    }
+
     fn merge(&mut self, other: Model) {
         for (name, o) in other.slots {
             let s = self.slot(&name);
@@ -390,10 +442,10 @@ impl Model {
         outcome: Outcome,
         errno: Option<i32>,
     ) -> Result<(), Mismatch> {
-        let fail = if errno == Some(libc::ENOENT) {
-            Mode::Missing
-        } else {
-            Mode::Failed
+        let fail = match errno {
+            Some(libc::ENOENT) => Mode::Missing,
+            Some(libc::EDQUOT) => Mode::Refused,
+            _ => Mode::Failed,
         };
         let before = self.clone();
         match outcome {
@@ -431,7 +483,9 @@ impl Model {
         // a name left with no state: the outcome contradicts every state it could have had
         for e in effects {
             let names = match e {
-                Effect::Rename { from, to, .. } => vec![from.as_str(), to.as_str()],
+                Effect::Rename { from, to, .. } | Effect::Clone { from, to } => {
+                    vec![from.as_str(), to.as_str()]
+                }
                 other => vec![target(other)],
             };
             for n in names {
@@ -507,6 +561,59 @@ mod tests {
                 seq,
             },
         ]
+    }
+
+    /// A clone copies its source to an absent name and never changes the source; EEXIST
+    /// where the name is taken, ENOENT where the source is absent; EDQUOT changes nothing
+    /// whatever the state.
+    #[test]
+    fn a_clone_copies_its_source_to_an_absent_name() {
+        let mut m = Model::default();
+        let w = |name: &str, seq| Effect::Write {
+            name: name.into(),
+            at: Some(0),
+            n: 2,
+            seq,
+        };
+        let create = |name: &str| Effect::Create { name: name.into() };
+        let clone = |from: &str, to: &str| Effect::Clone {
+            from: from.into(),
+            to: to.into(),
+        };
+        m.operation(&[create("f0"), w("f0", 1)], Outcome::Ok)
+            .unwrap();
+        m.operation(&[clone("f0", "f1")], Outcome::Ok).unwrap();
+        let copy = Node::File(vec![(1, 2)]);
+        assert_eq!(m.check_read("f1", &copy), Some(Ok(())));
+        assert_eq!(m.check_read("f0", &copy), Some(Ok(())));
+        // the clone changes alone
+        m.operation(&[w("f1", 2)], Outcome::Ok).unwrap();
+        assert_eq!(m.check_read("f0", &copy), Some(Ok(())));
+        // onto a taken name: EEXIST is explained, success is not
+        m.operation_errno(&[clone("f0", "f1")], Outcome::Failed, Some(libc::EEXIST))
+            .unwrap();
+        assert!(m
+            .clone()
+            .operation(&[clone("f0", "f1")], Outcome::Ok)
+            .is_err());
+        // from an absent name: ENOENT
+        m.operation_errno(&[clone("f3", "f2")], Outcome::Failed, Some(libc::ENOENT))
+            .unwrap();
+        assert!(m
+            .clone()
+            .operation_errno(&[clone("f0", "f2")], Outcome::Failed, Some(libc::ENOENT))
+            .is_err());
+        // EDQUOT: nothing changed, whatever would have
+        m.operation_errno(&[clone("f0", "f2")], Outcome::Failed, Some(libc::EDQUOT))
+            .unwrap();
+        m.operation_errno(&[create("f3")], Outcome::Failed, Some(libc::EDQUOT))
+            .unwrap();
+        assert_eq!(m.check_read("f2", &Node::Absent), Some(Ok(())));
+        assert_eq!(m.check_read("f3", &Node::Absent), Some(Ok(())));
+        // unknown: either
+        m.operation(&[clone("f0", "f2")], Outcome::Unknown).unwrap();
+        assert_eq!(m.check_read("f2", &Node::Absent), Some(Ok(())));
+        assert_eq!(m.check_read("f2", &copy), Some(Ok(())));
     }
 
     #[test]

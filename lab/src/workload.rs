@@ -191,7 +191,14 @@ fn outcome_of(failed: &StepError, dead: bool) -> Outcome {
 fn clean(e: &std::io::Error) -> bool {
     matches!(
         errno_of(e),
-        Some(libc::ENOENT | libc::EEXIST | libc::ENOTEMPTY | libc::ENOTDIR | libc::EISDIR)
+        Some(
+            libc::ENOENT
+                | libc::EEXIST
+                | libc::ENOTEMPTY
+                | libc::ENOTDIR
+                | libc::EISDIR
+                | libc::EDQUOT
+        )
     )
 }
 
@@ -230,6 +237,43 @@ fn rename2(from: &Path, to: &Path, flags: RenameFlags) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Most calls one clone makes while the primary answers EINPROGRESS (a file takes one).
+const CLONE_CALLS_MAX: usize = 100;
+
+/// `strait clone FROM DIR/TO`, as the command does it: the virtual xattr `strait.clone` on
+/// FROM, again while the answer is EINPROGRESS.
+fn clone(from: &Path, dir: &Path, to: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let parent = std::fs::metadata(dir)?.ino();
+    // as strait's `clone_value` writes it (the lab speaks to strait only through its mounts)
+    let token: u64 = rand::random();
+    let value = format!("parent={parent} preserve=0 job={token} name={to}").into_bytes();
+    let (p, n) = (cpath(from)?, c"strait.clone");
+    for _ in 0..CLONE_CALLS_MAX {
+        // SAFETY: NUL-terminated strings and a value slice with its length, live across the
+        // call
+        let r = unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if errno_of(&e) != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "a clone still in progress after {CLONE_CALLS_MAX} calls"
+    )))
 }
 
 impl Client {
@@ -423,6 +467,14 @@ impl Client {
                 Op::RegGet { owner, name }
             }
             85..=89 => Op::List,
+            90..=93 => {
+                let from = f(rng);
+                let mut to = f(rng);
+                while to == from {
+                    to = f(rng);
+                }
+                mutate("clone", vec![Effect::Clone { from, to }])
+            }
             _ => {
                 let name = if rng.random_range(0..10) == 0 {
                     "reg".to_string()
@@ -575,6 +627,7 @@ impl Client {
             Effect::Unlink { name } => Ok(std::fs::remove_file(d.join(name))?),
             Effect::Mkdir { name } => Ok(std::fs::create_dir(d.join(name))?),
             Effect::Rmdir { name } => Ok(std::fs::remove_dir(d.join(name))?),
+            Effect::Clone { from, to } => Ok(clone(&d.join(from), &d, to)?),
         }
     }
 }
