@@ -12,6 +12,8 @@
 #   FILES      files in the tree (default 100000)
 #   DIRS       directories they are spread over (default 100)
 #   SIZE       bytes per file (default 1024)
+#   ROUNDS     clones of each (default 3), strait and JuiceFS in turn
+#   CP=0       no cp -r (it takes about ten minutes on each here)
 #   STRAIT     strait binary (default: $CARGO_TARGET_DIR/debug/strait, as the tests use)
 #   DIR        working directory, emptied first (default /tmp/strait-clone-bench)
 set -euo pipefail
@@ -19,6 +21,8 @@ set -euo pipefail
 FILES=${FILES:-100000}
 DIRS=${DIRS:-100}
 SIZE=${SIZE:-1024}
+ROUNDS=${ROUNDS:-3}
+CP=${CP:-1}
 DIR=${DIR:-/tmp/strait-clone-bench}
 STRAIT=${STRAIT:-${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}/debug/strait}
 
@@ -46,11 +50,11 @@ bytes_of() {
     du -sb "$1" 2>/dev/null | awk '{print $1}'
 }
 
-# LABEL STORE_DIR name=pid... -- COMMAND...: run COMMAND, timed, with the CPU per file of each
-# process and what the store grew by
+# LABEL ROW SYSTEM STORE_DIR name=pid... -- COMMAND...: run COMMAND, timed, with the CPU per
+# file of each process and what the store grew by
 time_copy() {
-    local label=$1 store=$2
-    shift 2
+    local label=$1 row=$2 system=$3 store=$4
+    shift 4
     local procs=()
     while [[ $1 != -- ]]; do
         procs+=("$1")
@@ -80,32 +84,36 @@ time_copy() {
     done
     line+=$(awk -v a="$s0" -v b="$s1" 'BEGIN {printf "   store +%.1f MiB", (b - a) / 1048576}')
     echo "$line"
+    result "$row" "$system" "$(awk -v a="$t0" -v b="$t1" -v n="$FILES" 'BEGIN {printf "%.0f", n / (b - a)}')" files/s
 }
 
-echo "== a tree of $FILES files of $SIZE bytes in $DIRS directories: clone against cp -r"
+echo "== a tree of $FILES files of $SIZE bytes in $DIRS directories: clone ($ROUNDS rounds) against cp -r"
 
-# strait: one primary, one mount
+# strait (one primary, one mount) and JuiceFS (Redis + a local directory), both up; the clones
+# in turn, ROUNDS times, so that a burst of noise on a shared machine falls on both alike (the
+# summary takes each one's median); then one cp -r on each
 start_strait clone
-make_tree "$DIR/mnt/tree"
-sync
-time_copy "strait clone" "$DIR/data" "mount=$pid_m" "primary=$pid_d" -- \
-    "$STRAIT" clone "$DIR/mnt/tree" "$DIR/mnt/tree-clone"
-time_copy "strait, cp -r" "$DIR/data" "mount=$pid_m" "primary=$pid_d" -- \
-    cp -r "$DIR/mnt/tree" "$DIR/mnt/tree-cp"
-n=$(find "$DIR/mnt/tree-clone" -type f | wc -l)
-[[ $n -eq $FILES ]] || die "the strait clone has $n files, not $FILES"
-cmp -s "$DIR/mnt/tree/d0000/f0000000" "$DIR/mnt/tree-clone/d0000/f0000000" ||
-    die "the strait clone's bytes differ from its source's"
-
-# JuiceFS: Redis + a local directory
 start_juicefs_meta
 mount_juicefs
+make_tree "$DIR/mnt/tree"
 make_tree "$DIR/jmnt/tree"
 sync
-time_copy "juicefs clone" "$DIR/jfs-data" "mount=$pid_j" "redis=$pid_r" -- \
-    juicefs clone "$DIR/jmnt/tree" "$DIR/jmnt/tree-clone"
-time_copy "juicefs, cp -r" "$DIR/jfs-data" "mount=$pid_j" "redis=$pid_r" -- \
-    cp -r "$DIR/jmnt/tree" "$DIR/jmnt/tree-cp"
-n=$(find "$DIR/jmnt/tree-clone" -type f | wc -l)
+for r in $(seq 1 "$ROUNDS"); do
+    time_copy "strait clone" "clone of $FILES files" strait "$DIR/data" "mount=$pid_m" "primary=$pid_d" -- \
+        "$STRAIT" clone "$DIR/mnt/tree" "$DIR/mnt/tree-clone-$r"
+    time_copy "juicefs clone" "clone of $FILES files" juicefs "$DIR/jfs-data" "mount=$pid_j" "redis=$pid_r" -- \
+        juicefs clone "$DIR/jmnt/tree" "$DIR/jmnt/tree-clone-$r"
+done
+n=$(find "$DIR/mnt/tree-clone-1" -type f | wc -l)
+[[ $n -eq $FILES ]] || die "the strait clone has $n files, not $FILES"
+cmp -s "$DIR/mnt/tree/d0000/f0000000" "$DIR/mnt/tree-clone-1/d0000/f0000000" ||
+    die "the strait clone's bytes differ from its source's"
+n=$(find "$DIR/jmnt/tree-clone-1" -type f | wc -l)
 [[ $n -eq $FILES ]] || die "the JuiceFS clone has $n files, not $FILES"
+if [[ $CP != 0 ]]; then
+    time_copy "strait, cp -r" "cp -r of $FILES files" strait "$DIR/data" "mount=$pid_m" "primary=$pid_d" -- \
+        cp -r "$DIR/mnt/tree" "$DIR/mnt/tree-cp"
+    time_copy "juicefs, cp -r" "cp -r of $FILES files" juicefs "$DIR/jfs-data" "mount=$pid_j" "redis=$pid_r" -- \
+        cp -r "$DIR/jmnt/tree" "$DIR/jmnt/tree-cp"
+fi
 umount_juicefs

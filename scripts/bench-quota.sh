@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What a directory quota costs (issue 44): `strait bench DIR` (its metadata rows, and its data
-# rows with small files and one big file) through one `strait primary` and one mount, in
-# alternating rounds in a directory without a quota (/free/r-N) and in one under two nested
-# quotas (/team with a quota, /team/r-N with its own), both at the same depth, the limits far
-# away. Prints each round's rows with the CPU time per operation of the bench, the mount and
-# the daemon.
+# What a directory quota costs, beside JuiceFS (issue 44): `strait bench DIR` (its metadata rows,
+# and its data rows with small files and one big file) through one `strait primary` and one
+# mount, in alternating rounds in a directory without a quota (/free/r-N) and in one under two
+# nested quotas (/team with a quota, /team/r-N with its own), both at the same depth, the limits
+# far away; then the same benchmark on JuiceFS 1.4 (Redis + a local directory) with the same
+# two quotas set by `juicefs quota set`, in the same run. Prints each round's rows with the CPU
+# time per operation of the bench, the mount and the daemon (or Redis), then the medians.
 #
 #   sudo scripts/bench-quota.sh
 #
@@ -13,6 +14,8 @@
 #   FILES      files per metadata benchmark (default 5000)
 #   THREADS    threads (default 4)
 #   BIG        size of the big file (default 256M)
+#   SMALL      small files written and read (default 100, of 128 KiB)
+#   JUICEFS=0  strait only
 #   STRAIT     strait binary (default: $CARGO_TARGET_DIR/debug/strait, as the tests use)
 #   DIR        working directory, emptied first (default /tmp/strait-quota)
 set -euo pipefail
@@ -21,57 +24,102 @@ ROUNDS=${ROUNDS:-3}
 FILES=${FILES:-5000}
 THREADS=${THREADS:-4}
 BIG=${BIG:-256M}
+SMALL=${SMALL:-100}
+JUICEFS=${JUICEFS:-1}
 DIR=${DIR:-/tmp/strait-quota}
 STRAIT=${STRAIT:-${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}/debug/strait}
 
-die() {
-    echo "bench-quota.sh: $*" >&2
-    exit 1
+BENCH=bench-quota.sh
+# shellcheck source=scripts/lib/bench.sh
+source "$(dirname "$0")/lib/bench.sh"
+bench_setup
+
+ROWS=("create" "rename" "unlink" "write small files" "write big file")
+UNITS=("ops/s" "ops/s" "ops/s" "files/s" "MiB/s")
+
+# SYSTEM KIND ROUND MNT_DIR name=pid...: one `strait bench` in MNT_DIR, its output kept as
+# $DIR/out/SYSTEM-KIND-ROUND
+bench_in() {
+    local system=$1 kind=$2 round=$3 dir=$4
+    shift 4
+    local cpu=() kv
+    for kv in "$@"; do cpu+=(--cpu-of "$kv"); done
+    mkdir -p "$DIR/out"
+    "$STRAIT" bench "$dir" --meta-files "$FILES" --threads "$THREADS" --big-file-size "$BIG" \
+        --small-file-count "$SMALL" --label "$system, $kind, round $round" "${cpu[@]}" |
+        tee "$DIR/out/$system-$kind-$round"
 }
-[[ $EUID -eq 0 ]] || die "run as root (it mounts FUSE and sets quotas)"
-[[ -x "$STRAIT" ]] || die "no strait binary at $STRAIT (cargo build, or set STRAIT)"
 
-rm -rf -- "$DIR"
-mkdir -p "$DIR"/{mnt,cache}
-chmod 700 "$DIR"
-PID_D=
-cleanup() {
-    set +e
-    "$STRAIT" umount "$DIR/mnt" >/dev/null 2>&1 || fusermount3 -u -z "$DIR/mnt" 2>/dev/null
-    [[ -n "$PID_D" ]] && kill -TERM "$PID_D" 2>/dev/null && wait "$PID_D" 2>/dev/null
+# SYSTEM KIND ROW: the row's figures over the rounds
+figures() {
+    local r
+    for r in $(seq 1 "$ROUNDS"); do
+        awk -v row="$3" 'index($0, row " ") == 1 {
+            rest = substr($0, length(row) + 1); split(rest, f, " "); print f[1]; exit }' \
+            "$DIR/out/$1-$2-$r"
+    done
 }
-trap cleanup EXIT
 
-"$STRAIT" format "rocksdb://$DIR/meta" "file://$DIR/data" --name quota >/dev/null
-token=$("$STRAIT" certs token)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-STRAIT_TOKEN=$token "$STRAIT" primary --meta-url "rocksdb://$DIR/meta" \
-    --listen "127.0.0.1:$port" --metrics-listen "" >"$DIR/primary.log" 2>&1 &
-PID_D=$!
-for _ in $(seq 1 300); do
-    grep -q "strait primary: serving" "$DIR/primary.log" && break
-    sleep 0.1
-done
-grep -q "strait primary: serving" "$DIR/primary.log" || die "the primary did not start: $(tail -5 "$DIR/primary.log")"
-said=$("$STRAIT" mount -d "strait://127.0.0.1:$port" "$DIR/mnt" --token "$token" \
-    --cache-dir "$DIR/cache" --log-file "$DIR/mount.log") || die "mount failed: $(tail -5 "$DIR/mount.log")"
-pid_m=$(echo "$said" | sed -nE 's/.*\(pid ([0-9]+),.*/\1/p')
-[[ -n "$pid_m" ]] || die "no mount pid in: $said"
+# SYSTEM: the medians, without and with the quotas, and what the quotas cost
+summarize() {
+    local system=$1 row free quota i
+    echo "== $system: medians over $ROUNDS rounds (no quota / under two nested quotas / change)"
+    for i in "${!ROWS[@]}"; do
+        row=${ROWS[$i]}
+        # shellcheck disable=SC2046
+        free=$(median $(figures "$system" free "$row"))
+        # shellcheck disable=SC2046
+        quota=$(median $(figures "$system" quota "$row"))
+        awk -v r="$row" -v a="$free" -v b="$quota" \
+            'BEGIN {printf "   %-18s %10.1f %10.1f %+7.1f %%\n", r, a, b, (a > 0 ? (b - a) * 100 / a : 0)}'
+        result "$row, no quota" "$system" "$free" "${UNITS[$i]}"
+        result "$row, under 2 quotas" "$system" "$quota" "${UNITS[$i]}"
+    done
+}
 
-mkdir "$DIR/mnt/free" "$DIR/mnt/team"
-"$STRAIT" quota set "$DIR/mnt/team" --capacity 1T --inodes 100000000
-
-echo "== strait bench through strait primary ($FILES files, $THREADS threads, big file $BIG, $ROUNDS rounds each)"
+echo "== strait bench ($FILES files, $THREADS threads, $SMALL small files, big file $BIG, $ROUNDS rounds each)"
 echo "   free: /free/r-N, no quota; quota: /team/r-N, under the quotas of /team and of /team/r-N"
+
+# strait (one primary, one mount) and JuiceFS (Redis + a local directory), both up, the
+# directories and quotas made first (a JuiceFS mount loads every quota when it starts: the
+# directories are made through a first mount, the quotas set, then the mount that is
+# measured). Each round runs strait and then JuiceFS, so that a burst of noise on a shared
+# machine falls on both alike; the summary takes the medians.
+start_strait quota
+mkdir "$DIR/mnt/free" "$DIR/mnt/team"
+"$STRAIT" quota set "$DIR/mnt/team" --capacity 1T --inodes 100000000 >/dev/null
 for r in $(seq 1 "$ROUNDS"); do
-    mkdir "$DIR/mnt/free/r-$r"
-    "$STRAIT" bench "$DIR/mnt/free/r-$r" --meta-files "$FILES" --threads "$THREADS" \
-        --big-file-size "$BIG" --label "free-$r" --cpu-of "mount=$pid_m" --cpu-of "primary=$PID_D"
-    mkdir "$DIR/mnt/team/r-$r"
+    mkdir "$DIR/mnt/free/r-$r" "$DIR/mnt/team/r-$r"
     "$STRAIT" quota set "$DIR/mnt/team/r-$r" --capacity 1T --inodes 100000000 >/dev/null
-    "$STRAIT" bench "$DIR/mnt/team/r-$r" --meta-files "$FILES" --threads "$THREADS" \
-        --big-file-size "$BIG" --label "quota-$r" --cpu-of "mount=$pid_m" --cpu-of "primary=$PID_D"
 done
-echo "== the quotas after the rounds"
+if [[ $JUICEFS != 0 ]]; then
+    start_juicefs_meta
+    mount_juicefs
+    mkdir "$DIR/jmnt/free" "$DIR/jmnt/team"
+    for r in $(seq 1 "$ROUNDS"); do mkdir "$DIR/jmnt/free/r-$r" "$DIR/jmnt/team/r-$r"; done
+    umount_juicefs
+    for path in /team $(seq -f "/team/r-%g" 1 "$ROUNDS"); do
+        juicefs quota set "$JFS_META" --path "$path" --capacity 1024 --inodes 100000000 \
+            >>"$DIR/jfs-quota.log" 2>&1 || die "juicefs quota set $path: $(tail -3 "$DIR/jfs-quota.log")"
+    done
+    mount_juicefs
+fi
+for r in $(seq 1 "$ROUNDS"); do
+    bench_in strait free "$r" "$DIR/mnt/free/r-$r" "mount=$pid_m" "primary=$pid_d"
+    bench_in strait quota "$r" "$DIR/mnt/team/r-$r" "mount=$pid_m" "primary=$pid_d"
+    if [[ $JUICEFS != 0 ]]; then
+        bench_in juicefs free "$r" "$DIR/jmnt/free/r-$r" "mount=$pid_j" "redis=$pid_r"
+        bench_in juicefs quota "$r" "$DIR/jmnt/team/r-$r" "mount=$pid_j" "redis=$pid_r"
+    fi
+done
+echo "== strait's quotas after the rounds"
 "$STRAIT" quota list "$DIR/mnt"
 "$STRAIT" quota check "$DIR/mnt/team"
+if [[ $JUICEFS != 0 ]]; then
+    echo "== JuiceFS's quotas after the rounds"
+    juicefs quota list "$JFS_META" 2>/dev/null || true
+    umount_juicefs
+fi
+
+summarize strait
+[[ $JUICEFS == 0 ]] || summarize juicefs

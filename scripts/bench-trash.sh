@@ -10,11 +10,13 @@
 #
 # Environment:
 #   FILES      files in the directory (default 100000)
+#   ROUNDS     rounds (default 1); each runs strait and JuiceFS in turn
 #   STRAIT     strait binary (default: $CARGO_TARGET_DIR/debug/strait, as the tests use)
 #   DIR        working directory, emptied first (default /tmp/strait-trash-bench)
 set -euo pipefail
 
 FILES=${FILES:-100000}
+ROUNDS=${ROUNDS:-1}
 DIR=${DIR:-/tmp/strait-trash-bench}
 STRAIT=${STRAIT:-${CARGO_TARGET_DIR:-$HOME/.cache/strait-target}/debug/strait}
 
@@ -33,10 +35,11 @@ for i in range(n):
 EOF
 }
 
-# rm -rf DIR, timed; LABEL, then name=pid pairs for the CPU per file
+# rm -rf DIR, timed; LABEL, the row and system of its result, then name=pid pairs for the CPU
+# per file
 time_rm() {
-    local dir=$1 label=$2
-    shift 2
+    local dir=$1 label=$2 row=$3 system=$4
+    shift 4
     local before=() p
     for kv in "$@"; do before+=("$(cpu_of "${kv#*=}")"); done
     local t0 t1 rm_cpu
@@ -54,27 +57,29 @@ time_rm() {
         i=$((i + 1))
     done
     echo "$line"
+    result "$row" "$system" "$(awk -v a="$t0" -v b="$t1" -v n="$FILES" 'BEGIN {printf "%.0f", n / (b - a)}')" files/s
 }
 
-echo "== rm -rf of a flat directory of $FILES empty files"
+echo "== rm -rf of a flat directory of $FILES empty files, $ROUNDS round(s), strait and JuiceFS in turn"
 
-# strait: one primary, one mount
+# strait: one primary, one mount; JuiceFS: Redis + a local directory (mounted for each run: a
+# mount reads the trash setting when it starts). The two run in turn, so that a burst of
+# noise on a shared machine falls on both alike; the summary takes each one's median.
 start_strait trash
-for days in 1 0; do
-    "$STRAIT" trash days "$DIR/mnt" "$days" >/dev/null
-    make_files "$DIR/mnt/flat-$days"
-    time_rm "$DIR/mnt/flat-$days" "strait, trash_days $days" "mount=$pid_m" "primary=$pid_d"
+start_juicefs_meta --trash-days 1
+for r in $(seq 1 "$ROUNDS"); do
+    for days in 1 0; do
+        "$STRAIT" trash days "$DIR/mnt" "$days" >/dev/null
+        make_files "$DIR/mnt/flat-$r-$days"
+        time_rm "$DIR/mnt/flat-$r-$days" "strait, trash_days $days" "rm -rf of $FILES files, trash $days d" \
+            strait "mount=$pid_m" "primary=$pid_d"
+        juicefs config "$JFS_META" --trash-days "$days" --yes >/dev/null 2>&1 ||
+            die "juicefs config --trash-days $days"
+        mount_juicefs
+        make_files "$DIR/jmnt/flat-$r-$days"
+        time_rm "$DIR/jmnt/flat-$r-$days" "juicefs, trash-days $days" "rm -rf of $FILES files, trash $days d" \
+            juicefs "mount=$pid_j" "redis=$pid_r"
+        umount_juicefs
+    done
 done
 echo "   strait's trash after the rounds: $("$STRAIT" trash list "$DIR/mnt" | tail -1)"
-
-# JuiceFS: Redis + a local directory
-start_juicefs_meta --trash-days 1
-for days in 1 0; do
-    # a mount reads the setting when it starts
-    juicefs config "$JFS_META" --trash-days "$days" --yes >/dev/null 2>&1 ||
-        die "juicefs config --trash-days $days"
-    mount_juicefs
-    make_files "$DIR/jmnt/flat-$days"
-    time_rm "$DIR/jmnt/flat-$days" "juicefs, trash-days $days" "mount=$pid_j" "redis=$pid_r"
-    umount_juicefs
-done

@@ -1,4 +1,4 @@
-# Shared by the side-by-side benchmarks against JuiceFS (scripts/bench-trash.sh,
+# Shared by the side-by-side benchmarks against JuiceFS (scripts/bench-trash.sh, bench-quota.sh,
 # scripts/bench-clone.sh): the checks, the clean-up, CPU accounting, and the two file systems
 # started the way users run them. Source it after setting BENCH (the script's name, for its
 # messages), DIR (the working directory) and STRAIT (the binary).
@@ -97,4 +97,17 @@ mount_juicefs() {
 
 umount_juicefs() {
     juicefs umount "$DIR/jmnt" >/dev/null 2>&1 || fusermount3 -u -z "$DIR/jmnt"
+}
+
+# ROW SYSTEM VALUE UNIT: one figure for scripts/bench-vs-juicefs.sh's summary, appended to
+# $RESULTS when it is set (tab-separated)
+result() {
+    [[ -n "${RESULTS:-}" ]] || return 0
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"
+}
+
+# the median of the numbers given
+median() {
+    printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {
+        if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
