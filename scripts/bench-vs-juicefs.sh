@@ -52,15 +52,7 @@ done
 source "$ROOT/scripts/lib/prereqs.sh"
 # shellcheck source=scripts/lib/servers.sh
 source "$ROOT/scripts/lib/servers.sh"
-apt_ensure build-essential clang libclang-dev pkg-config protobuf-compiler fuse3 \
-    redis-server redis-tools curl ca-certificates python3 util-linux time
-ensure_juicefs
-if [[ -z "${STRAIT:-}" ]]; then
-    ensure_rust
-    echo "==> cargo build --release -p strait (the first one takes ~15 minutes)"
-    cargo build --release -p strait
-    STRAIT=$CARGO_TARGET_DIR/release/strait
-fi
+bench_prerequisites
 export STRAIT
 
 rm -rf -- "$WORK"

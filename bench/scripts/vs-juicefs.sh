@@ -50,16 +50,7 @@ source "$ROOT/scripts/lib/prereqs.sh"
 # shellcheck source=scripts/lib/servers.sh
 source "$ROOT/scripts/lib/servers.sh"
 
-apt_ensure build-essential clang libclang-dev pkg-config protobuf-compiler fuse3 \
-    redis-server redis-tools curl ca-certificates python3 util-linux
-ensure_juicefs
-if [[ -z "${STRAIT:-}" ]]; then
-    ensure_rust
-    # A release build: the benchmark compares optimised binaries.
-    echo "==> cargo build --release -p strait (the first one takes ~15 minutes)"
-    cargo build --release -p strait
-    STRAIT=$CARGO_TARGET_DIR/release/strait
-fi
+bench_prerequisites
 
 STRAIT_BENCH=${STRAIT_BENCH:-$STRAIT}
 WORK=${BENCH_DIR:-$(mktemp -d /tmp/strait-bench.XXXXXX)}

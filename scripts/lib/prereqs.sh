@@ -111,3 +111,17 @@ install_prerequisites() {
     }
     _prereq_log "$(cargo --version) | $(garage --version 2>&1 | head -n1) | $(pjdfstest --version) | $(juicefs --version)"
 }
+
+# What the benchmarks against JuiceFS need: their packages, JuiceFS, and a strait binary in
+# STRAIT (a release build made here when STRAIT is not set: they compare optimised binaries).
+bench_prerequisites() {
+    apt_ensure build-essential clang libclang-dev pkg-config protobuf-compiler fuse3 \
+        redis-server redis-tools curl ca-certificates python3 util-linux time
+    ensure_juicefs
+    if [[ -z "${STRAIT:-}" ]]; then
+        ensure_rust
+        echo "==> cargo build --release -p strait (about an hour on 2 cores the first time, minutes after)"
+        cargo build --release -p strait
+        STRAIT=$CARGO_TARGET_DIR/release/strait
+    fi
+}
