@@ -20,6 +20,7 @@ bench_setup() {
     chmod 700 "$DIR"
     PIDS=()
     MOUNTS=()
+    MOUNT_PIDS=()
     trap bench_cleanup EXIT
 }
 
@@ -28,7 +29,14 @@ bench_cleanup() {
     for m in "${MOUNTS[@]}"; do
         fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
     done
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    # a strait mount syncs with its daemon as it ends: the daemons stop after it (up to 20 s)
+    local i p
+    for i in $(seq 1 200); do
+        for p in "${MOUNT_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && break; p=; done
+        [[ -z "${p:-}" ]] && break
+        sleep 0.1
+    done
+    for p in "${PIDS[@]}" "${MOUNT_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
     wait 2>/dev/null
 }
 
@@ -66,6 +74,7 @@ start_strait() {
     MOUNTS+=("$DIR/mnt")
     pid_m=$(echo "$said" | sed -nE 's/.*\(pid ([0-9]+),.*/\1/p')
     [[ -n "$pid_m" ]] || die "no mount pid in: $said"
+    MOUNT_PIDS+=("$pid_m")
 }
 
 # A redis-server for JuiceFS's metadata and a file system formatted on it with its blocks
