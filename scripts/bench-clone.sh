@@ -84,7 +84,7 @@ time_copy() {
     done
     line+=$(awk -v a="$s0" -v b="$s1" 'BEGIN {printf "   store +%.1f MiB", (b - a) / 1048576}')
     echo "$line"
-    result "$row" "$system" "$(awk -v a="$t0" -v b="$t1" -v n="$FILES" 'BEGIN {printf "%.0f", n / (b - a)}')" files/s
+    result "$row" "$system" "$(rate "$FILES" "$t0" "$t1")" files/s
 }
 
 echo "== a tree of $FILES files of $SIZE bytes in $DIRS directories: clone ($ROUNDS rounds) against cp -r"

@@ -106,19 +106,17 @@ if [[ $JUICEFS != 0 ]]; then
 fi
 # odd rounds run without a quota first, even rounds under the quotas first: what comes first
 # after the other file system's runs is not always the same case
+# (each case's directory: /free/r-N or /team/r-N)
+declare -A UNDER=([free]=free [quota]=team)
 for r in $(seq 1 "$ROUNDS"); do
     kinds=(free quota)
     ((r % 2)) || kinds=(quota free)
     for kind in "${kinds[@]}"; do
-        sub=free
-        [[ $kind == quota ]] && sub=team
-        bench_in strait "$kind" "$r" "$DIR/mnt/$sub/r-$r" "mount=$pid_m" "primary=$pid_d"
+        bench_in strait "$kind" "$r" "$DIR/mnt/${UNDER[$kind]}/r-$r" "mount=$pid_m" "primary=$pid_d"
     done
     if [[ $JUICEFS != 0 ]]; then
         for kind in "${kinds[@]}"; do
-            sub=free
-            [[ $kind == quota ]] && sub=team
-            bench_in juicefs "$kind" "$r" "$DIR/jmnt/$sub/r-$r" "mount=$pid_j" "redis=$pid_r"
+            bench_in juicefs "$kind" "$r" "$DIR/jmnt/${UNDER[$kind]}/r-$r" "mount=$pid_j" "redis=$pid_r"
         done
     fi
 done

@@ -57,7 +57,7 @@ time_rm() {
         i=$((i + 1))
     done
     echo "$line"
-    result "$row" "$system" "$(awk -v a="$t0" -v b="$t1" -v n="$FILES" 'BEGIN {printf "%.0f", n / (b - a)}')" files/s
+    result "$row" "$system" "$(rate "$FILES" "$t0" "$t1")" files/s
 }
 
 echo "== rm -rf of a flat directory of $FILES empty files, $ROUNDS round(s), strait and JuiceFS in turn"

@@ -115,6 +115,11 @@ result() {
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"
 }
 
+# N T0 T1: N things over the seconds from T0 to T1, per second (rounded)
+rate() {
+    awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN {printf "%.0f", n / (b - a)}'
+}
+
 # the median of the numbers given
 median() {
     printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {
